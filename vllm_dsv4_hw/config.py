@@ -1,0 +1,237 @@
+"""The DeepSeek V4 attention configuration, typed, from presets or a checkpoint's config.json.
+
+Reads the official field names (``compress_ratios`` per layer, ``rope_scaling``, ``num_hash_layers``)
+and transformers' newer ones (``layer_types``, ``compress_rates``, ``rope_parameters``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+SUPPORTED_RATIOS = (0, 4, 128)
+_LAYER_TYPE_TO_RATIO_KEY = {
+    "sliding_attention": None,
+    "compressed_sparse_attention": 4,
+    "heavily_compressed_attention": 128,
+}
+
+
+class ConfigError(ValueError):
+    """A config.json (or preset override) that this plugin cannot serve."""
+
+
+@dataclass(frozen=True)
+class YarnParams:
+    factor: float = 16.0
+    original_max_position_embeddings: int = 65536
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+
+@dataclass(frozen=True)
+class DSV4Config:
+    name: str
+    hidden_size: int
+    num_heads: int
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    index_topk: int
+    # One ratio per main layer (the MTP layer is not part of the attention stack's KV).
+    compress_ratios: tuple[int, ...]
+    head_dim: int = 512
+    rope_dim: int = 64
+    index_n_heads: int = 64
+    index_head_dim: int = 128
+    sliding_window: int = 128
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    yarn: YarnParams = field(default_factory=YarnParams)
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 1048576
+    vocab_size: int = 129280
+    num_mtp_layers: int = 1
+    # Fields the full model needs (issue 3); kept here so one object describes the checkpoint.
+    moe_intermediate_size: int = 2048
+    n_routed_experts: int = 256
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 6
+    routed_scaling_factor: float = 1.5
+    num_hash_layers: int = 3
+    swiglu_limit: float = 10.0
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        bad = sorted({r for r in self.compress_ratios if r not in SUPPORTED_RATIOS})
+        if bad:
+            raise ConfigError(
+                f"compress_ratios contains unsupported value(s) {bad}; DeepSeek V4 layers use "
+                f"{SUPPORTED_RATIOS} (0 = window only, 4 = c4a with indexer, 128 = c128a)"
+            )
+        if self.num_heads % self.o_groups:
+            raise ConfigError(
+                f"num_attention_heads={self.num_heads} is not divisible by o_groups={self.o_groups}"
+            )
+        if self.rope_dim % 2 or self.rope_dim > self.head_dim:
+            raise ConfigError(f"rope dim {self.rope_dim} must be even and <= head_dim {self.head_dim}")
+
+    # -- derived ------------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.compress_ratios)
+
+    @property
+    def nope_dim(self) -> int:
+        return self.head_dim - self.rope_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.head_dim ** -0.5
+
+    def layers_with_ratio(self, ratio: int) -> int:
+        return sum(1 for r in self.compress_ratios if r == ratio)
+
+    def with_layers(self, compress_ratios: tuple[int, ...]) -> "DSV4Config":
+        return replace(self, compress_ratios=tuple(compress_ratios))
+
+    # -- loading ------------------------------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, cfg: dict, name: str = "config.json") -> "DSV4Config":
+        try:
+            n_layers = int(cfg["num_hidden_layers"])
+            ratios = _ratios_from_dict(cfg, n_layers)
+            rope = _yarn_from_dict(cfg)
+            head_dim = int(cfg.get("head_dim", 512))
+            rope_dim = int(cfg.get("qk_rope_head_dim", 64))
+            if "qk_rope_head_dim" not in cfg and cfg.get("partial_rotary_factor"):
+                rope_dim = round(head_dim * float(cfg["partial_rotary_factor"]))
+            return cls(
+                name=name,
+                hidden_size=int(cfg["hidden_size"]),
+                num_heads=int(cfg["num_attention_heads"]),
+                q_lora_rank=int(cfg["q_lora_rank"]),
+                o_groups=int(cfg["o_groups"]),
+                o_lora_rank=int(cfg["o_lora_rank"]),
+                index_topk=int(cfg["index_topk"]),
+                compress_ratios=ratios,
+                head_dim=head_dim,
+                rope_dim=rope_dim,
+                index_n_heads=int(cfg.get("index_n_heads", 64)),
+                index_head_dim=int(cfg.get("index_head_dim", 128)),
+                sliding_window=int(cfg.get("sliding_window", 128)),
+                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                compress_rope_theta=float(cfg.get("compress_rope_theta", 160000.0)),
+                yarn=rope,
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 1048576)),
+                vocab_size=int(cfg.get("vocab_size", 129280)),
+                num_mtp_layers=int(cfg.get("num_nextn_predict_layers", 1)),
+                moe_intermediate_size=int(cfg.get("moe_intermediate_size", 2048)),
+                n_routed_experts=int(cfg.get("n_routed_experts", 256)),
+                n_shared_experts=int(cfg.get("n_shared_experts", 1)),
+                num_experts_per_tok=int(cfg.get("num_experts_per_tok", 6)),
+                routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.5)),
+                num_hash_layers=int(cfg.get("num_hash_layers", 3)),
+                swiglu_limit=float(cfg.get("swiglu_limit", 10.0)),
+                hc_mult=int(cfg.get("hc_mult", 4)),
+                hc_sinkhorn_iters=int(cfg.get("hc_sinkhorn_iters", 20)),
+                hc_eps=float(cfg.get("hc_eps", 1e-6)),
+            )
+        except KeyError as exc:
+            raise ConfigError(f"{name}: required field {exc.args[0]!r} is missing") from None
+        except ConfigError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{name}: malformed field value ({exc})") from None
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "DSV4Config":
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{p} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p} does not hold a JSON object")
+        return cls.from_hf_dict(data, name=str(p))
+
+
+def _ratios_from_dict(cfg: dict, n_layers: int) -> tuple[int, ...]:
+    if "compress_ratios" in cfg:
+        ratios = [int(r) for r in cfg["compress_ratios"]]
+        # The official list has one entry per main layer plus the MTP layer(s).
+        if len(ratios) < n_layers:
+            raise ConfigError(
+                f"compress_ratios has {len(ratios)} entries, fewer than num_hidden_layers={n_layers}"
+            )
+        return tuple(ratios[:n_layers])
+    if cfg.get("layer_types"):
+        rates = {4: 4, 128: 128}
+        custom = cfg.get("compress_rates") or {}
+        out = []
+        for t in cfg["layer_types"]:
+            if t not in _LAYER_TYPE_TO_RATIO_KEY:
+                raise ConfigError(f"layer_types entry {t!r} is not a DeepSeek V4 layer type")
+            key = _LAYER_TYPE_TO_RATIO_KEY[t]
+            out.append(0 if key is None else int(custom.get(t, rates[key])))
+        return tuple(out[:n_layers])
+    raise ConfigError("neither compress_ratios nor layer_types is present")
+
+
+def _yarn_from_dict(cfg: dict) -> YarnParams:
+    rs = cfg.get("rope_scaling")
+    if rs is None and isinstance(cfg.get("rope_parameters"), dict):
+        rs = cfg["rope_parameters"].get("compress")
+    if not rs:
+        return YarnParams()
+    return YarnParams(
+        factor=float(rs.get("factor", 16.0)),
+        original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 65536)),
+        beta_fast=float(rs.get("beta_fast", 32.0)),
+        beta_slow=float(rs.get("beta_slow", 1.0)),
+    )
+
+
+def _flash_ratios() -> tuple[int, ...]:
+    # 43 layers: 0, 0, then 4 on even layers 2..42 and 128 on odd layers 3..41.
+    return (0, 0) + tuple(4 if i % 2 == 0 else 128 for i in range(2, 43))
+
+
+def _pro_ratios() -> tuple[int, ...]:
+    # 61 layers: 128, 128, then 4 on even layers 2..60 and 128 on odd layers 3..59.
+    return (128, 128) + tuple(4 if i % 2 == 0 else 128 for i in range(2, 61))
+
+
+V4_FLASH = DSV4Config(
+    name="v4-flash", hidden_size=4096, num_heads=64, q_lora_rank=1024, o_groups=8,
+    o_lora_rank=1024, index_topk=512, compress_ratios=_flash_ratios(),
+    moe_intermediate_size=2048, n_routed_experts=256, routed_scaling_factor=1.5,
+)
+V4_PRO = DSV4Config(
+    name="v4-pro", hidden_size=7168, num_heads=128, q_lora_rank=1536, o_groups=16,
+    o_lora_rank=1024, index_topk=1024, compress_ratios=_pro_ratios(),
+    moe_intermediate_size=3072, n_routed_experts=384, routed_scaling_factor=2.5,
+)
+PRESETS = {"v4-flash": V4_FLASH, "v4-pro": V4_PRO}
+
+
+def load_config(model: str) -> DSV4Config:
+    """A preset name or a path to a config.json (or a directory holding one)."""
+    if model in PRESETS:
+        return PRESETS[model]
+    p = Path(model)
+    if p.suffix == ".json" or p.is_dir() or p.exists():
+        return DSV4Config.from_json(p)
+    raise ConfigError(
+        f"unknown model {model!r}: use one of {', '.join(PRESETS)} or a path to a config.json"
+    )

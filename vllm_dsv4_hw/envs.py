@@ -1,0 +1,154 @@
+"""Typed settings: every ``VLLM_DSV4_HW_*`` environment variable, in one place.
+
+Each variable is read through a small parser so that a bad value fails with a message naming the
+variable and the accepted values, instead of silently meaning "default".
+Values are read at call time (not import time) so tests and launchers can set them late.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+BACKEND_NAMES = ("reference", "triton", "npu")
+MAIN_KV_FORMATS = ("bf16", "fp8")
+INDEXER_KV_FORMATS = ("bf16", "fp8", "mxfp4")
+
+
+class SettingError(ValueError):
+    """A ``VLLM_DSV4_HW_*`` variable holds a value we cannot use."""
+
+
+@dataclass(frozen=True)
+class _Var(Generic[T]):
+    name: str
+    default: str
+    parse: Callable[[str, str], T]
+    doc: str
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name, self.default)
+        return self.parse(self.name, raw.strip())
+
+
+def _choice(*allowed: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        value = raw.lower()
+        if value not in allowed:
+            raise SettingError(
+                f"{name}={raw!r} is not supported; use one of: {', '.join(allowed)}"
+            )
+        return value
+
+    return parse
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise SettingError(f"{name}={raw!r} is not a boolean; use 1/0, true/false, on/off")
+
+
+def _op_backends(name: str, raw: str) -> dict[str, str]:
+    """``op=backend,op=backend`` -> dict. Op names are checked later, against the registry."""
+    out: dict[str, str] = {}
+    if not raw:
+        return out
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise SettingError(
+                f"{name}: entry {item!r} is not of the form op=backend "
+                f"(example: {name}=sparse_attention=triton,rms_norm=reference)"
+            )
+        op, backend = (part.strip() for part in item.split("=", 1))
+        if backend not in BACKEND_NAMES:
+            raise SettingError(
+                f"{name}: backend {backend!r} for op {op!r} is unknown; "
+                f"use one of: {', '.join(BACKEND_NAMES)}"
+            )
+        out[op] = backend
+    return out
+
+
+BACKEND = _Var(
+    "VLLM_DSV4_HW_BACKEND",
+    "auto",
+    _choice("auto", *BACKEND_NAMES),
+    "Backend for every op: auto (best available on the device) or an explicit one, which must run.",
+)
+OP_BACKENDS = _Var(
+    "VLLM_DSV4_HW_OP_BACKENDS",
+    "",
+    _op_backends,
+    "Per-op override, e.g. 'sparse_attention=triton,rms_norm=reference'; wins over BACKEND.",
+)
+KV_FORMAT = _Var(
+    "VLLM_DSV4_HW_KV_FORMAT",
+    "auto",
+    _choice("auto", *MAIN_KV_FORMATS),
+    "Main KV cache entry format (auto: the best the device supports).",
+)
+INDEXER_FORMAT = _Var(
+    "VLLM_DSV4_HW_INDEXER_FORMAT",
+    "auto",
+    _choice("auto", *INDEXER_KV_FORMATS),
+    "Indexer key cache entry format (auto: the best the device supports).",
+)
+MULTI_STREAM = _Var(
+    "VLLM_DSV4_HW_MULTI_STREAM",
+    "1",
+    _bool,
+    "Run the indexer and compressors on auxiliary streams where the device has streams.",
+)
+CUDA_GRAPHS = _Var(
+    "VLLM_DSV4_HW_CUDA_GRAPHS",
+    "1",
+    _bool,
+    "Capture the decode step in device graphs where the device supports them.",
+)
+
+DEVICE = _Var(
+    "VLLM_DSV4_HW_DEVICE",
+    "auto",
+    _choice("auto", "cpu", "cuda", "npu"),
+    "Device type to plan and run for (auto: cuda, then npu, else cpu).",
+)
+
+ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS)
+
+
+def device() -> str:
+    return DEVICE.get()
+
+
+def backend() -> str:
+    return BACKEND.get()
+
+
+def op_backends() -> dict[str, str]:
+    return OP_BACKENDS.get()
+
+
+def kv_format() -> str:
+    return KV_FORMAT.get()
+
+
+def indexer_format() -> str:
+    return INDEXER_FORMAT.get()
+
+
+def multi_stream() -> bool:
+    return MULTI_STREAM.get()
+
+
+def cuda_graphs() -> bool:
+    return CUDA_GRAPHS.get()

@@ -1,0 +1,71 @@
+"""The entry-format contract shared by every cache kind.
+
+A paged cache is a uint8 tensor ``[num_pages, page_bytes]``. Inside a page of E entries the data
+parts of all entries come first (``[E, data_bytes]``), then their scale parts (``[E, scale_bytes]``),
+then padding up to ``page_bytes`` (a page may be padded to its page-size bucket). A slot is
+``page * E + offset``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class EntryFormat:
+    name: str = "abstract"
+    dim: int = 0  # logical vector length (512 main, 128 indexer)
+    data_bytes: int = 0
+    scale_bytes: int = 0
+    entries_per_page: int = 64
+
+    @property
+    def entry_bytes(self) -> int:
+        return self.data_bytes + self.scale_bytes
+
+    @property
+    def min_page_bytes(self) -> int:
+        return self.entries_per_page * self.entry_bytes
+
+    # -- per-entry codec (subclasses) ---------------------------------------------------------
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, dim] (any float dtype) -> (data [N, data_bytes] u8, scales [N, scale_bytes] u8)."""
+        raise NotImplementedError
+
+    def dequantize(self, data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """Inverse of quantize -> [N, dim] float32."""
+        raise NotImplementedError
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Entry-contiguous bytes [N, entry_bytes] (data then scales): the format's byte layout."""
+        data, scales = self.quantize(x)
+        return torch.cat([data, scales], dim=-1)
+
+    def decode(self, entry: torch.Tensor) -> torch.Tensor:
+        return self.dequantize(entry[..., : self.data_bytes], entry[..., self.data_bytes:])
+
+    # -- paged layout ---------------------------------------------------------------------------
+    def new_cache(self, num_pages: int, device: torch.device | str = "cpu",
+                  page_bytes: int | None = None) -> torch.Tensor:
+        page_bytes = self.min_page_bytes if page_bytes is None else page_bytes
+        if page_bytes < self.min_page_bytes:
+            raise ValueError(
+                f"{self.name}: page of {page_bytes} B cannot hold {self.entries_per_page} entries "
+                f"of {self.entry_bytes} B"
+            )
+        return torch.zeros(num_pages, page_bytes, dtype=torch.uint8, device=device)
+
+    def page_views(self, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(data [P, E, data_bytes], scales [P, E, scale_bytes]) views into ``cache``."""
+        if cache.dtype != torch.uint8 or cache.dim() != 2:
+            raise ValueError(f"{self.name}: cache must be uint8 [num_pages, page_bytes], got "
+                             f"{cache.dtype} {tuple(cache.shape)}")
+        if cache.shape[1] < self.min_page_bytes:
+            raise ValueError(f"{self.name}: page of {cache.shape[1]} B < {self.min_page_bytes} B")
+        e = self.entries_per_page
+        data = cache[:, : e * self.data_bytes].view(-1, e, self.data_bytes)
+        start = e * self.data_bytes
+        scales = cache[:, start: start + e * self.scale_bytes].view(-1, e, self.scale_bytes)
+        return data, scales

@@ -1,0 +1,118 @@
+"""The op contracts: what every backend implements, and the dispatched entry points call sites use.
+
+Each function below resolves its implementation once per device type through the registry (the
+device is taken from the first tensor argument) and calls it. Shapes: T = tokens of all requests in
+the batch (varlen, concatenated), H = attention heads, D = head dim (512), R = rope dims (64, the last
+R dims of each vector), d = compressor output dim (512 main, 128 indexer).
+
+Paged caches: a cache is a uint8 tensor ``[num_pages, page_bytes]`` laid out by an entry format
+(``kv_cache.formats``); a *slot* is ``page * entries_per_page + offset``; slot -1 means "none".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_dsv4_hw.ops.registry import REGISTRY
+
+# Op names: one per contract below. Backends register implementations under these names.
+RMS_NORM = "rms_norm"
+ROPE = "rope"
+COMPRESSOR_POOL = "compressor_pool"
+COMPRESSOR_STORE = "compressor_store"
+INDEXER_TOPK = "indexer_topk"
+SPARSE_ATTENTION = "sparse_attention"
+GROUPED_O_PROJ = "grouped_o_proj"
+KV_INSERT = "kv_insert"
+KV_GATHER = "kv_gather"
+
+ALL_OPS = (RMS_NORM, ROPE, COMPRESSOR_POOL, COMPRESSOR_STORE, INDEXER_TOPK, SPARSE_ATTENTION,
+           GROUPED_O_PROJ, KV_INSERT, KV_GATHER)
+
+
+def _impl(op: str, t: torch.Tensor):
+    return REGISTRY.resolve(op, t.device).impl.fn
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim in fp32 math; ``weight=None`` is the weightless form. Same dtype out."""
+    return _impl(RMS_NORM, x)(x, weight, eps)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+         inverse: bool = False) -> torch.Tensor:
+    """GPT-J interleaved RoPE on the last R dims of ``x`` [T, ..., D] at ``positions`` [T].
+
+    ``cos_sin`` [P, R]: row p holds cos of the R/2 angles, then their sin (``ops.reference.rope``
+    builds it). Pairs (2j, 2j+1) of the rotated part rotate by angle j. ``inverse`` rotates by the
+    negated angle (conjugate). Returns a new tensor, same dtype; dims before the last R untouched.
+    """
+    return _impl(ROPE, x)(x, positions, cos_sin, inverse)
+
+
+def compressor_pool(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor,
+                    ape: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor,
+                    group_rows: torch.Tensor, ratio: int) -> torch.Tensor:
+    """Write new tokens' rows into the compressor state, then pool every completed group.
+
+    kv, score: [T, coff*d] fp32 (W_kv x, W_gate x; ``ape[pos % ratio]`` is added to score here).
+    state: [S, 2*coff*d] fp32 rows (kv | score), written in place at ``state_slots`` [T].
+    group_rows: [G, coff*ratio] state slots of each completed group's member rows, oldest first
+    (-1 = absent: kv 0, score -inf). For ratio 4 (coff 2) rows 0..3 are the previous group (channels
+    [0, d)) and rows 4..7 the group itself (channels [d, 2d)); for ratio 128 (coff 1) the 128 rows.
+    Returns the pooled entries [G, d] fp32 (before RMSNorm / RoPE).
+    """
+    return _impl(COMPRESSOR_POOL, kv)(kv, score, positions, ape, state, state_slots, group_rows, ratio)
+
+
+def compressor_store(kv, score, positions, ape, state, state_slots, group_rows, ratio,
+                     norm_weight, eps, cos_sin, group_entry_index, cache, cache_slots, fmt) -> None:
+    """``compressor_pool`` + RMSNorm_w + RoPE at position ``ratio * group_entry_index`` + quantize
+    and insert into the paged ``cache`` at ``cache_slots`` [G] with entry format ``fmt``."""
+    return _impl(COMPRESSOR_STORE, kv)(kv, score, positions, ape, state, state_slots, group_rows,
+                                       ratio, norm_weight, eps, cos_sin, group_entry_index, cache,
+                                       cache_slots, fmt)
+
+
+def indexer_topk(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor, key_fmt,
+                 block_table: torch.Tensor, token_req: torch.Tensor, token_pos: torch.Tensor,
+                 topk: int, ratio: int = 4) -> torch.Tensor:
+    """Lightning-indexer top-k over each token's visible compressed entries.
+
+    q [T, Hi, Di] (RoPE applied), weights [T, Hi] fp32 (already scaled by Di^-0.5 * Hi^-0.5).
+    Keys of request r, entry s live at slot ``block_table[r, s // E] * E + s % E`` with
+    E = key_fmt entries per page. Score(t, s) = sum_h w[t,h] * relu(q[t,h] . k[s]); entry s is visible
+    to token t iff ratio*s + ratio - 1 <= token_pos[t]. Returns [T, topk] int32 entry indices,
+    the top min(topk, visible) first in descending score, -1 after.
+    """
+    return _impl(INDEXER_TOPK, q)(q, weights, key_cache, key_fmt, block_table, token_req,
+                                  token_pos, topk, ratio)
+
+
+def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
+                     comp_cache: torch.Tensor | None, comp_slots: torch.Tensor | None,
+                     fmt, sink: torch.Tensor, scale: float) -> torch.Tensor:
+    """One softmax per (token, head) over window candidates plus compressed candidates, with sink.
+
+    q [T, H, D]; window_slots [T, W] and comp_slots [T, K] int (physical slots, -1 = none) into the
+    paged caches of entry format ``fmt``. sink [H] fp32 only enlarges the denominator.
+    Returns o [T, H, D] in q's dtype (a token with no candidates gets zeros).
+    """
+    return _impl(SPARSE_ATTENTION, q)(q, window_cache, window_slots, comp_cache, comp_slots, fmt,
+                                      sink, scale)
+
+
+def grouped_o_proj(o: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor) -> torch.Tensor:
+    """Grouped low-rank output: o [T, H, D] -> G groups of H/G heads; y_g = wo_a[g] @ o_g
+    (wo_a [G, r, (H/G)*D]); out = wo_b @ concat_g y_g (wo_b [hidden, G*r]). Returns [T, hidden]."""
+    return _impl(GROUPED_O_PROJ, o)(o, wo_a, wo_b)
+
+
+def kv_insert(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt) -> None:
+    """Quantize rows x [N, dim] with ``fmt`` and write them at ``slots`` [N] (-1 skipped)."""
+    return _impl(KV_INSERT, x)(cache, slots, x, fmt)
+
+
+def kv_gather(cache: torch.Tensor, slots: torch.Tensor, fmt) -> torch.Tensor:
+    """Dequantized rows at ``slots`` (any shape S) -> [*S, dim] fp32; slot -1 gives zeros."""
+    return _impl(KV_GATHER, cache)(cache, slots, fmt)

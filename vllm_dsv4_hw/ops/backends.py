@@ -1,0 +1,72 @@
+"""Which backend can run on which device type, and why not (answers are cached per process)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+from vllm_dsv4_hw.platform.capabilities import DeviceCapabilities
+from vllm_dsv4_hw.platform.device import adaptor_for, npu_available
+
+
+def _triton_available(device_type: str) -> tuple[bool, str]:
+    if importlib.util.find_spec("triton") is None:
+        return False, "the triton package is not installed (pip install triton)"
+    if device_type == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return False, "no CUDA device is visible"
+        return True, "triton with a CUDA device"
+    if device_type == "npu":
+        # triton-ascend installs itself as `triton` and only offers the ascend backend.
+        try:
+            import triton.backends  # noqa: F401
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                version("triton-ascend")
+            except PackageNotFoundError:
+                return False, "the installed triton is not triton-ascend"
+        except Exception as exc:  # pragma: no cover - depends on vendor install
+            return False, f"triton-ascend is unusable: {exc}"
+        return True, "triton-ascend"
+    if device_type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return True, "Triton interpreter (TRITON_INTERPRET=1): correct but slow"
+        return False, "Triton needs a GPU here; set TRITON_INTERPRET=1 to run kernels on CPU"
+    return False, f"no Triton backend for device {device_type!r}"
+
+
+def _npu_available(device_type: str) -> tuple[bool, str]:
+    if device_type != "npu":
+        return False, "the npu backend only runs on Ascend devices"
+    if importlib.util.find_spec("torch_npu") is None:
+        return False, "torch_npu is not installed (pip install torch-npu, with CANN)"
+    if not npu_available():
+        return False, "torch_npu is installed but no NPU is usable (is CANN set up?)"
+    return True, "torch_npu vendor operators"
+
+
+@functools.lru_cache(maxsize=None)
+def backend_available(backend: str, device_type: str) -> tuple[bool, str]:
+    if backend == "reference":
+        return True, "PyTorch reference runs on every device"
+    if backend == "triton":
+        return _triton_available(device_type)
+    if backend == "npu":
+        return _npu_available(device_type)
+    return False, f"unknown backend {backend!r}"
+
+
+def backend_order(device_type: str) -> tuple[str, ...]:
+    return adaptor_for(device_type).backend_order
+
+
+def device_capabilities(device_type: str) -> DeviceCapabilities:
+    return adaptor_for(device_type).capabilities
+
+
+def clear_cache() -> None:
+    backend_available.cache_clear()

@@ -1,0 +1,1 @@
+"""Ascend vendor ops through torch_npu (issue 5)."""

@@ -1,0 +1,11 @@
+"""Vectorized PyTorch reference implementations: every op, every device, any float dtype."""
+
+from vllm_dsv4_hw.ops.reference import (  # noqa: F401  (each module registers its ops)
+    compressor,
+    indexer,
+    kv_cache_ops,
+    output_proj,
+    rms_norm,
+    rope,
+    sparse_attention,
+)
