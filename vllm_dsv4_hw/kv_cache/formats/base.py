@@ -65,7 +65,7 @@ class EntryFormat:
         if cache.shape[1] < self.min_page_bytes:
             raise ValueError(f"{self.name}: page of {cache.shape[1]} B < {self.min_page_bytes} B")
         e = self.entries_per_page
-        data = cache[:, : e * self.data_bytes].view(-1, e, self.data_bytes)
+        data = cache[:, : e * self.data_bytes].view(cache.shape[0], e, self.data_bytes)
         start = e * self.data_bytes
-        scales = cache[:, start: start + e * self.scale_bytes].view(-1, e, self.scale_bytes)
+        scales = cache[:, start: start + e * self.scale_bytes].view(cache.shape[0], e, self.scale_bytes)
         return data, scales
