@@ -2,10 +2,15 @@ import os
 import time
 import zlib
 
-import pytest
-import torch
+# Triton kernels run under the interpreter on machines without a GPU. The variable is read when a
+# kernel module is imported, so it is set before anything imports the ops.
+if not os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from vllm_dsv4_hw.ops.registry import REGISTRY
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from vllm_dsv4_hw.ops.registry import REGISTRY  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 
@@ -49,8 +48,18 @@ def _npu_available(device_type: str) -> tuple[bool, str]:
     return True, "torch_npu vendor operators"
 
 
-@functools.lru_cache(maxsize=None)
+_AVAILABILITY: dict[tuple[str, str], tuple[bool, str]] = {}
+
+
 def backend_available(backend: str, device_type: str) -> tuple[bool, str]:
+    """(can run, why), probed once per (backend, device type) and process."""
+    key = (backend, device_type)
+    if key not in _AVAILABILITY:
+        _AVAILABILITY[key] = _probe(backend, device_type)
+    return _AVAILABILITY[key]
+
+
+def _probe(backend: str, device_type: str) -> tuple[bool, str]:
     if backend == "reference":
         return True, "PyTorch reference runs on every device"
     if backend == "triton":
@@ -69,4 +78,4 @@ def device_capabilities(device_type: str) -> DeviceCapabilities:
 
 
 def clear_cache() -> None:
-    backend_available.cache_clear()
+    _AVAILABILITY.clear()

@@ -49,6 +49,13 @@ class Resolution:
     reason: str
 
 
+def device_type_of(device: torch.device | str) -> str:
+    """'cuda:1' -> 'cuda'. Strings are split by hand: torch.device('npu') needs torch_npu loaded."""
+    if isinstance(device, torch.device):
+        return device.type
+    return str(device).split(":", 1)[0]
+
+
 class OpRegistry:
     def __init__(self) -> None:
         self._impls: dict[str, dict[str, OpImpl]] = {}
@@ -94,7 +101,7 @@ class OpRegistry:
         return None
 
     def resolve(self, op: str, device: torch.device | str) -> Resolution:
-        device_type = torch.device(device).type
+        device_type = device_type_of(device)
         key = (op, device_type)
         hit = self._cache.get(key)
         if hit is not None:
