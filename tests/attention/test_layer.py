@@ -36,7 +36,6 @@ from vllm_dsv4_hw.attention.caches import (
     allocate_layer_caches,
     page_geometry,
     positions_per_page,
-    sparse_attention_takes_comp_fmt,
     static_block_tables,
 )
 from vllm_dsv4_hw.attention.layer import DSV4Attention, init_dsv4_attention_
@@ -353,12 +352,6 @@ def test_c128a_two_entry_pages():
     """Spec geometry of the c128a cache: 2 entries per page (one 256-position logical block)."""
     params, xs, oracle = _case(128)
     layer = _layer_from(params, 128, torch.float64)
-    if not sparse_attention_takes_comp_fmt():
-        # ops.sparse_attention takes one format for both caches: the layer must refuse clearly
-        # rather than address 2-entry pages as 64-entry ones.
-        with pytest.raises(ValueError, match="one entry format"):
-            _oneshot(layer, xs, "fp32", "fp32", comp_entries_per_page=2)
-        return
     outs = _oneshot(layer, xs, "fp32", "fp32", comp_entries_per_page=2)[0]
     for r in range(len(LENS)):
         assert _rel_err(outs[r], oracle[r].out) <= EXACT_RTOL

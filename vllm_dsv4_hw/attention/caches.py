@@ -15,7 +15,6 @@ convenience: tests build :class:`~vllm_dsv4_hw.attention.metadata.StepMetadata` 
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -35,23 +34,10 @@ from vllm_dsv4_hw.kv_cache.formats import EntryFormat, make_format
 from vllm_dsv4_hw.kv_cache.specs import FormatError, layer_cache_specs
 
 __all__ = ["LayerCaches", "CACHE_KINDS", "page_geometry", "allocate_layer_caches",
-           "positions_per_page", "pages_needed", "static_block_tables",
-           "sparse_attention_takes_comp_fmt"]
+           "positions_per_page", "pages_needed", "static_block_tables"]
 
 # The cache kinds of a layer (keys of num_pages / BlockTables fields).
 CACHE_KINDS = ("window", "comp", "indexer", "main_state", "indexer_state")
-
-
-def sparse_attention_takes_comp_fmt() -> bool:
-    """Whether ``ops.sparse_attention`` accepts a separate format for the compressed cache.
-
-    The contract in ``ops/api.py`` takes one ``fmt`` for the window and the compressed cache, so
-    both must have the same entries per page. c128a pages hold 2 entries (spec geometry) against the
-    window's 64; until the op takes ``comp_fmt``, c128a compressed caches use 64-entry pages.
-    """
-    from vllm_dsv4_hw import ops
-
-    return "comp_fmt" in inspect.signature(ops.sparse_attention).parameters
 
 
 def _coff(ratio: int) -> int:
@@ -95,9 +81,8 @@ def page_geometry(cfg: DSV4Config, ratio: int, main_format: str, indexer_format:
 
     Known formats take the bucketed page sizes of ``kv_cache.specs``; others (the exact ``fp32``
     test format) fold into buckets the same way from their entry sizes. ``comp_entries_per_page``
-    overrides the compressed-cache page (default: 64 for c4a; 2 for c128a when
-    ``ops.sparse_attention`` accepts ``comp_fmt``, else 64, see
-    :func:`sparse_attention_takes_comp_fmt`).
+    overrides the compressed-cache page (default: 64 entries for c4a, 2 for c128a: one 256-position
+    logical block per page).
     """
     main_e = make_format(main_format, "main", 64).entry_bytes
     idx_e = make_format(indexer_format, "indexer", 64).entry_bytes
@@ -127,10 +112,7 @@ def page_geometry(cfg: DSV4Config, ratio: int, main_format: str, indexer_format:
                               page_bytes["main_state"])
     idx_rows = rows_per_page(_state_row_bytes(2, cfg.index_head_dim), page_bytes["indexer_state"])
     if comp_entries_per_page is None:
-        if ratio == 128 and sparse_attention_takes_comp_fmt():
-            comp_entries_per_page = C128A_ENTRIES_PER_BLOCK
-        else:
-            comp_entries_per_page = C4A_ENTRIES_PER_BLOCK
+        comp_entries_per_page = C128A_ENTRIES_PER_BLOCK if ratio == 128 else C4A_ENTRIES_PER_BLOCK
     if ratio == 128 and comp_entries_per_page != C128A_ENTRIES_PER_BLOCK:
         page_bytes["comp"] = comp_entries_per_page * main_e
     geom = PageGeometry(

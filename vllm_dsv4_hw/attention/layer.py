@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_dsv4_hw import ops
-from vllm_dsv4_hw.attention.caches import LayerCaches, sparse_attention_takes_comp_fmt
+from vllm_dsv4_hw.attention.caches import LayerCaches
 from vllm_dsv4_hw.attention.metadata import StepMetadata
 from vllm_dsv4_hw.config import SUPPORTED_RATIOS, DSV4Config
 from vllm_dsv4_hw.ops.reference.rope import rope_tables_for
@@ -258,19 +258,9 @@ class DSV4Attention(nn.Module):
         if comp is None:
             return ops.sparse_attention(q, caches.window, meta.window_slots, None, None,
                                         caches.main_format, self.attn_sink, self.scale)
-        if caches.comp_format == caches.main_format:
-            return ops.sparse_attention(q, caches.window, meta.window_slots, comp, comp_slots,
-                                        caches.main_format, self.attn_sink, self.scale)
-        if sparse_attention_takes_comp_fmt():
-            return ops.sparse_attention(q, caches.window, meta.window_slots, comp, comp_slots,
-                                        caches.main_format, self.attn_sink, self.scale,
-                                        comp_fmt=caches.comp_format)
-        raise ValueError(
-            f"ops.sparse_attention takes one entry format for the window and the compressed cache, "
-            f"but this layer's compressed cache ({caches.comp_format}) differs from its window "
-            f"cache ({caches.main_format}); allocate the compressed cache with "
-            f"{caches.main_format.entries_per_page} entries per page"
-        )
+        return ops.sparse_attention(q, caches.window, meta.window_slots, comp, comp_slots,
+                                    caches.main_format, self.attn_sink, self.scale,
+                                    comp_fmt=caches.comp_format)
 
     def extra_repr(self) -> str:
         return (f"ratio={self.ratio}, heads={self.num_heads}, head_dim={self.head_dim}, "

@@ -91,15 +91,17 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor
 
 def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
                      comp_cache: torch.Tensor | None, comp_slots: torch.Tensor | None,
-                     fmt, sink: torch.Tensor, scale: float) -> torch.Tensor:
+                     fmt, sink: torch.Tensor, scale: float, comp_fmt=None) -> torch.Tensor:
     """One softmax per (token, head) over window candidates plus compressed candidates, with sink.
 
     q [T, H, D]; window_slots [T, W] and comp_slots [T, K] int (physical slots, -1 = none) into the
-    paged caches of entry format ``fmt``. sink [H] fp32 only enlarges the denominator.
+    paged caches: the window cache in entry format ``fmt``, the compressed cache in ``comp_fmt``
+    (default ``fmt``; c128a pages hold 2 entries against the window's 64, so the two differ in
+    ``entries_per_page``). sink [H] fp32 only enlarges the denominator.
     Returns o [T, H, D] in q's dtype (a token with no candidates gets zeros).
     """
     return _impl(SPARSE_ATTENTION, q)(q, window_cache, window_slots, comp_cache, comp_slots, fmt,
-                                      sink, scale)
+                                      sink, scale, comp_fmt=comp_fmt)
 
 
 def grouped_o_proj(o: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor) -> torch.Tensor:
@@ -116,3 +118,56 @@ def kv_insert(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt) ->
 def kv_gather(cache: torch.Tensor, slots: torch.Tensor, fmt) -> torch.Tensor:
     """Dequantized rows at ``slots`` (any shape S) -> [*S, dim] fp32; slot -1 gives zeros."""
     return _impl(KV_GATHER, cache)(cache, slots, fmt)
+
+
+# -- fused prologue / epilogue ops (issue 4) ------------------------------------------------------
+# Each is exactly the composition of the ops above that its docstring names (the reference backend
+# composes them); accelerated backends fuse them into one launch. Call sites may use either form.
+QNORM_ROPE_KV_INSERT = "qnorm_rope_kv_insert"
+INV_ROPE_FP8_QUANT = "inv_rope_fp8_quant"
+QKV_RMS_NORM = "qkv_rms_norm"
+
+ALL_OPS = ALL_OPS + (QNORM_ROPE_KV_INSERT, INV_ROPE_FP8_QUANT, QKV_RMS_NORM)
+
+# inv_rope_fp8_quant: FP8 group size and the floor on a group's amax before its scale is taken
+# (vLLM's fused_inv_rope_fp8_quant uses eps=1e-10 here; the KV cache formats use 1e-4).
+O_QUANT_GROUP = 128
+O_QUANT_AMAX_FLOOR = 1e-10
+
+
+def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
+                         cos_sin: torch.Tensor, eps: float, window_cache: torch.Tensor,
+                         window_slots: torch.Tensor, fmt) -> torch.Tensor:
+    """Query prologue + window-KV insert of one layer (spec section 2, steps 2-3).
+
+    q [T, H, D] (W_qb q_r), kv [T, D] (already ``RMSNorm_w``-ed upstream), positions [T] int,
+    cos_sin [P, R] (as ``rope``), window_slots [T] int (physical slots of ``window_cache``, entry
+    format ``fmt`` with fmt.dim == D; -1 = do not insert). Returns a new q_out [T, H, D] in q's dtype:
+        q_out = rope(rms_norm(q, None, eps), positions, cos_sin)   (per head, weightless)
+    and, in place, ``kv_insert(window_cache, window_slots, rope(kv, positions, cos_sin), fmt)``.
+    Intermediates stay in fp32 (one rounding of q_out; the cache format does its own rounding).
+    """
+    return _impl(QNORM_ROPE_KV_INSERT, q)(q, kv, positions, cos_sin, eps, window_cache,
+                                          window_slots, fmt)
+
+
+def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
+                       cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention-output epilogue (spec section 2, step 6 + the input of step 7).
+
+    o [T, H, D] -> x = rope(o, positions, cos_sin, inverse=True) in fp32 (not rounded), then FP8 per
+    128-dim group g of each head: s = 2^ceil(log2(max(amax_g, O_QUANT_AMAX_FLOOR) / 448)) (a power
+    of two, exact), o_fp8 = e4m3(clamp(x / s, -448, 448)) (round to nearest even).
+    Returns (o_fp8 [T, H, D] torch.float8_e4m3fn, scales [T, H, D/128] fp32 = s); D % 128 == 0.
+    Dequantized value: o_fp8.float() * scales.repeat_interleave(128, -1).
+    """
+    return _impl(INV_ROPE_FP8_QUANT, o)(o, positions, cos_sin)
+
+
+def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both input RMSNorms of a layer at once (horizontal fusion, one launch):
+    (rms_norm(q_r, q_w, eps), rms_norm(kv, kv_w, eps)) for q_r [T, q_lora] and kv [T, D] of one
+    dtype (rows may be strided, e.g. column slices of one fused projection). New tensors, same dtype.
+    """
+    return _impl(QKV_RMS_NORM, q_r)(q_r, q_w, kv, kv_w, eps)

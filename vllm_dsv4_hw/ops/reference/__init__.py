@@ -2,6 +2,7 @@
 
 from vllm_dsv4_hw.ops.reference import (  # noqa: F401  (each module registers its ops)
     compressor,
+    fused,
     indexer,
     kv_cache_ops,
     output_proj,

@@ -36,12 +36,16 @@ def _unique_keys(cache: torch.Tensor | None, slots: torch.Tensor, fmt, dim: int,
 @register_op(SPARSE_ATTENTION, "reference")
 def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
                      comp_cache: torch.Tensor | None, comp_slots: torch.Tensor | None,
-                     fmt, sink: torch.Tensor, scale: float) -> torch.Tensor:
+                     fmt, sink: torch.Tensor, scale: float, comp_fmt=None) -> torch.Tensor:
+    comp_fmt = fmt if comp_fmt is None else comp_fmt
     if q.dim() != 3:
         raise ValueError(f"sparse_attention: q must be [T, H, D], got {tuple(q.shape)}")
     t, h, d = q.shape
     if fmt.dim != d:
         raise ValueError(f"sparse_attention: format {fmt.name} holds {fmt.dim}-vectors, q has D={d}")
+    if comp_fmt.dim != d:
+        raise ValueError(f"sparse_attention: compressed format {comp_fmt.name} holds "
+                         f"{comp_fmt.dim}-vectors, q has D={d}")
     if window_slots.dim() != 2 or window_slots.shape[0] != t:
         raise ValueError(f"sparse_attention: window_slots must be [T={t}, W], "
                          f"got {tuple(window_slots.shape)}")
@@ -63,7 +67,7 @@ def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: 
     w_rows, w_idx = _unique_keys(window_cache, window_slots, fmt, d, dev)
     w_valid = window_slots.to(dev) >= 0
     if use_comp:
-        c_rows, c_idx = _unique_keys(comp_cache, comp_slots, fmt, d, dev)
+        c_rows, c_idx = _unique_keys(comp_cache, comp_slots, comp_fmt, d, dev)
         rows = torch.cat([w_rows, c_rows]).to(md)
         idx = torch.cat([w_idx, c_idx + w_rows.shape[0]], dim=1)
         valid = torch.cat([w_valid, comp_slots.to(dev) >= 0], dim=1)
