@@ -31,6 +31,11 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
+# On a CUDA machine: the whole GPU check + benchmark in one run (tables, gpu_run.json, roofline.png).
+# Uses the machine's own python3/torch/triton; vLLM is not needed.
+bench:
+	PYTHONPATH=$(CURDIR) PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_run --out $${OUT:-out}
+
 info: setup
 	$(VENV)/bin/vllm-dsv4-hw info
 

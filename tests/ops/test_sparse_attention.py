@@ -75,12 +75,12 @@ def _fill_cache(fmt, rows, gen, spare_pages=2, pad=96):
 
 
 def _make_case(gen, fmt, t, h, w, k, mw=40, mc=40, p_invalid=0.2, q_dtype=torch.float32,
-               key_scale=1.0, empty_tokens=()):
+               key_scale=1.0, empty_tokens=(), comp_fmt=None):
     d = fmt.dim
     win_rows = torch.randn(mw, d, generator=gen) * key_scale
     comp_rows = torch.randn(mc, d, generator=gen) * key_scale
     win_cache, win_slot, win_stored = _fill_cache(fmt, win_rows, gen)
-    comp_cache, comp_slot, comp_stored = _fill_cache(fmt, comp_rows, gen)
+    comp_cache, comp_slot, comp_stored = _fill_cache(comp_fmt or fmt, comp_rows, gen)
     wi = torch.randint(0, mw, (t, w), generator=gen)
     ci = torch.randint(0, mc, (t, k), generator=gen)
     wv = torch.rand(t, w, generator=gen) >= p_invalid
@@ -98,7 +98,8 @@ def _make_case(gen, fmt, t, h, w, k, mw=40, mc=40, p_invalid=0.2, q_dtype=torch.
         return torch.cat([wr[wi], cr[ci]], dim=1)
 
     return dict(
-        args=(q, win_cache, window_slots, comp_cache, comp_slots, fmt, sink, d ** -0.5),
+        args=(q, win_cache, window_slots, comp_cache, comp_slots, fmt, sink, d ** -0.5)
+        + ((comp_fmt,) if comp_fmt is not None else ()),
         stored_keys=keys_from(win_stored, comp_stored),
         true_keys=keys_from(win_rows.double(), comp_rows.double()),
         valid=valid, q=q, sink=sink, scale=d ** -0.5,
@@ -251,3 +252,15 @@ def test_empty_batch(backend):
     out = impl(OP, backend)(torch.zeros(0, 2, 16), cache, torch.zeros(0, 4, dtype=torch.int32),
                             cache, torch.zeros(0, 2, dtype=torch.int32), fmt, torch.zeros(2), 0.25)
     assert out.shape == (0, 2, 16)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,tol", [("fp32", 1e-5), ("fp8_ds_mla", 0.2)])
+def test_compressed_cache_with_its_own_page_geometry(backend, name, tol, gen):
+    """c128a pages hold 2 entries against the window's 64: the compressed cache has its own format."""
+    fmt, comp_fmt = _format(name, 64), _format(name, 2)
+    case = _make_case(gen, fmt, 3, 4, 128, 9, mw=130, mc=9, comp_fmt=comp_fmt)
+    out = impl(OP, backend)(*case["args"]).double()
+    torch.testing.assert_close(out, _oracle(case), rtol=1e-4, atol=1e-4)
+    err = (out - _oracle(case, keys="true_keys")).abs().max() / _oracle(case).abs().max()
+    assert err <= tol

@@ -1,0 +1,124 @@
+"""Triton indexer scoring kernel and top-k against float64 scores at real dims (64 heads x 128,
+topk 512) with every indexer key format (bf16, fp8, mxfp4, and the fp32 test format).
+
+The conformance suite (test_indexer.py) covers the selection semantics; here:
+* the [T, n_max] score buffer of the kernel (``indexer_scores``) equals float64 scores of the keys
+  as the cache returns them, -inf exactly where an entry is invisible (causal mask, pages beyond a
+  request's allocation (-1), tokens of no request), and every element of a poisoned buffer is
+  written;
+* the selection (``indexer_topk``) is a valid top-k set (``oracle.check_selection``);
+* the GPU launch configuration (64-entry blocks, several blocks per program) runs here too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tests.backends import impl  # noqa: E402
+from tests.oracles import indexer_oracle as oracle  # noqa: E402
+from vllm_dsv4_hw.kv_cache import paged  # noqa: E402
+from vllm_dsv4_hw.kv_cache.formats import make_format  # noqa: E402
+from vllm_dsv4_hw.ops.api import INDEXER_TOPK  # noqa: E402
+from vllm_dsv4_hw.ops.reference.indexer import indexer_head_weights  # noqa: E402
+from vllm_dsv4_hw.ops.registry import REGISTRY  # noqa: E402
+
+if "triton" not in REGISTRY.implementations(INDEXER_TOPK):
+    pytest.skip("triton backend not registered", allow_module_level=True)
+
+from vllm_dsv4_hw.ops.triton import indexer as ti  # noqa: E402
+
+H, DI = 64, 128
+
+
+def _setup(gen, fmt, reqs, extra_entries=3):
+    """Paged key cache for requests (id, first position, count); pages shuffled and interleaved,
+    every slot pre-filled with large keys, unallocated pages (-1) at the end of each table row."""
+    e = fmt.entries_per_page
+    n_ent = [(s + n) // 4 + extra_entries for _, s, n in reqs]
+    nb = max(n_ent) // e + 2
+    pool = len(reqs) * nb + 2
+    bt = torch.randperm(pool, generator=gen)[: len(reqs) * nb].view(len(reqs), nb).to(torch.int32)
+    cache = fmt.new_cache(pool)
+    paged.insert(cache, torch.arange(pool * e), 30.0 * torch.randn(pool * e, DI, generator=gen), fmt)
+    keys = []
+    for r, n in enumerate(n_ent):
+        bt[r, (n + e - 1) // e:] = -1  # beyond the request's allocation
+        s = torch.arange(n)
+        slots = paged.logical_to_slot(bt, torch.full_like(s, r), s, e)
+        paged.insert(cache, slots, torch.randn(n, DI, generator=gen), fmt)
+        keys.append(paged.gather(cache, slots, fmt).double())
+    token_req, token_pos = [], []
+    for r, start, n in reqs:
+        token_req += [r] * n
+        token_pos += list(range(start, start + n))
+    return cache, bt, keys, torch.tensor(token_req), torch.tensor(token_pos)
+
+
+def _scores64(q, w, keys, token_req, token_pos, n_max):
+    """float64 [T, n_max] scores, -inf where invisible."""
+    out = torch.full((q.shape[0], n_max), float("-inf"), dtype=torch.float64)
+    for t in range(q.shape[0]):
+        r = int(token_req[t])
+        if r < 0:
+            continue
+        n = min((int(token_pos[t]) + 1) // 4, keys[r].shape[0], n_max)
+        logits = torch.einsum("hd,sd->hs", q[t].double(), keys[r][:n])
+        out[t, :n] = (w[t].double()[:, None] * logits.relu()).sum(0)
+    return out
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8", "mxfp4", "fp32"])
+def test_scores_and_topk_real_dims(gen, name):
+    fmt = make_format(name, "indexer", 64)
+    # decode tokens (one with > topk visible entries), a prefill chunk crossing a page boundary
+    reqs = [(0, 2200, 1), (1, 1019, 2), (2, 250, 9)]
+    cache, bt, keys, token_req, token_pos = _setup(gen, fmt, reqs)
+    token_req = torch.cat([token_req, torch.tensor([-1])])  # a padding token of no request
+    token_pos = torch.cat([token_pos, torch.tensor([400])])
+    t = token_req.numel()
+    q = torch.randn(t, H, DI, generator=gen).to(torch.bfloat16)
+    w = indexer_head_weights(torch.randn(t, H, generator=gen), H, DI)
+    n_max = bt.shape[1] * fmt.entries_per_page
+    poisoned = torch.full((t, n_max), float("nan"))
+    got = ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, out=poisoned)
+    want = _scores64(q, w, keys, token_req, token_pos, n_max)
+    assert not torch.isnan(got).any()
+    assert torch.equal(torch.isneginf(got), torch.isneginf(want))
+    fin = torch.isfinite(want)
+    scale = float(want[fin].abs().max())
+    torch.testing.assert_close(got[fin].double(), want[fin], rtol=1e-5, atol=1e-6 * scale)
+
+    topk = 512
+    out = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, token_req, token_pos, topk)
+    assert out.dtype == torch.int32 and out.shape == (t, topk)
+    assert (out[-1] == -1).all()
+    for i in range(t - 1):
+        sc = want[i][torch.isfinite(want[i])]
+        k = min(topk, sc.numel())
+        why = oracle.check_selection(out[i], sc, k, 1e-4 * (1.0 + float(sc.abs().max())))
+        assert why is None, f"token {i}: {why}"
+    assert min(int((out[i] >= 0).sum()) for i in range(t - 1)) < topk  # both regimes hit
+    assert int((out[0] >= 0).sum()) == topk
+
+
+def test_gpu_launch_config(gen, monkeypatch):
+    """64-entry blocks and 2-4 blocks per program (as on a GPU): same scores."""
+    fmt = make_format("mxfp4", "indexer", 64)
+    reqs = [(0, 1500, 1), (1, 600, 3)]
+    cache, bt, keys, token_req, token_pos = _setup(gen, fmt, reqs)
+    t = token_req.numel()
+    q = torch.randn(t, H, DI, generator=gen)
+    w = torch.randn(t, H, generator=gen)
+    n_max = bt.shape[1] * fmt.entries_per_page
+    want = _scores64(q, w, keys, token_req, token_pos, n_max)
+    for iters in (2, 4):
+        monkeypatch.setattr(ti, "_launch_config", lambda *a, _i=iters: _i)
+        got = ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, block_s=64,
+                                out=torch.full((t, n_max), float("nan")))
+        assert torch.equal(torch.isneginf(got), torch.isneginf(want))
+        fin = torch.isfinite(want)
+        scale = float(want[fin].abs().max())  # fp32 accumulation over 64 heads of mixed sign
+        torch.testing.assert_close(got[fin].double(), want[fin], rtol=1e-5, atol=1e-6 * scale)

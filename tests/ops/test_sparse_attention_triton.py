@@ -1,0 +1,148 @@
+"""Triton sparse_attention: the paths that the shared conformance test
+(tests/ops/test_sparse_attention.py) does not reach on CPU. The interpreter never splits for
+occupancy, so the split-K + combine path, launch chunking, head blocks that do not divide H, the
+loop without prefetch, the poisoned-workspace check and the hardware e4m3 decode are forced here,
+at small shapes, against the reference op.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from tests.backends import impl  # noqa: E402
+from vllm_dsv4_hw.kv_cache.formats import FP32Format, make_format  # noqa: E402
+from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import e4m3_decode  # noqa: E402
+from vllm_dsv4_hw.kv_cache.paged import insert_rows  # noqa: E402
+from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION  # noqa: E402
+from vllm_dsv4_hw.ops.triton import sparse_attention as tsa  # noqa: E402
+
+REF = impl(SPARSE_ATTENTION, "reference")
+
+
+def _case(gen, fmt, t, h, w, k, *, p_invalid=0.25, q_dtype=torch.float32, empty=(), sink=None,
+          pad=64):
+    """Random rows inserted at random slots of two paged caches (with page padding), random
+    candidate lists with -1 holes."""
+    d, e = fmt.dim, fmt.entries_per_page
+    caches, slot_lists = [], []
+    for n_cand in (w, k):
+        rows = max(2 * n_cand, 4)
+        pages = (rows + e - 1) // e + 2
+        cache = torch.randint(0, 256, (pages, fmt.min_page_bytes + pad), generator=gen,
+                              dtype=torch.uint8)
+        slots = torch.randperm(pages * e, generator=gen)[:rows]
+        insert_rows(cache, slots, torch.randn(rows, d, generator=gen) * 2, fmt)
+        pick = slots[torch.randint(0, rows, (t, n_cand), generator=gen)]
+        keep = torch.rand(t, n_cand, generator=gen) >= p_invalid
+        for tok in empty:
+            keep[tok] = False
+        caches.append(cache)
+        slot_lists.append(torch.where(keep, pick, -1))
+    q = (torch.randn(t, h, d, generator=gen) * 2).to(q_dtype)
+    sink = torch.randn(h, generator=gen) if sink is None else sink
+    return (q, caches[0], slot_lists[0].to(torch.int32), caches[1], slot_lists[1], fmt, sink,
+            d ** -0.5)
+
+
+def _check(args, out, tol=2e-5):
+    ref = REF(*args)
+    torch.testing.assert_close(out.double(), ref.double(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", ["fp8_ds_mla", "bf16"])
+def test_split_k_real_dims(name, gen):
+    """D = 512 entries read in the kernel, forced split-K (several splits per token, one empty),
+    poisoned workspace and output: every element read was written."""
+    fmt = make_format(name, "main", 16)
+    args = _case(gen, fmt, 3, 4, 24, 40, empty=(1,))
+    out = torch.full((3, 4, 512), float("nan"))
+    tsa.sparse_attention_triton(*args, out=out, num_splits=5, block_n=16, poison_workspace=True)
+    assert not out.isnan().any()
+    assert torch.equal(out[1], torch.zeros(4, 512))
+    _check(args, out)
+    # one pass, and the loop without the register prefetch of the next tile
+    single = tsa.sparse_attention_triton(*args, num_splits=1, block_n=16, prefetch=False)
+    torch.testing.assert_close(out, single, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sink_value", [0.0, float("-inf"), 1e4])
+def test_split_k_sinks_and_empty_tokens(sink_value, gen):
+    fmt = FP32Format(dim=32, entries_per_page=8)
+    args = _case(gen, fmt, 5, 3, 20, 30, empty=(0, 3), sink=torch.full((3,), sink_value))
+    out = tsa.sparse_attention_triton(*args, num_splits=4, block_n=16, poison_workspace=True)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out[[0, 3]], torch.zeros(2, 3, 32))
+    _check(args, out, tol=1e-5)
+
+
+def test_head_blocks_not_dividing_h_and_many_launches(gen):
+    """H = 20 in blocks of 16, splits and token chunks of at most 7 programs per launch."""
+    fmt = FP32Format(dim=64, entries_per_page=8)
+    args = _case(gen, fmt, 4, 20, 10, 21)
+    out = torch.full((4, 20, 64), float("nan"))
+    tsa.sparse_attention_triton(*args, out=out, num_splits=2, block_h=16, block_n=16, max_grid=7,
+                                poison_workspace=True)
+    _check(args, out)
+    out1 = tsa.sparse_attention_triton(*args, block_h=16, max_grid=3)
+    _check(args, out1)
+
+
+def test_window_only_split_and_noncontiguous_q(gen):
+    fmt = make_format("fp32", "main", 16)
+    q, wc, ws, _, _, f, sink, scale = _case(gen, fmt, 3, 2, 40, 0)
+    qs = torch.randn(3, 4, 512, generator=gen)[:, ::2]  # head stride 1024
+    assert not qs.is_contiguous()
+    for cc, cs in ((None, None), (wc, torch.zeros(3, 0, dtype=torch.int64))):
+        out = tsa.sparse_attention_triton(qs, wc, ws, cc, cs, f, sink, scale, num_splits=3,
+                                          block_n=16, poison_workspace=True)
+        _check((qs, wc, ws, cc, cs, f, sink, scale), out)
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_output_rounding(q_dtype, gen):
+    """Outputs are the fp32 result rounded to nearest (the interpreter truncates bf16 on its own):
+    at most one ulp (plus fp32 noise near zero) from the reference's fp32 -> q dtype cast."""
+    fmt = make_format("fp8_ds_mla", "main", 16)
+    args = _case(gen, fmt, 2, 3, 16, 16, q_dtype=q_dtype)
+    mant = {torch.bfloat16: 7, torch.float16: 10}[q_dtype]
+    ref = REF(*args).double()
+    for splits in (1, 2):
+        out = tsa.sparse_attention_triton(*args, num_splits=splits, block_n=16)
+        assert out.dtype == q_dtype
+        mag = torch.minimum(out.double().abs(), ref.abs()).clamp_min(2.0 ** -14)
+        ulp = torch.exp2(torch.floor(torch.log2(mag)) - mant)
+        # one ulp, plus fp32 accumulation noise where outputs cancel to near zero
+        slack = 1e-5 * float(ref.abs().max())
+        assert bool(((out.double() - ref).abs() <= ulp + slack).all())
+        # most elements are bit-identical (only fp32 accumulation order differs)
+        assert float((out.double() == ref).double().mean()) > 0.95
+
+
+def test_plan_splits():
+    # decode at V4-Flash shapes on a 132-SM GPU: T=1 splits, a big batch does not
+    s, c = tsa._plan_splits(1, 2, 640, 32, 64, 132, None)
+    assert s > 1 and c % 32 == 0 and s * c >= 640 and (s - 1) * c < 640
+    assert tsa._plan_splits(64, 2, 640, 32, 64, 132, None) == (1, 640)
+    assert tsa._plan_splits(2, 1, 0, 32, 64, 132, None) == (1, 32)
+    s, c = tsa._plan_splits(1, 1, 40, 16, 64, 132, 100)  # forced, capped at one tile per split
+    assert (s, c) == (3, 16)
+
+
+@triton.jit
+def _decode_kernel(code_ptr, out_ptr, FP8_HW: tl.constexpr):
+    i = tl.arange(0, 256)
+    tl.store(out_ptr + i, tsa._e4m3_to_f32(tl.load(code_ptr + i), FP8_HW))
+
+
+@pytest.mark.parametrize("fp8_hw", [False, True])
+def test_e4m3_decode_paths(fp8_hw):
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    out = torch.empty(256)
+    _decode_kernel[(1,)](codes, out, FP8_HW=fp8_hw)
+    ref = e4m3_decode(codes)
+    finite = ~ref.isnan()  # 0x7F / 0xFF: never written by the encoder
+    assert torch.equal(out[finite], ref[finite])

@@ -1,0 +1,234 @@
+"""Triton lightning-indexer top-k: ``indexer_topk`` of ``ops.api`` (spec section 4).
+
+Step 1, ``_indexer_score_kernel`` (1-D grid over (token, entry split)): a program owns one token and
+``ITERS`` consecutive blocks of ``BLOCK_S`` compressed entries of that token's request. It loads the
+token's q [H, Di] (as even / odd dims) and head weights once, then per block reads the keys straight
+from the paged cache as (even, odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per
+pair and key, dequantized on the fly: bf16, fp8 (scale applied to the logits), mxfp4, fp32 test
+format), computes all H heads' logits with tl.dot [H, Di/2] x [Di/2, BLOCK_S] on the even and the
+odd halves (so every key is read once per token and no interleave is needed), and reduces
+``score = sum_h w[h] * relu(logit[h])`` in fp32. Entries not visible to the token
+(``ratio*s + ratio - 1 > pos``, beyond the block table, in an unallocated page, or any entry of a
+token with request -1) get -inf. Scores go to a [T, n_max] fp32 buffer, n_max = block-table width
+* entries per page (known on the host: no device sync). Unlike the reference (which raises), a
+visible entry in an unallocated page (-1) is skipped (-inf) rather than read.
+
+Dot precision (constexpr ``DOT``): keys of every quantized format are exact in bf16 (the fp8 key's
+power-of-two scale is applied to the logits instead, which is exact), so on GPU the dot runs on bf16
+tensor cores with fp32 accumulation: q in bf16 as is (``DOT_BF16``), fp32 / fp16 q split into a bf16
+hi + lo pair (``DOT_BF16X2``, ~16 mantissa bits). fp32 keys (test format) and the CPU interpreter
+(where bf16 dots are wrong) use an fp32 ``ieee`` dot (``DOT_F32``).
+
+Step 2, selection: **first version uses ``torch.topk``** over the score buffer (sorted, k = min(topk,
+n_max)); entries whose score is -inf become -1, as do the columns beyond n_max. Ties and rounding
+make the exact order unstable: compare results as sets. A Triton radix/threshold top-k would remove
+the score round trip (4 B per entry written and read back).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_dsv4_hw.ops import api
+from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton import quant
+from vllm_dsv4_hw.ops.triton.quant import load_entry_pairs
+
+DOT_F32 = 0
+DOT_BF16 = 1
+DOT_BF16X2 = 2
+
+# Upper bound on the fp32 score buffer materialized at once (elements); tokens are chunked.
+_MAX_SCORE_ELEMS = 1 << 27
+
+
+@triton.jit
+def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
+                          stride_qt, stride_wt, stride_bt, stride_out, page_stride,
+                          page_stride_units, n_max, n_split, bt_cols, n_programs,
+                          H: tl.constexpr, DI: tl.constexpr, E: tl.constexpr,
+                          DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
+                          UNIT: tl.constexpr, RATIO: tl.constexpr, FMT: tl.constexpr,
+                          DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr):
+    """Program = (token, split of ITERS entry blocks). Keys are read as (even, odd) dim pairs
+    (``quant.load_entry_pairs``: one contiguous load per pair), so logits = q_even @ k_even +
+    q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode)."""
+    for pid in range(tl.program_id(0), n_programs, tl.num_programs(0)):  # grid-stride (Ascend cap)
+        t = pid // n_split
+        sp = pid % n_split
+        req = tl.load(req_ptr + t).to(tl.int64)
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        visible = tl.where(req >= 0, (pos + 1) // RATIO, 0)
+        visible = tl.minimum(visible, n_max)
+        req = tl.maximum(req, 0)
+        t64 = t.to(tl.int64)
+
+        h = tl.arange(0, H)
+        j = tl.arange(0, DI // 2)
+        w = tl.load(w_ptr + t64 * stride_wt + h).to(tl.float32)
+        q_row = q_ptr + t64 * stride_qt + h[:, None] * DI + 2 * j[None, :]
+        q_e = tl.load(q_row).to(tl.float32)                       # [H, DI/2] even dims
+        q_o = tl.load(q_row + 1).to(tl.float32)                   # odd dims
+        if DOT != 0:
+            qe_hi = q_e.to(tl.bfloat16)
+            qo_hi = q_o.to(tl.bfloat16)
+            if DOT == 2:
+                qe_lo = (q_e - qe_hi.to(tl.float32)).to(tl.bfloat16)
+                qo_lo = (q_o - qo_hi.to(tl.float32)).to(tl.bfloat16)
+        out_row = out_ptr + t64 * stride_out
+        for it in range(ITERS):
+            s = (sp * ITERS + it) * BLOCK_S + tl.arange(0, BLOCK_S)
+            in_range = s < n_max
+            vis = s < visible
+            page = tl.load(bt_ptr + req * stride_bt + s // E, mask=vis & (s // E < bt_cols),
+                           other=-1)
+            vis = vis & (page >= 0)
+            page64 = tl.maximum(page, 0).to(tl.int64)
+            off = (s % E).to(tl.int64)
+            pair_off = page64 * page_stride_units + off * (DATA_BYTES // UNIT)
+            scale_off = page64 * page_stride + E * DATA_BYTES + off * SCALE_BYTES
+            if SCALE_BYTES == 4:  # one aligned 32-bit scale word per key (mxfp4 / fp8 at dim 128)
+                scale_arg = scale_off // 4
+            else:
+                scale_arg = scale_off
+            k_e, k_o = load_entry_pairs(cache_ptr, pair_off[None, :], scale_arg[None, :],
+                                        j[:, None], vis[None, :], FMT,
+                                        SCALE_BYTES == 4)        # [DI/2, BLOCK_S] each
+            if DOT == 0:
+                logits = tl.dot(q_e, k_e, input_precision="ieee")
+                logits = tl.dot(q_o, k_o, logits, input_precision="ieee")
+            else:
+                # keys are exact in bf16 (fp8 codes unscaled, e2m1 * 2^e, bf16): bf16 tensor cores
+                ke = k_e.to(tl.bfloat16)
+                ko = k_o.to(tl.bfloat16)
+                logits = tl.dot(qe_hi, ke)
+                logits = tl.dot(qo_hi, ko, logits)
+                if DOT == 2:
+                    logits = tl.dot(qe_lo, ke, logits)
+                    logits = tl.dot(qo_lo, ko, logits)
+            if FMT == 3:  # FMT_FP8_INDEXER: per-key power-of-two scale applied to the logits (exact)
+                scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_off // 4,
+                                mask=vis, other=1.0)
+                logits = logits * scale[None, :]
+            score = tl.sum(w[:, None] * tl.maximum(logits, 0.0), axis=0)   # [BLOCK_S]
+            score = tl.where(vis, score, float("-inf"))
+            tl.store(out_row + s, score, mask=in_range)
+
+
+# triton-ascend binds the grid to physical cores: at most 65535 programs, the rest grid-strided.
+NPU_MAX_PROGRAMS = 65535
+
+
+def _grid(n: int, device: torch.device) -> int:
+    return max(1, min(n, NPU_MAX_PROGRAMS) if device.type == "npu" else n)
+
+
+def _dot_mode(q: torch.Tensor, fmt_code: int) -> int:
+    if q.device.type == "cpu" or fmt_code == quant.FMT_FP32:
+        return DOT_F32  # interpreter (bf16 dots are wrong there) / fp32 keys
+    return DOT_BF16 if q.dtype == torch.bfloat16 else DOT_BF16X2
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _launch_config(num_tokens: int, n_blocks: int, device: torch.device) -> int:
+    """ITERS: entry blocks per program (amortizes the q load; keeps >= ~4 programs per SM)."""
+    if device.type != "cuda":
+        return 1
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    want = max(1, (num_tokens * n_blocks) // (4 * sms))
+    iters = 1
+    while iters * 2 <= min(want, 16):
+        iters *= 2
+    return iters
+
+
+def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, ratio,
+                   n_max: int | None = None, block_s: int | None = None,
+                   out: torch.Tensor | None = None, iters: int | None = None,
+                   num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+    """The [T, n_max] fp32 score buffer (masked entries -inf) of step 1 (also used by benchmarks).
+
+    ``out``: an optional preallocated [T, n_max] fp32 buffer (every element is written).
+    ``block_s`` / ``iters`` / ``num_warps`` / ``num_stages``: launch knobs (benchmark sweeps)."""
+    t, h, di = q.shape
+    dev = q.device
+    fmt_code = quant.format_code(key_fmt)
+    if key_fmt.dim != di:
+        raise ValueError(f"key format dim {key_fmt.dim} != q head dim {di}")
+    min_di = 32 if dev.type != "cpu" else 4  # GPU tl.dot: K = di/2 >= 16 (the interpreter: any)
+    if h & (h - 1) or di & (di - 1) or h < 16 or di < min_di:
+        raise ValueError(f"triton indexer needs power-of-two heads >= 16 and head dim >= {min_di}, "
+                         f"got {h}x{di}")
+    if fmt_code == quant.FMT_FP8_DS_MLA:
+        raise ValueError("indexer keys cannot use the fp8_ds_mla (main KV) format")
+    quant.check_cache(key_cache, key_fmt)
+    unit = quant.pair_unit_bytes(fmt_code)
+    if key_cache.stride(0) % unit or key_fmt.data_bytes % unit or (
+            fmt_code == quant.FMT_FP8_INDEXER and key_fmt.scale_bytes != 4):
+        raise ValueError(f"{key_fmt.name}: page stride {key_cache.stride(0)} B is not a multiple of "
+                         f"the {unit}-byte pair unit")
+    e = key_fmt.entries_per_page
+    if n_max is None:
+        n_max = block_table.shape[1] * e
+    if out is None:
+        out = torch.empty(t, n_max, dtype=torch.float32, device=dev)
+    elif out.shape != (t, n_max) or out.dtype != torch.float32 or out.stride(-1) != 1:
+        raise ValueError(f"out must be fp32 [{t}, {n_max}] with unit inner stride")
+    if t == 0 or n_max == 0:
+        return out
+    q = q if q.is_contiguous() else q.contiguous()
+    weights = weights.to(torch.float32)
+    weights = weights if weights.stride(-1) == 1 else weights.contiguous()
+    bt = block_table.to(device=dev, dtype=torch.int32)
+    bt = bt if bt.stride(-1) == 1 else bt.contiguous()
+    req = token_req.to(device=dev, dtype=torch.int32).contiguous()
+    pos = token_pos.to(device=dev, dtype=torch.int64).contiguous()
+    if block_s is None:
+        # the interpreter pays per op, not per element: few large blocks there
+        block_s = 64 if dev.type != "cpu" else min(1024, max(16, triton.next_power_of_2(n_max)))
+    n_blocks = triton.cdiv(n_max, block_s)
+    if iters is None:
+        iters = _launch_config(t, n_blocks, dev)
+    n_split = triton.cdiv(n_blocks, iters)
+    _indexer_score_kernel[(_grid(t * n_split, dev),)](
+        q, weights, key_cache, bt, req, pos, out,
+        q.stride(0), weights.stride(0), bt.stride(0), out.stride(0), key_cache.stride(0),
+        key_cache.stride(0) // unit, n_max, n_split, bt.shape[1], t * n_split,
+        H=h, DI=di, E=e, DATA_BYTES=key_fmt.data_bytes, SCALE_BYTES=key_fmt.scale_bytes, UNIT=unit,
+        RATIO=ratio, FMT=fmt_code, DOT=_dot_mode(q, fmt_code), BLOCK_S=block_s, ITERS=iters,
+        num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+@register_op(api.INDEXER_TOPK, "triton")
+def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4):
+    """Triton scoring kernel + ``torch.topk`` selection (first version; compare results as sets).
+
+    Returns [T, topk] int32: the top min(topk, visible) entry indices in descending score, -1 after.
+    No host synchronization: the score buffer spans the whole block table (n_max entries).
+    """
+    t = q.shape[0]
+    dev = q.device
+    out = torch.full((t, topk), -1, dtype=torch.int32, device=dev)
+    e = key_fmt.entries_per_page
+    n_max = block_table.shape[1] * e
+    if t == 0 or topk <= 0 or n_max == 0:
+        return out
+    k = min(topk, n_max)
+    chunk = max(1, _MAX_SCORE_ELEMS // n_max)
+    for c0 in range(0, t, chunk):
+        sl = slice(c0, min(t, c0 + chunk))
+        scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
+                                token_req[sl], token_pos[sl], ratio, n_max=n_max)
+        vals, idx = torch.topk(scores, k, dim=-1, largest=True, sorted=True)
+        idx = torch.where(torch.isneginf(vals), torch.full_like(idx, -1), idx)
+        out[sl, :k] = idx.to(torch.int32)
+    return out

@@ -1,0 +1,74 @@
+"""Triton ``inv_rope_fp8_quant``: inverse RoPE on the last R dims of each head of the attention output,
+then FP8 e4m3 quantization in 128-dim groups with power-of-two (ue8m0) fp32 scales, one program per
+(token, head). The e4m3 codes are built from integer bit operations (bit-exact, round to nearest
+even) and written as bytes, so no fp8 arithmetic is needed on the device."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_dsv4_hw.ops.api import INV_ROPE_FP8_QUANT, O_QUANT_AMAX_FLOOR, O_QUANT_GROUP
+from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.common import grid_1d, rope_pairs
+from vllm_dsv4_hw.ops.triton.quant import ceil_log2_div, f32_to_e4m3_bits, pow2_f32
+
+
+@triton.jit
+def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_rows, n_heads,
+                               o_tok_stride, o_head_stride, cs_stride, amax_floor,
+                               NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
+                               FIRST_PAIR: tl.constexpr, HALF: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    g = tl.arange(0, BG)
+    gm = g < NG
+    pidx = g[:, None] * GP + tl.arange(0, GP)[None, :]  # [BG, GP]: row = one quant group
+    pm = gm[:, None] & (pidx >= 0)
+    for row in range(pid, n_rows, nprog):
+        r = tl.cast(row, tl.int64)
+        t = r // n_heads
+        src = o_ptr + t * o_tok_stride + (r % n_heads) * o_head_stride
+        xe = tl.load(src + 2 * pidx, mask=pm, other=0.0).to(tl.float32)
+        xo = tl.load(src + 2 * pidx + 1, mask=pm, other=0.0).to(tl.float32)
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        ye, yo = rope_pairs(xe, xo, cs_ptr + pos * cs_stride, pidx, FIRST_PAIR, HALF, True, False)
+        amax = tl.maximum(tl.max(tl.abs(ye), axis=1), tl.max(tl.abs(yo), axis=1))  # [BG]
+        ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)  # 448 = 1.75 * 2^8
+        inv = pow2_f32(-ex)[:, None]
+        dst = out_ptr + r * (NG * GP * 2)
+        tl.store(dst + 2 * pidx, f32_to_e4m3_bits(ye * inv), mask=pm)
+        tl.store(dst + 2 * pidx + 1, f32_to_e4m3_bits(yo * inv), mask=pm)
+        tl.store(scale_ptr + r * NG + g, pow2_f32(ex), mask=gm)
+
+
+@register_op(INV_ROPE_FP8_QUANT, "triton")
+def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
+                       cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if o.dim() != 3 or o.shape[-1] % O_QUANT_GROUP:
+        raise ValueError(f"inv_rope_fp8_quant: o must be [T, H, D] with D a multiple of "
+                         f"{O_QUANT_GROUP}, got {tuple(o.shape)}")
+    t, h, d = o.shape
+    r = cos_sin.shape[-1]
+    if cos_sin.dim() != 2 or r % 2 or r > d:
+        raise ValueError(f"inv_rope_fp8_quant: cos_sin must be [P, R] with R even <= D, got "
+                         f"{tuple(cos_sin.shape)}")
+    if positions.shape != (t,):
+        raise ValueError(f"inv_rope_fp8_quant: positions {tuple(positions.shape)} must be [T={t}]")
+    ng = d // O_QUANT_GROUP
+    out = torch.empty(t, h, d, dtype=torch.float8_e4m3fn, device=o.device)
+    scales = torch.empty(t, h, ng, dtype=torch.float32, device=o.device)
+    if out.numel() == 0:
+        return out, scales
+    if o.stride(-1) != 1:
+        o = o.contiguous()
+    cs = cos_sin.to(o.device)
+    if cs.stride(-1) != 1:
+        cs = cs.contiguous()
+    pos = positions.to(o.device)
+    _inv_rope_fp8_quant_kernel[grid_1d(t * h, o.device)](
+        o, pos, cs, out.view(torch.uint8), scales, t * h, h, o.stride(0), o.stride(1),
+        cs.stride(0), float(O_QUANT_AMAX_FLOOR), NG=ng, BG=triton.next_power_of_2(ng),
+        GP=O_QUANT_GROUP // 2, FIRST_PAIR=(d - r) // 2, HALF=r // 2, num_warps=4)
+    return out, scales

@@ -1,0 +1,555 @@
+"""Triton ``sparse_attention``: paged window + compressed candidates, dequantized in the kernel,
+one softmax per (token, head) with the per-head sink, fp32 math inside.
+
+Design (decode: T small, H = 64 / 128 heads sharing one KV vector per candidate, MQA):
+
+* **Grid** (1-D): one program per (token, candidate split, block of ``BLOCK_H`` heads); the head
+  block varies fastest, so the programs that read the same token's candidates run side by side and
+  share them through L2. A program loads each of its candidate entries once (a ``[BLOCK_N, D]``
+  tile, dequantized in registers) and uses it for all its heads: ``S = Q K^T`` is a
+  ``[BLOCK_H, D] x [D, BLOCK_N]`` ``tl.dot`` and ``O += P V`` a
+  ``[BLOCK_H, BLOCK_N] x [BLOCK_N, D]`` one (K = V). On CUDA with bf16 queries the dot inputs
+  are bf16 (exact for the bf16 and fp8_ds_mla entries: an e4m3 value times a power-of-two scale is
+  a bf16 value; P is rounded to bf16) with fp32 accumulation; otherwise (fp32 / fp16 / fp64
+  queries, the fp32 format, the CPU interpreter) fp32 ``ieee`` dots.
+* **Online softmax** over the program's candidates in tiles of ``BLOCK_N``: window candidates first
+  (their own cache and slot list), then compressed ones; slot -1 is masked (never loaded). Logits
+  are kept in the log2 domain (``exp2``); the running max starts at the sink, so it is never -inf.
+* **Split-K** (flash-decoding) when T x head-blocks is too small to fill the device: the candidate
+  list ``[0, W + K)`` is cut into ``S`` chunks (multiples of ``BLOCK_N``); each split writes its
+  unnormalized ``acc [D]`` and ``(m, l)`` per head to an fp32 workspace, and a second kernel (one
+  program per (token, head)) merges them and adds the sink to the denominator. With ``S = 1`` the
+  first kernel normalizes and writes the output itself (prefill: many tokens, no split).
+* Dtype-specific loads / dequantization live in small ``@triton.jit`` helpers (``_load_raw_tile``,
+  ``_dequant_tile`` and the codecs of ``ops.triton.quant``). Optionally (``prefetch``) the raw
+  bytes of the next tile are loaded before the current one is computed. fp8 decoding is integer
+  bit manipulation (portable to triton-ascend, which has no fp8 dtypes) unless the GPU converts
+  e4m3 in hardware (sm_89+). No inline assembly; grids are 1-D and split into launches of at most
+  ``max_grid`` programs (Ascend: 65535).
+
+Slots must be -1 or lie inside their cache (not checked here: a check would need a device sync).
+
+Formats read in the kernel: ``bf16``, ``fp8_ds_mla``, ``fp32``. Any other entry format (e.g. a test
+format) goes through the generic path: its distinct candidate rows are dequantized once by the
+format's own codec into an fp32 table, which the same kernel then reads as an fp32 "cache" with
+one entry per page.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_dsv4_hw.kv_cache.paged import gather_rows
+from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION
+from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.quant import (
+    FMT_BF16,
+    FMT_FP8_DS_MLA,
+    FMT_FP32,
+    e4m3_bits_to_f32,
+    round_to_bf16,
+    ue8m0_to_f32,
+)
+
+_LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp(x) = exp2(x * log2(e))
+
+# fp8_ds_mla entry geometry (kv_cache.formats.fp8_ds_mla): 448 e4m3 dims in 7 blocks of 64 with one
+# ue8m0 byte each, then 64 bf16 rope dims at data bytes 448..575; 8 scale bytes (7 + pad).
+_FP8_NOPE = tl.constexpr(448)
+_FP8_QBLOCK = tl.constexpr(64)
+_FP8_NGROUP = tl.constexpr(8)  # 7 scaled e4m3 groups + the rope group
+_FP8_DATA_BYTES = tl.constexpr(576)
+_FP8_SCALE_BYTES = tl.constexpr(8)
+_FP8_ROPE_ELEM = tl.constexpr(224)  # 448 bytes / 2: the rope dims' first bf16 element in an entry
+_FP8_DATA_ELEM = tl.constexpr(288)  # 576 bytes / 2
+
+_KNOWN = {"bf16": FMT_BF16, "fp8_ds_mla": FMT_FP8_DS_MLA, "fp32": FMT_FP32}
+
+
+# ------------------------------------------------------------------------------------------------
+# jit helpers: dtype-specific loads
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _e4m3_to_f32(code, FP8_HW: tl.constexpr):
+    """e4m3fn codes (uint8) -> fp32: hardware conversion on sm_89+, else integer bit tricks."""
+    if FP8_HW:
+        v = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        v = e4m3_bits_to_f32(code)
+    return v
+
+
+@triton.jit
+def _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, start, hi, E, PAGE_BYTES, PAGE_ELEMS,
+                   FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Issue the loads of candidates ``[start, start + BLOCK_N)`` (those < ``hi``; slot -1 = none,
+    never read) of one token's slot list: the stored bytes, not yet decoded (so the next tile can
+    be in flight while this one is computed). Returns (valid [BLOCK_N], a, b, c):
+
+    * fp8_ds_mla: a = e4m3 codes [BLOCK_N, 8, 64] u8 (group 7, the rope group, is not read),
+      b = ue8m0 bytes [BLOCK_N, 8] (group 7 -> 127, i.e. 1.0), c = the rope dims as bf16 in group 7
+      of a [BLOCK_N, 8, 64] tile (groups 0..6 not read; this shape kept the sm_90 build spill-free);
+    * bf16 / fp32: a = values [BLOCK_N, BLOCK_D] in the stored dtype; b, c unused.
+
+    ``u8_ptr`` is the cache as bytes, ``typed_ptr`` the same cache viewed as bf16 (bf16 entries and
+    the rope dims of fp8_ds_mla) or fp32; ``PAGE_BYTES`` / ``PAGE_ELEMS`` the page stride in bytes /
+    in typed elements; ``DATA_ELEMS`` an entry's data part in typed elements (bf16 / fp32).
+    """
+    idx = start + tl.arange(0, BLOCK_N)
+    slots = tl.load(slots_row_ptr + idx, mask=idx < hi, other=-1)
+    valid = slots >= 0
+    s = tl.where(valid, slots, 0).to(tl.int64)
+    page = s // E
+    off = s - page * E
+    if FMT == 2:  # FMT_FP8_DS_MLA
+        g = tl.arange(0, _FP8_NGROUP)
+        j = tl.arange(0, _FP8_QBLOCK)
+        dims3 = g[None, :, None] * _FP8_QBLOCK + j[None, None, :]
+        data_b = page * PAGE_BYTES + off * _FP8_DATA_BYTES
+        a = tl.load(u8_ptr + data_b[:, None, None] + dims3,
+                    mask=valid[:, None, None] & (dims3 < _FP8_NOPE), other=0)
+        scale_b = page * PAGE_BYTES + E * _FP8_DATA_BYTES + off * _FP8_SCALE_BYTES
+        b = tl.load(u8_ptr + scale_b[:, None] + g[None, :],
+                    mask=valid[:, None] & (g < _FP8_NGROUP - 1)[None, :], other=127)
+        rope_e = page * PAGE_ELEMS + off * _FP8_DATA_ELEM + _FP8_ROPE_ELEM
+        c = tl.load(typed_ptr + rope_e[:, None, None] + (dims3 - _FP8_NOPE),
+                    mask=valid[:, None, None] & (dims3 >= _FP8_NOPE), other=0.0)
+    else:  # FMT_BF16 / FMT_FP32
+        dims = tl.arange(0, BLOCK_D)
+        e_off = page * PAGE_ELEMS + off * DATA_ELEMS
+        a = tl.load(typed_ptr + e_off[:, None] + dims[None, :],
+                    mask=valid[:, None] & (dims < D)[None, :], other=0.0)
+        b = valid
+        c = valid
+    return valid, a, b, c
+
+
+@triton.jit
+def _dequant_tile(a, b, c, FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  FP8_HW: tl.constexpr):
+    """The raw tile of :func:`_load_raw_tile` -> [BLOCK_N, BLOCK_D] fp32 (zeros where not read)."""
+    if FMT == 2:  # e4m3 * 2^(ue8m0 - 127) for dims 0..447, the bf16 rope dims for 448..511
+        g = tl.arange(0, _FP8_NGROUP)
+        nope = _e4m3_to_f32(a, FP8_HW) * ue8m0_to_f32(b)[:, :, None]
+        is_rope = (g == _FP8_NGROUP - 1)[None, :, None]
+        kv = tl.reshape(tl.where(is_rope, c.to(tl.float32), nope), (BLOCK_N, BLOCK_D))
+    else:
+        kv = a.to(tl.float32)
+    return kv
+
+
+@triton.jit
+def _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16: tl.constexpr):
+    """One online-softmax step of a [BLOCK_H] head block over a [BLOCK_N] candidate tile (K = V)."""
+    if DOT_BF16:  # bf16 tensor-core inputs (exact for q and the entries), fp32 accumulation
+        kvd = kv.to(tl.bfloat16)
+        s = tl.dot(q, tl.trans(kvd))
+    else:  # true fp32 products (no tf32)
+        kvd = kv
+        s = tl.dot(q, tl.trans(kvd), input_precision="ieee")
+    s = tl.where(valid[None, :], s * qk_scale2, float("-inf"))  # [BLOCK_H, BLOCK_N], log2 units
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if DOT_BF16:
+        pv = tl.dot(p.to(tl.bfloat16), kvd)
+    else:
+        pv = tl.dot(p, kvd, input_precision="ieee")
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attend_range(q, m_i, l_i, acc, u8_ptr, typed_ptr, slots_row_ptr, lo, hi,
+                  E, PAGE_BYTES, PAGE_ELEMS, qk_scale2,
+                  FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP8_HW: tl.constexpr,
+                  DOT_BF16: tl.constexpr, PREFETCH: tl.constexpr):
+    """Candidates ``[lo, hi)`` of one token's slot list (one cache) in tiles of BLOCK_N."""
+    if PREFETCH:  # one tile in flight ahead of the compute (register double buffering)
+        valid, a, b, c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, lo, hi, E, PAGE_BYTES,
+                                        PAGE_ELEMS, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D)
+        for start in range(lo, hi, BLOCK_N):
+            n_valid, n_a, n_b, n_c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr,
+                                                    start + BLOCK_N, hi, E, PAGE_BYTES, PAGE_ELEMS,
+                                                    FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D)
+            kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, FP8_HW)
+            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
+            valid, a, b, c = n_valid, n_a, n_b, n_c
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            valid, a, b, c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, start, hi, E,
+                                            PAGE_BYTES, PAGE_ELEMS, FMT, D, DATA_ELEMS, BLOCK_N,
+                                            BLOCK_D)
+            kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, FP8_HW)
+            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _store_rows(ptrs, x, mask, ROUND_BF16: tl.constexpr):
+    if ROUND_BF16:  # the interpreter truncates fp32 -> bf16: round to nearest even first
+        x = round_to_bf16(x)
+    tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# kernels
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _sparse_attn_fwd(
+    q_ptr, stride_qt, stride_qh,
+    w_u8_ptr, w_typed_ptr, w_slots_ptr, stride_ws, W, w_E, w_page_bytes, w_page_elems,
+    c_u8_ptr, c_typed_ptr, c_slots_ptr, stride_cs, K, c_E, c_page_bytes, c_page_elems,
+    sink_ptr, out_ptr, stride_ot, stride_oh, ws_acc_ptr, ws_ml_ptr,
+    H, num_hb, num_splits, chunk, t_start, qk_scale2,
+    FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    FP8_HW: tl.constexpr, DOT_BF16: tl.constexpr, SPLIT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    hb = pid % num_hb
+    rest = pid // num_hb
+    sp = rest % num_splits
+    t = (rest // num_splits + t_start).to(tl.int64)
+
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < H
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < D
+    qmask = hmask[:, None] & dmask[None, :]
+    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + dims[None, :], mask=qmask,
+                other=0.0).to(tl.float32)
+    if DOT_BF16:
+        q = q.to(tl.bfloat16)
+
+    sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
+    m_i = tl.maximum(sink2, -1.0e30)  # finite even for a -inf sink
+    if SPLIT:
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)  # the combine kernel adds the sink
+    else:
+        l_i = tl.exp2(sink2 - m_i)  # 1, or 0 for a -inf sink
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, W + K)
+    m_i, l_i, acc = _attend_range(q, m_i, l_i, acc, w_u8_ptr, w_typed_ptr,
+                                  w_slots_ptr + t * stride_ws, tl.minimum(lo, W), tl.minimum(hi, W),
+                                  w_E, w_page_bytes, w_page_elems, qk_scale2, FMT, D, DATA_ELEMS,
+                                  BLOCK_N, BLOCK_D, FP8_HW, DOT_BF16, PREFETCH)
+    m_i, l_i, acc = _attend_range(q, m_i, l_i, acc, c_u8_ptr, c_typed_ptr,
+                                  c_slots_ptr + t * stride_cs, tl.maximum(lo, W) - W,
+                                  tl.maximum(hi, W) - W, c_E, c_page_bytes, c_page_elems,
+                                  qk_scale2, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D, FP8_HW, DOT_BF16,
+                                  PREFETCH)
+
+    if SPLIT:
+        row = (t * H + heads) * num_splits + sp  # [BLOCK_H] rows of the [T, H, S] workspace
+        tl.store(ws_acc_ptr + row[:, None] * D + dims[None, :], acc, mask=qmask)
+        tl.store(ws_ml_ptr + row * 2, m_i, mask=hmask)
+        tl.store(ws_ml_ptr + row * 2 + 1, l_i, mask=hmask)
+    else:
+        # l == 0 only without candidates and with a -inf sink; acc is 0 there too
+        inv = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
+        o = acc * inv[:, None]
+        _store_rows(out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :], o, qmask,
+                    ROUND_BF16)
+
+
+@triton.jit
+def _sparse_attn_combine(
+    ws_acc_ptr, ws_ml_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, H, num_splits, t_start,
+    D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DC: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    """Merge the splits of one (token, head): o = sum_s 2^(m_s-M) acc_s / (sum_s 2^(m_s-M) l_s +
+    2^(sink-M))."""
+    pid = tl.program_id(0)
+    t = (pid // H + t_start).to(tl.int64)
+    h = pid % H
+    ss = tl.arange(0, BLOCK_S)
+    smask = ss < num_splits
+    row = (t * H + h) * num_splits + ss
+    m_s = tl.load(ws_ml_ptr + row * 2, mask=smask, other=float("-inf"))
+    l_s = tl.load(ws_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
+    sink2 = tl.load(sink_ptr + h).to(tl.float32) * 1.4426950408889634
+    m = tl.maximum(tl.max(m_s, axis=0), sink2)
+    w = tl.exp2(m_s - m)
+    denom = tl.sum(w * l_s, axis=0) + tl.exp2(sink2 - m)
+    inv = tl.where(denom > 0, 1.0 / tl.where(denom > 0, denom, 1.0), 0.0)
+    for d0 in range(0, D, BLOCK_DC):
+        dd = d0 + tl.arange(0, BLOCK_DC)
+        dm = dd < D
+        part = tl.load(ws_acc_ptr + row[:, None] * D + dd[None, :],
+                       mask=smask[:, None] & dm[None, :], other=0.0)
+        o = tl.sum(part * w[:, None], axis=0) * inv
+        _store_rows(out_ptr + t * stride_ot + h * stride_oh + dd, o, dm, ROUND_BF16)
+
+
+# ------------------------------------------------------------------------------------------------
+# host side
+# ------------------------------------------------------------------------------------------------
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _num_cores(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if device.type == "npu":  # pragma: no cover - Ascend only
+        try:
+            props = torch.npu.get_device_properties(device)  # type: ignore[attr-defined]
+            return int(getattr(props, "vector_core_num", 0) or getattr(props, "cube_core_num", 0)
+                       or 40)
+        except Exception:
+            return 40
+    return 1  # the interpreter runs programs one at a time: never split for occupancy
+
+
+@functools.lru_cache(maxsize=None)
+def _max_grid(device: torch.device) -> int:
+    try:
+        from vllm_dsv4_hw.ops.backends import device_capabilities
+
+        return int(device_capabilities(device.type).max_grid)
+    except Exception:
+        return 65535
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_hw(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+# Tunables per device kind: BLOCK_H cap, BLOCK_N, num_warps, num_stages, min candidates per split,
+# register prefetch of the next tile, maxnreg (NVIDIA register cap; None = compiler's choice).
+# BLOCK_H is max(16, next_pow2(H)) capped at ``block_h`` (tl.dot needs M >= 16).
+# CUDA defaults come from offline sm_90 builds (ptxas register / spill counts, no GPU run): fp8 with
+# BLOCK_H 32 / BLOCK_N 16 / 8 warps takes 136 registers without prefetch and 183 with it (no
+# spills; one 8-warp program per SM either way, so the prefetch costs no occupancy); BLOCK_N 32,
+# BLOCK_H 64, or 4 warps with BLOCK_H 32 spill (255 registers + stack). maxnreg=128 without prefetch
+# (32 B of spill) would fit two programs per SM. The benchmark's --sweep compares these on the GPU.
+CONFIGS = {
+    "cuda": dict(block_h=32, block_n=16, num_warps=8, num_stages=1, min_chunk=64, prefetch=True,
+                 maxnreg=None),
+    "npu": dict(block_h=16, block_n=32, num_warps=4, num_stages=1, min_chunk=64, prefetch=False,
+                maxnreg=None),
+    "interp": dict(block_h=64, block_n=64, num_warps=4, num_stages=1, min_chunk=64, prefetch=True,
+                   maxnreg=None),
+}
+
+
+def _config(device: torch.device) -> dict:
+    if _interpreting() or device.type == "cpu":
+        return CONFIGS["interp"]
+    return CONFIGS.get(device.type, CONFIGS["cuda"])
+
+
+def _plan_splits(t: int, num_hb: int, n_cand: int, block_n: int, min_chunk: int, cores: int,
+                 num_splits: int | None) -> tuple[int, int]:
+    """(splits, chunk): chunk is a multiple of block_n and splits * chunk >= n_cand."""
+    if n_cand <= 0:
+        return 1, block_n
+    if num_splits is None:
+        base = t * num_hb
+        num_splits = 1
+        if 2 * base <= cores and n_cand > min_chunk:  # less than half the device busy
+            num_splits = min(math.ceil(cores / base), math.ceil(n_cand / min_chunk))
+    num_splits = max(1, min(int(num_splits), math.ceil(n_cand / block_n)))
+    chunk = math.ceil(math.ceil(n_cand / num_splits) / block_n) * block_n
+    return math.ceil(n_cand / chunk), chunk
+
+
+def _cache_views(cache: torch.Tensor, data_bytes: int, code: int):
+    """(u8 view, typed view, page bytes, page elements of the typed view, data elements)."""
+    if code == FMT_FP32:
+        typed, size = cache.view(torch.float32), 4
+    else:  # bf16 entries and the bf16 rope dims of fp8_ds_mla
+        typed, size = cache.view(torch.bfloat16), 2
+    page_bytes = cache.stride(0)
+    return cache, typed, page_bytes, page_bytes // size, data_bytes // size
+
+
+def _direct_ok(cache: torch.Tensor | None, fmt, code: int | None) -> bool:
+    """The kernel reads ``cache`` directly: a known format and 4-byte aligned, row-major pages."""
+    if cache is None:
+        return True
+    if code is None or cache.dtype != torch.uint8 or cache.dim() != 2:
+        return False
+    if cache.shape[0] and cache.shape[1] < fmt.min_page_bytes:
+        raise ValueError(f"{fmt.name}: page of {cache.shape[1]} B < {fmt.min_page_bytes} B")
+    return (cache.stride(1) == 1 and cache.stride(0) % 4 == 0 and cache.shape[1] % 4 == 0
+            and cache.data_ptr() % 4 == 0)
+
+
+def _format_code(fmt) -> int | None:
+    code = _KNOWN.get(getattr(fmt, "name", None))
+    if code is None:
+        return None
+    size = {FMT_FP32: 4, FMT_BF16: 2, FMT_FP8_DS_MLA: None}[code]
+    if code == FMT_FP8_DS_MLA:
+        ok = (fmt.dim == 512 and fmt.data_bytes == 576 and fmt.scale_bytes == 8)
+    else:
+        ok = fmt.data_bytes == size * fmt.dim and fmt.scale_bytes == 0
+    return code if ok else None
+
+
+def _dense_table(cache: torch.Tensor, slots: torch.Tensor, fmt, dim: int):
+    """Generic path: distinct rows dequantized once by the format's codec -> (fp32 table [U, dim]
+    as a uint8 "cache" with one entry per page, slots remapped into it)."""
+    dev = slots.device
+    if slots.numel() == 0:
+        table = torch.zeros(1, dim, dtype=torch.float32, device=dev)
+        return table.view(torch.uint8), slots
+    uniq, inverse = torch.unique(slots.to(torch.int64), return_inverse=True)
+    table = gather_rows(cache, uniq.to(cache.device), fmt).to(dev)  # -1 -> zero row, never read
+    remapped = torch.where(slots >= 0, inverse, -1).to(torch.int32)
+    return table.contiguous().view(torch.uint8), remapped
+
+
+def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
+                            comp_cache: torch.Tensor | None, comp_slots: torch.Tensor | None,
+                            fmt, sink: torch.Tensor, scale: float, comp_fmt=None, *,
+                            out: torch.Tensor | None = None,
+                            num_splits: int | None = None, block_h: int | None = None,
+                            block_n: int | None = None, num_warps: int | None = None,
+                            num_stages: int | None = None, prefetch: bool | None = None,
+                            maxnreg: int | None = None, fp8_hw: bool | None = None,
+                            poison_workspace: bool = False,
+                            max_grid: int | None = None) -> torch.Tensor:
+    """The op contract of ``ops.api.sparse_attention`` plus tuning / testing knobs: ``out``
+    (written in full, q's dtype), forced ``num_splits`` / blocks / warps, ``poison_workspace``
+    (fill the split workspace with NaN first: every element read must have been written),
+    ``max_grid`` (programs per launch) and ``fp8_hw`` (False: decode e4m3 with integer ops even
+    where the GPU converts fp8 in hardware, as on Ascend)."""
+    comp_fmt = fmt if comp_fmt is None else comp_fmt
+    if q.dim() != 3:
+        raise ValueError(f"sparse_attention: q must be [T, H, D], got {tuple(q.shape)}")
+    t, h, d = q.shape
+    if fmt.dim != d or comp_fmt.dim != d:
+        raise ValueError(f"sparse_attention: formats {fmt.name}/{comp_fmt.name} hold "
+                         f"{fmt.dim}/{comp_fmt.dim}-vectors, q has D={d}")
+    if window_slots.dim() != 2 or window_slots.shape[0] != t:
+        raise ValueError(f"sparse_attention: window_slots must be [T={t}, W], "
+                         f"got {tuple(window_slots.shape)}")
+    if sink.shape != (h,):
+        raise ValueError(f"sparse_attention: sink must be [H={h}], got {tuple(sink.shape)}")
+    use_comp = comp_cache is not None and comp_slots is not None and comp_slots.shape[-1] > 0
+    if use_comp and (comp_slots.dim() != 2 or comp_slots.shape[0] != t):
+        raise ValueError(f"sparse_attention: comp_slots must be [T={t}, K], "
+                         f"got {tuple(comp_slots.shape)}")
+    dev = q.device
+    if out is None:
+        out = torch.empty(t, h, d, dtype=q.dtype, device=dev)
+    elif out.shape != (t, h, d) or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"sparse_attention: out must be [T, H, D] {q.dtype} with contiguous rows")
+    if t == 0 or h == 0:
+        return out
+
+    code = _format_code(fmt)
+    direct = _direct_ok(window_cache, fmt, code) and (
+        not use_comp or (_format_code(comp_fmt) == code and _direct_ok(comp_cache, comp_fmt, code)))
+    w_slots = window_slots.to(dev).contiguous()
+    c_slots = comp_slots.to(dev).contiguous() if use_comp else w_slots[:, :0]
+    w_cache = window_cache
+    c_cache = comp_cache if use_comp else window_cache
+    if not direct:
+        code = FMT_FP32
+        w_cache, w_slots = _dense_table(window_cache, w_slots, fmt, d)
+        if use_comp:
+            c_cache, c_slots = _dense_table(comp_cache, c_slots, comp_fmt, d)
+        else:
+            c_cache = w_cache
+        w_e = c_e = 1
+        w_views = _cache_views(w_cache, 4 * d, code)
+        c_views = _cache_views(c_cache, 4 * d, code)
+    else:
+        w_e = fmt.entries_per_page
+        c_e = comp_fmt.entries_per_page if use_comp else w_e
+        w_views = _cache_views(w_cache, fmt.data_bytes, code)
+        c_views = _cache_views(c_cache, (comp_fmt if use_comp else fmt).data_bytes, code)
+    w_cache_u8, w_typed, w_pb, w_pe, data_elems = w_views
+    c_cache_u8, c_typed, c_pb, c_pe, _ = c_views
+
+    qq = q if q.stride(-1) == 1 else q.contiguous()
+    sink_f = sink.to(device=dev, dtype=torch.float32).contiguous()
+    n_w = w_slots.shape[1]
+    n_c = c_slots.shape[1]
+
+    cfg = _config(dev)
+    bh = block_h or max(16, min(triton.next_power_of_2(h), cfg["block_h"]))
+    bn = block_n or cfg["block_n"]
+    nw = num_warps or cfg["num_warps"]
+    ns = num_stages or cfg["num_stages"]
+    pf = cfg["prefetch"] if prefetch is None else bool(prefetch)
+    launch_opts = dict(num_warps=nw, num_stages=ns)
+    if (maxnreg or cfg["maxnreg"]) and dev.type == "cuda":
+        launch_opts["maxnreg"] = maxnreg or cfg["maxnreg"]
+    block_d = triton.next_power_of_2(d)
+    if code == FMT_FP8_DS_MLA:
+        assert block_d == 512
+    num_hb = triton.cdiv(h, bh)
+    splits, chunk = _plan_splits(t, num_hb, n_w + n_c, bn, cfg["min_chunk"], _num_cores(dev),
+                                 num_splits)
+    split = splits > 1
+    if split:
+        ws_acc = torch.empty(t, h, splits, d, dtype=torch.float32, device=dev)
+        ws_ml = torch.empty(t, h, splits, 2, dtype=torch.float32, device=dev)
+        if poison_workspace:
+            ws_acc.fill_(float("nan"))
+            ws_ml.fill_(float("nan"))
+    else:
+        ws_acc = ws_ml = sink_f  # unused
+    dot_bf16 = (dev.type != "cpu" and not _interpreting() and q.dtype == torch.bfloat16
+                and code in (FMT_BF16, FMT_FP8_DS_MLA))
+    round_bf16 = _interpreting() and q.dtype == torch.bfloat16
+    if fp8_hw is None:
+        fp8_hw = not _interpreting() and _fp8_hw(dev)
+    fp8_hw = bool(fp8_hw) and code == FMT_FP8_DS_MLA
+    qk_scale2 = float(scale) * _LOG2E
+
+    grid_cap = max_grid or _max_grid(dev)
+    per_token = splits * num_hb
+    tok_step = max(1, grid_cap // per_token)
+    for t0 in range(0, t, tok_step):
+        nt = min(tok_step, t - t0)
+        _sparse_attn_fwd[(nt * per_token,)](
+            qq, qq.stride(0), qq.stride(1),
+            w_cache_u8, w_typed, w_slots, w_slots.stride(0), n_w, w_e, w_pb, w_pe,
+            c_cache_u8, c_typed, c_slots, max(c_slots.stride(0), 1) if n_c else 0, n_c, c_e, c_pb,
+            c_pe,
+            sink_f, out, out.stride(0), out.stride(1), ws_acc, ws_ml,
+            h, num_hb, splits, chunk, t0, qk_scale2,
+            FMT=code, D=d, DATA_ELEMS=data_elems, BLOCK_H=bh, BLOCK_N=bn, BLOCK_D=block_d,
+            FP8_HW=fp8_hw, DOT_BF16=dot_bf16, SPLIT=split, ROUND_BF16=round_bf16, PREFETCH=pf,
+            **launch_opts,
+        )
+    if split:
+        c_step = max(1, grid_cap // h)
+        for t0 in range(0, t, c_step):
+            nt = min(c_step, t - t0)
+            _sparse_attn_combine[(nt * h,)](
+                ws_acc, ws_ml, sink_f, out, out.stride(0), out.stride(1), h, splits, t0,
+                D=d, BLOCK_S=triton.next_power_of_2(splits), BLOCK_DC=min(128, block_d),
+                ROUND_BF16=round_bf16, num_warps=4,
+            )
+    return out
+
+
+@register_op(SPARSE_ATTENTION, "triton")
+def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
+                     comp_cache: torch.Tensor | None, comp_slots: torch.Tensor | None,
+                     fmt, sink: torch.Tensor, scale: float, comp_fmt=None) -> torch.Tensor:
+    return sparse_attention_triton(q, window_cache, window_slots, comp_cache, comp_slots, fmt, sink,
+                                   scale, comp_fmt)
