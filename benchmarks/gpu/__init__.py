@@ -1,0 +1,1 @@
+"""Benchmarks (benchmarks/gpu: scripts the lead runs on the lent GPU)."""
