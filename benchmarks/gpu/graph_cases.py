@@ -111,20 +111,52 @@ def case_qkv_rms_norm(torch, gen):
     return fn, [], refresh
 
 
+def case_indexer_topk(torch, gen):
+    from benchmarks.gpu.indexer import _decode_reqs, make_inputs
+    from vllm_dsv4_hw import ops
+
+    args, fmt = make_inputs("cuda", "fp8", _decode_reqs(B, 131072), seed=7)
+    q, w = args[0], args[1]
+
+    def fn():
+        return (ops.indexer_topk(*args, 512),)
+
+    def refresh():
+        _rand_(q, gen)
+        w.copy_(torch.rand(w.shape, generator=gen, device=w.device) * w.abs().max())
+
+    return fn, [], refresh
+
+
+def case_compressor_store(torch, gen):
+    from benchmarks.gpu.compressor import make_step
+    from vllm_dsv4_hw import ops
+
+    cpu_gen = torch.Generator().manual_seed(11)
+    reqs = [(4 * int(torch.randint(1024, 32768, (1,), generator=cpu_gen)) + 3, 1) for _ in range(B)]
+    step = make_step("cuda", "c4a", "fp8", reqs, seed=11)
+    args = step["args"]
+    kv, score, state, cache = args[0], args[1], args[4], args[12]
+
+    def fn():
+        ops.compressor_store(*args)
+        return ()
+
+    def refresh():
+        _rand_(kv, gen)
+        _rand_(score, gen)
+
+    return fn, [state, cache], refresh
+
+
 CASES = {
     "sparse_attention": case_sparse_attention,
     "qnorm_rope_kv_insert": case_qnorm_rope_kv_insert,
     "inv_rope_fp8_quant": case_inv_rope_fp8_quant,
     "qkv_rms_norm": case_qkv_rms_norm,
+    "indexer_topk": case_indexer_topk,
+    "compressor_store": case_compressor_store,
 }
-
-
-def register(name: str):
-    def deco(fn):
-        CASES[name] = fn
-        return fn
-
-    return deco
 
 
 def run_case(torch, make) -> tuple[bool, str]:
