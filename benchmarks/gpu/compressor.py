@@ -269,16 +269,9 @@ def check(device, smoke: bool = False) -> list[dict]:
 # bench
 # ------------------------------------------------------------------------------------------------
 def _time_ms(fn, device) -> float:
-    if device.type == "cuda":
-        import triton.testing
+    from benchmarks.gpu.timing import time_ms
 
-        return float(triton.testing.do_bench(fn, return_mode="median"))
-    times = []
-    for _ in range(2):  # CPU smoke: interpreter timings mean nothing, the run path is what counts
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
+    return time_ms(fn, device)
 
 
 def _floor_ms(step) -> float:

@@ -62,16 +62,9 @@ def _sync(device) -> None:
 
 
 def _time_ms(fn, device) -> float:
-    if device.type == "cuda":
-        import triton.testing
+    from benchmarks.gpu.timing import time_ms
 
-        return float(triton.testing.do_bench(fn, return_mode="median"))
-    times = []
-    for _ in range(1):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return time_ms(fn, device)
 
 
 def _table(device):
