@@ -239,7 +239,7 @@ def test_pool_real_dims(gen, backend, ratio, d):
         want = oracle.pooled_entries(kv[r], score[r], ape, ratio)
         torch.testing.assert_close(one[r].double(), want, rtol=1e-5, atol=1e-5)
         # equal up to fp32 summation noise (128 terms of O(1) can cancel to a small entry)
-        torch.testing.assert_close(dec[r], one[r], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(dec[r], one[r], rtol=5e-6, atol=5e-6)
 
 
 @pytest.mark.parametrize("backend", cpu_backends(COMPRESSOR_POOL))
@@ -336,5 +336,7 @@ def test_store_real_dims_yarn(gen, backend, ratio, d, epp):
     for r in range(len(lengths)):
         want = oracle.stored_entries(kv[r], score[r], ape, ratio, norm_w, EPS, cos_sin)
         torch.testing.assert_close(one[r].double(), want, rtol=2e-5, atol=2e-5)
-        torch.testing.assert_close(dec[r], one[r], rtol=1e-6, atol=1e-6)
+        # fp32 rounding noise only: kernels may reduce a group's rows in another order when
+        # the step's batch differs (entries are O(1), 5e-6 is a few dozen fp32 ulps)
+        torch.testing.assert_close(dec[r], one[r], rtol=5e-6, atol=5e-6)
         torch.testing.assert_close(bf[r].double(), want, rtol=2 ** -8, atol=1e-6)
