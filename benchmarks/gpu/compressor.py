@@ -27,6 +27,8 @@ flops ~ 6 per member-row channel + 30 per entry channel. Medians of ``triton.tes
 
 from __future__ import annotations
 
+from benchmarks.gpu.table import print_table
+
 import argparse
 import contextlib
 import os
@@ -320,25 +322,6 @@ def bench(device, smoke: bool = False) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # CLI
 # ------------------------------------------------------------------------------------------------
-def _fmt(v):
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def print_table(rows: list[dict], file=sys.stdout) -> None:
-    if not rows:
-        return
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    cells = [[_fmt(r.get(k, "")) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    print("  ".join(k.ljust(wd) for k, wd in zip(keys, widths)), file=file)
-    for c in cells:
-        print("  ".join(v.ljust(wd) for v, wd in zip(c, widths)), file=file)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes; CPU + Triton interpreter "

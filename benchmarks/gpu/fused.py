@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 HBM_BYTES_PER_S = 4.3e12
 H, D, R, Q_LORA, HIDDEN, EPS = 64, 512, 64, 1024, 4096, 1e-6

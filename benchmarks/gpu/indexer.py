@@ -24,6 +24,8 @@ bytes) + q (bf16) + w (fp32) read + scores written (4 B per token and entry) and
 
 from __future__ import annotations
 
+from benchmarks.gpu.table import print_table
+
 import argparse
 import os
 import sys
@@ -293,25 +295,6 @@ def _sweep(device, ti, smoke: bool) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # CLI
 # ------------------------------------------------------------------------------------------------
-def _fmt(v):
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def print_table(rows: list[dict], file=sys.stdout) -> None:
-    if not rows:
-        return
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    cells = [[_fmt(r.get(k, "")) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    print("  ".join(k.ljust(wd) for k, wd in zip(keys, widths)), file=file)
-    for c in cells:
-        print("  ".join(v.ljust(wd) for v, wd in zip(c, widths)), file=file)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes; CPU + Triton interpreter "
