@@ -6,7 +6,7 @@ import importlib.util
 import os
 
 from vllm_dsv4_hw.platform.capabilities import DeviceCapabilities
-from vllm_dsv4_hw.platform.device import adaptor_for, npu_available
+from vllm_dsv4_hw.platform.device import adaptor_for
 
 
 def _triton_available(device_type: str) -> tuple[bool, str]:
@@ -40,12 +40,15 @@ def _triton_available(device_type: str) -> tuple[bool, str]:
 
 def _npu_available(device_type: str) -> tuple[bool, str]:
     if device_type != "npu":
-        return False, "the npu backend only runs on Ascend devices"
-    if importlib.util.find_spec("torch_npu") is None:
-        return False, "torch_npu is not installed (pip install torch-npu, with CANN)"
-    if not npu_available():
-        return False, "torch_npu is installed but no NPU is usable (is CANN set up?)"
-    return True, "torch_npu vendor operators"
+        return False, (f"the npu backend runs on Ascend NPUs only (torch_npu operators), not on "
+                       f"{device_type!r}")
+    # One sentence naming what is missing (torch_npu, CANN, a visible device) and what to do.
+    from vllm_dsv4_hw.platform.npu import probe_torch_npu
+
+    ok, why = probe_torch_npu()
+    if not ok:
+        return False, why
+    return True, f"torch_npu vendor operators ({why})"
 
 
 _AVAILABILITY: dict[tuple[str, str], tuple[bool, str]] = {}

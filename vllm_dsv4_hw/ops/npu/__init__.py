@@ -1,1 +1,39 @@
-"""Ascend vendor ops through torch_npu (issue 5)."""
+"""The ``npu`` backend: DeepSeek V4 ops on Huawei Ascend through torch_npu operators (issue 5).
+
+Importing this package registers the implementations; it never imports ``torch_npu`` (each op does
+on first use, see ``_vendor.py``), so it is safe on every machine. Whether the backend can run on a
+device is decided by ``ops/backends.py`` (torch_npu imports, CANN is set up, an NPU is visible).
+
+Registered here only where a torch_npu operator fits (docs/npu-ops.md has the table):
+
+========================= ===========================================================
+op                        served by
+========================= ===========================================================
+rms_norm, qkv_rms_norm    npu_rms_norm
+rope                      npu_rotary_mul (interleave); vllm-ascend inplace_partial_rotary_mul
+kv_insert                 format codec + npu_scatter_nd_update_ (data and scale parts)
+kv_gather                 reference gather (tensor ops; paired with kv_insert)
+qnorm_rope_kv_insert      npu rms_norm + rope + kv_insert
+compressor_store          dispatched compressor_pool + npu rms_norm + rope + kv_insert
+sparse_attention          npu_fused_infer_attention_score (+ sink from its lse)
+indexer_topk              npu_lightning_indexer (bf16 keys)
+inv_rope_fp8_quant        npu_rotary_mul + fp8 quant; requires fp8 (not A2/A3)
+========================= ===========================================================
+
+``compressor_pool`` and ``grouped_o_proj`` have no torch_npu operator: the dispatcher
+serves them on an NPU with the next backends in its order (the Triton kernels through
+triton-ascend where that is installed, else the PyTorch reference, whose tensor ops run on the NPU).
+
+A vendor operator that raises at run time makes its op fall back to the reference for the rest of
+the process with one warning, unless the npu backend was requested explicitly (then the error is
+raised): ``_vendor.npu_op``.
+"""
+
+from vllm_dsv4_hw.ops.npu import attention, kv_cache, norm, rope  # noqa: F401  (register ops)
+from vllm_dsv4_hw.ops.npu._vendor import (  # noqa: F401
+    NpuOpFailedError,
+    NpuUnavailableError,
+    VendorOpError,
+    disabled_ops,
+    reset_fallbacks,
+)

@@ -15,6 +15,7 @@ import torch
 
 from vllm_dsv4_hw.kv_cache.paged import gather_rows
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION
+from vllm_dsv4_hw.ops.checks import check_sparse_attention_args
 from vllm_dsv4_hw.ops.registry import register_op
 
 # Upper bound on the float elements of one token chunk's gathered keys / logits.
@@ -38,23 +39,8 @@ def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: 
                      comp_cache: torch.Tensor | None, comp_slots: torch.Tensor | None,
                      fmt, sink: torch.Tensor, scale: float, comp_fmt=None) -> torch.Tensor:
     comp_fmt = fmt if comp_fmt is None else comp_fmt
-    if q.dim() != 3:
-        raise ValueError(f"sparse_attention: q must be [T, H, D], got {tuple(q.shape)}")
-    t, h, d = q.shape
-    if fmt.dim != d:
-        raise ValueError(f"sparse_attention: format {fmt.name} holds {fmt.dim}-vectors, q has D={d}")
-    if comp_fmt.dim != d:
-        raise ValueError(f"sparse_attention: compressed format {comp_fmt.name} holds "
-                         f"{comp_fmt.dim}-vectors, q has D={d}")
-    if window_slots.dim() != 2 or window_slots.shape[0] != t:
-        raise ValueError(f"sparse_attention: window_slots must be [T={t}, W], "
-                         f"got {tuple(window_slots.shape)}")
-    if sink.shape != (h,):
-        raise ValueError(f"sparse_attention: sink must be [H={h}], got {tuple(sink.shape)}")
-    use_comp = comp_cache is not None and comp_slots is not None and comp_slots.shape[-1] > 0
-    if use_comp and (comp_slots.dim() != 2 or comp_slots.shape[0] != t):
-        raise ValueError(f"sparse_attention: comp_slots must be [T={t}, K], "
-                         f"got {tuple(comp_slots.shape)}")
+    t, h, d, use_comp = check_sparse_attention_args(q, window_slots, comp_cache, comp_slots, fmt,
+                                                     sink, comp_fmt)
 
     md = torch.float64 if q.dtype == torch.float64 else torch.float32
     dev = q.device

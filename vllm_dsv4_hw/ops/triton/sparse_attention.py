@@ -47,6 +47,7 @@ import triton.language as tl
 
 from vllm_dsv4_hw.kv_cache.paged import gather_rows
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION
+from vllm_dsv4_hw.ops.checks import check_sparse_attention_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.quant import (
     FMT_BF16,
@@ -434,21 +435,8 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
     ``max_grid`` (programs per launch) and ``fp8_hw`` (False: decode e4m3 with integer ops even
     where the GPU converts fp8 in hardware, as on Ascend)."""
     comp_fmt = fmt if comp_fmt is None else comp_fmt
-    if q.dim() != 3:
-        raise ValueError(f"sparse_attention: q must be [T, H, D], got {tuple(q.shape)}")
-    t, h, d = q.shape
-    if fmt.dim != d or comp_fmt.dim != d:
-        raise ValueError(f"sparse_attention: formats {fmt.name}/{comp_fmt.name} hold "
-                         f"{fmt.dim}/{comp_fmt.dim}-vectors, q has D={d}")
-    if window_slots.dim() != 2 or window_slots.shape[0] != t:
-        raise ValueError(f"sparse_attention: window_slots must be [T={t}, W], "
-                         f"got {tuple(window_slots.shape)}")
-    if sink.shape != (h,):
-        raise ValueError(f"sparse_attention: sink must be [H={h}], got {tuple(sink.shape)}")
-    use_comp = comp_cache is not None and comp_slots is not None and comp_slots.shape[-1] > 0
-    if use_comp and (comp_slots.dim() != 2 or comp_slots.shape[0] != t):
-        raise ValueError(f"sparse_attention: comp_slots must be [T={t}, K], "
-                         f"got {tuple(comp_slots.shape)}")
+    t, h, d, use_comp = check_sparse_attention_args(q, window_slots, comp_cache, comp_slots, fmt,
+                                                     sink, comp_fmt)
     dev = q.device
     if out is None:
         out = torch.empty(t, h, d, dtype=q.dtype, device=dev)
