@@ -246,17 +246,17 @@ def bench(device, smoke: bool = False, sweep: bool = False) -> list[dict]:
     rows = []
     for fmt_name in FORMATS:
         for ctx in contexts:
-            for b in ((1, 8) if ctx == contexts[1] else (1,)):
+            for b in ((1, 8) if smoke else (1, 8, 64)):
                 args, _ = make_inputs(device, fmt_name, _decode_reqs(b, ctx), h=h)
                 n = ctx // 4
                 rows.append(_bench_case(device, ref_fn, ti,
                                         f"decode {fmt_name} B={b} ctx={_label(ctx)}", args, topk,
                                         n_keys_read=b * n, n_per_tok=n))
-        # prefill: T tokens of one request, the chunk ending at position ctx-1 (8K context)
-        ctx, t = (256, 16) if smoke else (8192, 2048)
-        args, _ = make_inputs(device, fmt_name, [(ctx - t, t, ctx // 4)], h=h)
-        rows.append(_bench_case(device, ref_fn, ti, f"prefill {fmt_name} T={t} ctx={_label(ctx)}",
-                                args, topk, n_keys_read=ctx // 4, n_per_tok=ctx // 4))
+        # prefill: the first T tokens of one request in one chunk (causal over its T/4 entries)
+        for t in ((16,) if smoke else (4096, 16384)):
+            args, _ = make_inputs(device, fmt_name, [(0, t, t // 4)], h=h)
+            rows.append(_bench_case(device, ref_fn, ti, f"prefill {fmt_name} T={t}", args, topk,
+                                    n_keys_read=t // 4, n_per_tok=t // 4))
     if sweep:
         rows += _sweep(device, ti, smoke)
     return rows

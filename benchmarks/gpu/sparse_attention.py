@@ -193,10 +193,10 @@ def bench(device, smoke: bool = False, sweep: bool = False) -> list[dict]:
     ref_fn, tsa = _ops()
     if smoke:
         h, d, w, k = 4, 512, 8, 24
-        batches, contexts, prefill = (1, 2), (256, 1024), 4
+        batches, contexts, prefills = (1, 2), (256, 1024), (4,)
     else:
         h, d, w, k = FLASH["h"], FLASH["d"], FLASH["window"], FLASH["topk"]
-        batches, contexts, prefill = (1, 8, 64), (8192, 131072, 1048576), 2048
+        batches, contexts, prefills = (1, 8, 64), (8192, 131072, 1048576), (4096, 16384)
     rows = []
     for fmt_name in ("fp8_ds_mla", "bf16"):
         for n_entries in contexts:
@@ -207,12 +207,13 @@ def bench(device, smoke: bool = False, sweep: bool = False) -> list[dict]:
                 ref = _time_ms(lambda: ref_fn(*args), device)
                 case = f"decode {fmt_name} B={t} cache={_entries_label(n_entries)}"
                 rows.append(_row(case, t, h, d, w + k, fmt, args[0], ref, ours))
-        args, fmt = make_inputs(device, fmt_name, prefill, h=h, d=d, window=w, topk=k,
-                                cache_entries=contexts[1])
-        ours = _time_ms(lambda: tsa.sparse_attention_triton(*args), device)
-        ref = _time_ms(lambda: ref_fn(*args), device)
-        case = f"prefill {fmt_name} T={prefill} cache={_entries_label(contexts[1])}"
-        rows.append(_row(case, prefill, h, d, w + k, fmt, args[0], ref, ours))
+        for prefill in prefills:
+            args, fmt = make_inputs(device, fmt_name, prefill, h=h, d=d, window=w, topk=k,
+                                    cache_entries=contexts[1])
+            ours = _time_ms(lambda: tsa.sparse_attention_triton(*args), device)
+            ref = _time_ms(lambda: ref_fn(*args), device)
+            case = f"prefill {fmt_name} T={prefill} cache={_entries_label(contexts[1])}"
+            rows.append(_row(case, prefill, h, d, w + k, fmt, args[0], ref, ours))
         # V4-Pro decode: 128 heads, top-1024
         hp, kp, tp = (8, 40, 2) if smoke else (128, 1024, 8)
         args, fmt = make_inputs(device, fmt_name, tp, h=hp, d=d, window=w, topk=kp,
