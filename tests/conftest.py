@@ -1,6 +1,12 @@
 import os
+import sys
 import time
 import zlib
+
+# A stub torch_npu (tests/stubs/torch_npu: documented operator semantics in PyTorch, on CPU) for the
+# whole session, so the npu backend runs through the conformance tests on CPU tensors. It is only
+# importable while the tests run; it reports no NPU unless a test asks (tests/npu/conftest.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs"))
 
 # Triton kernels run under the interpreter on machines without a GPU. The variable is read when a
 # kernel module is imported, so it is set before anything imports the ops.
@@ -11,6 +17,27 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from vllm_dsv4_hw.ops.registry import REGISTRY  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _npu_stub_on_cpu_tensors():
+    """With the stub, the npu backend's ops run on CPU tensors, so an explicit request for it
+    (VLLM_DSV4_HW_BACKEND / _OP_BACKENDS) resolves on 'cpu', as triton does under the interpreter.
+    Automatic selection on 'cpu' is unchanged (its order holds only the reference)."""
+    from vllm_dsv4_hw.ops import backends
+
+    real = backends._probe
+
+    def probe(backend, device_type):
+        if backend == "npu" and device_type == "cpu":
+            return True, "torch_npu stub on CPU tensors (tests only)"
+        return real(backend, device_type)
+
+    backends._probe = probe
+    backends.clear_cache()
+    yield
+    backends._probe = real
+    backends.clear_cache()
 
 
 @pytest.fixture(autouse=True)

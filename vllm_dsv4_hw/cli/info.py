@@ -27,6 +27,9 @@ def add_parser(sub) -> None:
                     "and why.",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--device", default=None, choices=("cpu", "cuda", "npu"),
+                   help="report for this device type instead of the local one: its capabilities, "
+                        "default cache formats and the backend each op would get there")
     p.set_defaults(run=run)
 
 
@@ -77,17 +80,30 @@ def settings() -> dict[str, object]:
     return {var.name: var.get() for var in envs.ALL_VARS}
 
 
-def collect() -> tuple[dict, str | None]:
-    """(info dict, error): the error says why the op table is missing, if it is."""
-    from vllm_dsv4_hw.platform.device import current_adaptor
+def _formats(device_type: str) -> dict:
+    from vllm_dsv4_hw.kv_cache.format_choice import FormatUnsupportedError, choose_formats
 
-    adaptor = current_adaptor()
+    try:
+        c = choose_formats(device_type, log=False)
+    except FormatUnsupportedError as exc:
+        return {"error": one_line(exc)}
+    return {"main": c.main, "indexer": c.indexer, "reason": c.reason}
+
+
+def collect(device_type: str | None = None) -> tuple[dict, str | None]:
+    """(info dict, error): the error says why the op table is missing, if it is.
+
+    ``device_type`` reports for another device type than the local one (``info --device``)."""
+    from vllm_dsv4_hw.platform.device import adaptor_for, current_adaptor
+
+    adaptor = current_adaptor() if device_type is None else adaptor_for(device_type)
     out: dict = {
         "device": {
             "type": adaptor.device_type,
             "name": adaptor.name,
             "backend_order": list(adaptor.backend_order),
             "capabilities": dataclasses.asdict(adaptor.capabilities),
+            "formats": _formats(adaptor.device_type),
         },
         "versions": versions(),
         "settings": settings(),
@@ -108,10 +124,13 @@ def collect() -> tuple[dict, str | None]:
 def format_info(info: dict) -> str:
     dev, ver = info["device"], info["versions"]
     caps = ", ".join(f"{k}={v}" for k, v in dev["capabilities"].items() if k != "device_type")
+    fmts = dev.get("formats", {})
     lines = [
         f"vllm-dsv4-hw {ver['vllm_dsv4_hw']}",
         f"device: {dev['type']} ({dev['name']}); backend order: {', '.join(dev['backend_order'])}",
         f"capabilities: {caps}",
+        "cache formats: " + (f"main {fmts['main']}, indexer {fmts['indexer']} ({fmts['reason']})"
+                             if "main" in fmts else fmts.get("error", "?")),
         "versions: " + ", ".join(f"{k} {v}" for k, v in ver.items() if k != "vllm_dsv4_hw"),
         "settings: " + ", ".join(f"{k}={v}" for k, v in info["settings"].items()),
     ]
@@ -127,7 +146,7 @@ def format_info(info: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    info, error = collect()
+    info, error = collect(getattr(args, "device", None))
     if error is not None:
         info["ops_error"] = error
     print(json.dumps(info, indent=2) if args.json else format_info(info))

@@ -10,6 +10,8 @@ import re
 from vllm_dsv4_hw.cli.main import CLIError
 from vllm_dsv4_hw.config import PRESETS, load_config
 from vllm_dsv4_hw.envs import INDEXER_KV_FORMATS, MAIN_KV_FORMATS
+
+DEVICE_TYPES = ("cpu", "cuda", "npu")
 from vllm_dsv4_hw.kv_cache.sizing import (
     BASELINE_V32_BYTES_PER_TOKEN_LAYER,
     GIB,
@@ -54,28 +56,54 @@ def add_parser(sub) -> None:
                    help=f"preset ({', '.join(PRESETS)}) or a path to a config.json (or its folder)")
     p.add_argument("--context", required=True, type=parse_context,
                    help="tokens per sequence (e.g. 1048576, 128k, 1M)")
-    p.add_argument("--kv-format", default="fp8", choices=MAIN_KV_FORMATS,
-                   help="main KV entry format (default fp8 = fp8_ds_mla)")
-    p.add_argument("--indexer-format", default="mxfp4", choices=INDEXER_KV_FORMATS,
-                   help="indexer key entry format (default mxfp4)")
+    p.add_argument("--kv-format", default=None, choices=MAIN_KV_FORMATS,
+                   help="main KV entry format (default: VLLM_DSV4_HW_KV_FORMAT, else the most "
+                        "compact the device holds: fp8 = fp8_ds_mla on cuda/cpu, bf16 on npu)")
+    p.add_argument("--indexer-format", default=None, choices=INDEXER_KV_FORMATS,
+                   help="indexer key entry format (default: VLLM_DSV4_HW_INDEXER_FORMAT, else the "
+                        "most compact the device holds: mxfp4 on cuda/cpu, bf16 on npu)")
+    p.add_argument("--device", default=None, choices=DEVICE_TYPES,
+                   help="plan for this device type instead of the local one (sets the default "
+                        "formats and checks explicit ones against its capabilities)")
     p.add_argument("--memory", type=parse_gib, metavar="GIB",
                    help="KV cache memory in GiB: report how many sequences fit")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
 
+def _choose(args: argparse.Namespace):
+    from vllm_dsv4_hw.kv_cache.format_choice import FormatUnsupportedError, choose_formats
+    from vllm_dsv4_hw.platform.device import detect_device_type
+
+    device = args.device or detect_device_type()
+    try:
+        return choose_formats(device, args.kv_format, args.indexer_format,
+                              main_source="--kv-format" if args.kv_format else
+                              "VLLM_DSV4_HW_KV_FORMAT",
+                              indexer_source="--indexer-format" if args.indexer_format else
+                              "VLLM_DSV4_HW_INDEXER_FORMAT")
+    except FormatUnsupportedError as exc:
+        raise CLIError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.model)
     logger.info("model %s: %d layers, ratios %s", cfg.name, cfg.num_layers, cfg.compress_ratios)
     memory = None if args.memory is None else int(args.memory * GIB)
+    choice = _choose(args)
     try:
-        plan = plan_kv(cfg, args.context, args.kv_format, args.indexer_format, memory)
+        plan = plan_kv(cfg, args.context, choice.main, choice.indexer, memory)
     except KVPlanError as exc:
         raise CLIError(str(exc)) from None
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
+        d = plan.to_dict()
+        d["device"] = choice.device_type
+        d["format_choice"] = {"main": choice.main, "indexer": choice.indexer,
+                              "reason": choice.reason}
+        print(json.dumps(d, indent=2))
     else:
         print(format_plan(plan))
+        print(f"formats for {choice.device_type} ({choice.device_name}): {choice.reason}")
     return 0
 
 

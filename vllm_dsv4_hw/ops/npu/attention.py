@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from vllm_dsv4_hw.ops.api import INDEXER_TOPK, SPARSE_ATTENTION
+from vllm_dsv4_hw.ops.checks import check_sparse_attention_args
 from vllm_dsv4_hw.ops.npu._vendor import call, npu_op
 from vllm_dsv4_hw.ops.reference import indexer as ref_indexer
 from vllm_dsv4_hw.ops.reference import sparse_attention as ref_sa
@@ -53,17 +54,12 @@ def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: 
                      comp_cache: torch.Tensor | None, comp_slots: torch.Tensor | None,
                      fmt, sink: torch.Tensor, scale: float, comp_fmt=None) -> torch.Tensor:
     comp_fmt = fmt if comp_fmt is None else comp_fmt
-    use_comp = comp_cache is not None and comp_slots is not None and comp_slots.shape[-1] > 0
-    n_cand = (window_slots.shape[-1] if window_slots.dim() == 2 else 0) + \
-        (comp_slots.shape[-1] if use_comp and comp_slots.dim() == 2 else 0)
-    # Shapes are validated by the reference's checks; it also serves the dtypes the operator lacks.
-    if not _fits_fia(q, n_cand) or q.shape[0] == 0 or window_slots.dim() != 2 \
-            or window_slots.shape[0] != q.shape[0] or sink.shape != q.shape[1:2] \
-            or fmt.dim != q.shape[-1] or comp_fmt.dim != q.shape[-1] \
-            or (use_comp and (comp_slots.dim() != 2 or comp_slots.shape[0] != q.shape[0])):
+    t, h, d, use_comp = check_sparse_attention_args(q, window_slots, comp_cache, comp_slots, fmt,
+                                                    sink, comp_fmt)
+    n_cand = window_slots.shape[1] + (comp_slots.shape[1] if use_comp else 0)
+    if not _fits_fia(q, n_cand) or t == 0:  # dtypes / sizes the operator does not take
         return ref_sa.sparse_attention(q, window_cache, window_slots, comp_cache, comp_slots, fmt,
                                        sink, scale, comp_fmt=comp_fmt)
-    t, h, d = q.shape
     dev = q.device
     out = torch.empty(t, h, d, dtype=q.dtype, device=dev)
     sinkf = sink.to(device=dev, dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""npu ``kv_insert``, ``kv_gather`` is the reference gather (indexing + decode are plain tensor ops). ``qnorm_rope_kv_insert`` and ``compressor_store``: writes into paged caches.
+"""npu ``kv_insert``, ``kv_gather``, ``qnorm_rope_kv_insert``, ``compressor_store``: paged caches.
 
 Insert = the entry format's codec (plain tensor ops, which run on the NPU: no torch_npu quantizer
 produces these formats -- npu_quantize / npu_dynamic_quant emit int8 with linear scales, not e4m3 /
@@ -8,7 +8,8 @@ one scatter for the entries' data parts ``[P, E, data_bytes]`` and one for their
 not take on A2/A3, so both sides are viewed as int8 (same bytes). Page padding and neighbouring
 entries are never touched.
 
-``kv_gather`` is the reference gather (indexing + decode are plain tensor ops). ``qnorm_rope_kv_insert`` and ``compressor_store`` compose the npu rms_norm / rope / kv_insert (each
+``kv_gather`` is the reference gather (indexing + decode are plain tensor ops).
+``qnorm_rope_kv_insert`` and ``compressor_store`` compose the npu rms_norm / rope / kv_insert (each
 under its own failure policy); the pooling of ``compressor_store`` is the dispatched
 ``compressor_pool`` (triton-ascend where it runs, else the reference: no torch_npu operator pools).
 """

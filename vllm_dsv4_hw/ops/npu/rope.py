@@ -2,10 +2,10 @@
 
 RoPE goes through ``torch_npu.npu_rotary_mul(x, cos, sin, rotary_mode="interleave")``: output =
 x * cos + rotate(x) * sin with rotate((a, b) pairs) = (-b, a), i.e. GPT-J pairs (2j, 2j+1) when
-cos / sin hold each angle twice (``repeat_interleave(2)``). The rotated part ``x[..., D-R:]`` is laid
-out as vllm-ascend does it: [T, 1, N, R] with cos / sin [T, 1, 1, R] float32 (SBND with r1 S11D,
-one of the interleave mode's documented layouts); the inverse rotation passes -sin. Math is fp32
-(the part is upcast), one rounding on the way back, as the contract asks.
+cos / sin hold each angle twice (``repeat_interleave(2)``). The rotated part ``x[..., D-R:]`` is
+laid out as vllm-ascend does it: [T, 1, N, R] with cos / sin [T, 1, 1, R] float32 (SBND with r1
+S11D, one of the interleave mode's documented layouts); the inverse rotation passes -sin. Math is
+fp32 (the part is upcast), one rounding on the way back, as the contract asks.
 
 When this process has vllm-ascend's ``inplace_partial_rotary_mul`` loaded (a vLLM process with
 vllm-ascend as the platform), bf16 / fp16 inputs use it instead: the same rotation, in place on the
