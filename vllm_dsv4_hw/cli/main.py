@@ -1,8 +1,10 @@
 """``vllm-dsv4-hw``: the command line (also ``python -m vllm_dsv4_hw``).
 
-Subcommands: ``kv-plan`` (per-sequence KV cache sizing) and ``info`` (device, versions, op
-backends). Run it as ``vllm-dsv4-hw`` or ``python -m vllm_dsv4_hw`` (not as
-``python -m vllm_dsv4_hw.cli.main``: the subcommand modules import this one).
+Subcommands: ``kv-plan`` (per-sequence KV cache sizing), ``info`` (device, versions, op
+backends), ``conformance`` (certify a device's backends: vllm_dsv4_hw.conformance) and
+``make-checkpoint`` (a tiny random checkpoint in the official format). Run it as
+``vllm-dsv4-hw`` or ``python -m vllm_dsv4_hw`` (not as ``python -m vllm_dsv4_hw.cli.main``: the
+subcommand modules import this one).
 
 Results go to stdout. A bad argument or input ends the command with exit status 2 and one line on
 stderr naming the problem (no traceback); diagnostics go through ``logging`` (``-v``/``-vv``).
@@ -49,7 +51,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from vllm_dsv4_hw import __version__
-    from vllm_dsv4_hw.cli import info, kv_plan
+    from vllm_dsv4_hw.cli import conformance, info, kv_plan, make_checkpoint
 
     parser = _Parser(prog=PROG, description="DeepSeek V4 attention plugin for vLLM: tools.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -59,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     kv_plan.add_parser(sub)
     info.add_parser(sub)
+    make_checkpoint.add_parser(sub)
+    conformance.add_parser(sub)
     return parser
 
 
