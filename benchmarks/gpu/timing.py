@@ -40,13 +40,26 @@ def time_ms(fn, device, graph: bool = True) -> float:
             ms = float(triton.testing.do_bench(g.replay, return_mode="median"))
             MODES["graph"] += 1
             del g
+            _release(torch)
             return ms
         except Exception:  # not capturable: fall back to eager timing
             torch.cuda.synchronize()
             MODES["eager (capture failed)"] += 1
+            _release(torch)
     else:
         MODES["eager"] += 1
-    return float(triton.testing.do_bench(fn, return_mode="median"))
+    ms = float(triton.testing.do_bench(fn, return_mode="median"))
+    _release(torch)
+    return ms
+
+
+def _release(torch) -> None:
+    """Give graph pools and large temporaries back: a run times hundreds of cases, and the cached
+    blocks of a 1M-context case otherwise fragment the next one's allocations."""
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def launch_floor_ms(device, kernels: int = 1) -> float:
