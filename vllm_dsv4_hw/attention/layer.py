@@ -224,10 +224,18 @@ class DSV4Attention(nn.Module):
         # 5. One softmax over window + compressed candidates, with the sink.
         o = self._attend(q, meta, caches, comp_slots)
         # 6. Undo the rotation the values carried, then the grouped low-rank output.
+        return self._output_projection(o, pos, x.dtype)
+
+    def _output_projection(self, o: torch.Tensor, pos: torch.Tensor,
+                           dtype: torch.dtype) -> torch.Tensor:
+        """Step 6: inverse RoPE (fused with the FP8 activation quantization under
+        ``act_quant_o``) and the grouped low-rank output projection (a hook for quantized
+        weights, e.g. benchmarks/stack/model.py)."""
+        cos_sin = self.cos_sin
         if self.act_quant_o:
             o8, scales = ops.inv_rope_fp8_quant(o, pos, cos_sin)
             o = (o8.float() * scales.repeat_interleave(o8.shape[-1] // scales.shape[-1], -1))
-            o = o.to(x.dtype)
+            o = o.to(dtype)
         else:
             o = ops.rope(o, pos, cos_sin, inverse=True)
         wo_a = self.wo_a.weight.view(self.o_groups, self.o_lora_rank, -1)

@@ -73,10 +73,14 @@ class AuxStreams:
         stream = self._streams[index]
         # The branch may read what the current stream produced so far.
         stream.wait_stream(self._mod.current_stream(self.device))
-        with self._mod.stream(stream):
-            yield
-        self._done[index].record(stream)
-        self._pending.append(self._done[index])
+        try:
+            with self._mod.stream(stream):
+                yield
+        finally:
+            # Record even when the branch raised, so join() still rejoins the stream (an unjoined
+            # stream would turn the real error into "capturing stream has unjoined work").
+            self._done[index].record(stream)
+            self._pending.append(self._done[index])
 
     def join(self) -> None:
         """Make the current stream wait for every branch started since the last join."""
