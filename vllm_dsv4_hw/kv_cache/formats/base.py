@@ -21,6 +21,16 @@ class EntryFormat:
     scale_bytes: int = 0
     entries_per_page: int = 64
 
+    def _init_geometry(self, data_bytes: int, dim_multiple: int = 1) -> None:
+        """Validate ``dim`` / ``entries_per_page`` and set the derived ``data_bytes`` (the
+        dataclasses are frozen, so subclasses call this from ``__post_init__``)."""
+        if self.dim <= 0 or self.dim % dim_multiple:
+            what = "> 0" if dim_multiple == 1 else f"a positive multiple of {dim_multiple}"
+            raise ValueError(f"{self.name}: dim must be {what}, got {self.dim}")
+        if self.entries_per_page <= 0:
+            raise ValueError(f"{self.name}: entries_per_page must be > 0, got {self.entries_per_page}")
+        object.__setattr__(self, "data_bytes", data_bytes)
+
     @property
     def entry_bytes(self) -> int:
         return self.data_bytes + self.scale_bytes

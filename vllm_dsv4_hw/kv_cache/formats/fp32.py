@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm_dsv4_hw.kv_cache.formats.base import EntryFormat
-from vllm_dsv4_hw.kv_cache.formats.bf16 import _scaleless_page_views
 from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import check_parts, check_rows
 
 
@@ -26,11 +25,7 @@ class FP32Format(EntryFormat):
     entries_per_page: int = 64
 
     def __post_init__(self) -> None:
-        if self.dim <= 0:
-            raise ValueError(f"{self.name}: dim must be > 0, got {self.dim}")
-        if self.entries_per_page <= 0:
-            raise ValueError(f"{self.name}: entries_per_page must be > 0, got {self.entries_per_page}")
-        object.__setattr__(self, "data_bytes", 4 * self.dim)
+        self._init_geometry(4 * self.dim)
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         data = check_rows(self, x).clone().contiguous().view(torch.uint8)  # never alias x
@@ -40,5 +35,3 @@ class FP32Format(EntryFormat):
         check_parts(self, data, scales)
         return data.contiguous().view(torch.float32)
 
-    def page_views(self, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _scaleless_page_views(self, cache)

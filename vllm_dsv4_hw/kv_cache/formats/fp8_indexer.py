@@ -37,11 +37,7 @@ class FP8IndexerFormat(EntryFormat):
     entries_per_page: int = 64
 
     def __post_init__(self) -> None:
-        if self.dim <= 0:
-            raise ValueError(f"{self.name}: dim must be > 0, got {self.dim}")
-        if self.entries_per_page <= 0:
-            raise ValueError(f"{self.name}: entries_per_page must be > 0, got {self.entries_per_page}")
-        object.__setattr__(self, "data_bytes", self.dim)
+        self._init_geometry(self.dim)
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xf = round_to_bf16(check_rows(self, x))

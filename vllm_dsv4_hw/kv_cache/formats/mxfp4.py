@@ -83,12 +83,7 @@ class MXFP4Format(EntryFormat):
     entries_per_page: int = 64
 
     def __post_init__(self) -> None:
-        if self.dim <= 0 or self.dim % self.BLOCK:
-            raise ValueError(f"{self.name}: dim must be a positive multiple of {self.BLOCK}, "
-                             f"got {self.dim}")
-        if self.entries_per_page <= 0:
-            raise ValueError(f"{self.name}: entries_per_page must be > 0, got {self.entries_per_page}")
-        object.__setattr__(self, "data_bytes", self.dim // 2)
+        self._init_geometry(self.dim // 2, dim_multiple=self.BLOCK)
         object.__setattr__(self, "scale_bytes", self.dim // self.BLOCK)
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
