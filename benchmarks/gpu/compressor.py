@@ -27,9 +27,8 @@ flops ~ 6 per member-row channel + 30 per entry channel. Medians of ``triton.tes
 
 from __future__ import annotations
 
-from benchmarks.gpu.table import print_table
+from benchmarks.gpu.table import prepare_smoke_env, run_cli
 
-import argparse
 import contextlib
 import os
 import sys
@@ -323,38 +322,9 @@ def bench(device, smoke: bool = False) -> list[dict]:
 # CLI
 # ------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true", help="tiny sizes; CPU + Triton interpreter "
-                   "when no GPU is present")
-    p.add_argument("--no-bench", action="store_true")
-    p.add_argument("--no-check", action="store_true")
-    a = p.parse_args(argv)
-    import torch
-
-    if torch.cuda.is_available():
-        device = "cuda"
-    elif a.smoke:
-        device = "cpu"
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            print("no GPU: re-run with TRITON_INTERPRET=1 (set before triton is imported)",
-                  file=sys.stderr)
-            return 2
-    else:
-        print("no CUDA device; use --smoke for the CPU interpreter run", file=sys.stderr)
-        return 2
-    ok = True
-    if not a.no_check:
-        rows = check(device, smoke=a.smoke)
-        print("== check ==")
-        print_table(rows)
-        ok = all(r.get("ok", True) for r in rows)
-    if not a.no_bench:
-        print("== bench ==")
-        print_table(bench(device, smoke=a.smoke))
-    return 0 if ok else 1
+    return run_cli(__doc__, check, bench, argv)
 
 
 if __name__ == "__main__":
-    if "--smoke" in sys.argv and not os.path.exists("/dev/nvidia0"):
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+    prepare_smoke_env(sys.argv)
     sys.exit(main())

@@ -24,10 +24,8 @@ bytes) + q (bf16) + w (fp32) read + scores written (4 B per token and entry) and
 
 from __future__ import annotations
 
-from benchmarks.gpu.table import print_table
+from benchmarks.gpu.table import prepare_smoke_env, run_cli
 
-import argparse
-import os
 import sys
 import time
 
@@ -296,39 +294,9 @@ def _sweep(device, ti, smoke: bool) -> list[dict]:
 # CLI
 # ------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true", help="tiny sizes; CPU + Triton interpreter "
-                   "when no GPU is present")
-    p.add_argument("--sweep", action="store_true", help="also sweep score-kernel launch knobs")
-    p.add_argument("--no-bench", action="store_true")
-    p.add_argument("--no-check", action="store_true")
-    a = p.parse_args(argv)
-    import torch
-
-    if torch.cuda.is_available():
-        device = "cuda"
-    elif a.smoke:
-        device = "cpu"
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            print("no GPU: re-run with TRITON_INTERPRET=1 (set before triton is imported)",
-                  file=sys.stderr)
-            return 2
-    else:
-        print("no CUDA device; use --smoke for the CPU interpreter run", file=sys.stderr)
-        return 2
-    ok = True
-    if not a.no_check:
-        rows = check(device, smoke=a.smoke)
-        print("== check ==")
-        print_table(rows)
-        ok = all(r.get("ok", True) for r in rows)
-    if not a.no_bench:
-        print("== bench ==")
-        print_table(bench(device, smoke=a.smoke, sweep=a.sweep))
-    return 0 if ok else 1
+    return run_cli(__doc__, check, bench, argv, sweep_help="also sweep score-kernel launch knobs")
 
 
 if __name__ == "__main__":
-    if "--smoke" in sys.argv and not os.path.exists("/dev/nvidia0"):
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+    prepare_smoke_env(sys.argv)
     sys.exit(main())
