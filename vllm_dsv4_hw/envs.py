@@ -123,7 +123,24 @@ DEVICE = _Var(
     "Device type to plan and run for (auto: cuda, then npu, else cpu).",
 )
 
-ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS)
+PLATFORM = _Var(
+    "VLLM_DSV4_HW_PLATFORM",
+    "auto",
+    _choice("auto", "on", "off"),
+    "Whether the plugin provides vLLM's platform: auto (only on CPU-only machines, where no "
+    "built-in platform can run DeepSeek V4), on (always), off (never; the model is still "
+    "registered).",
+)
+TRAP_C_OPS = _Var(
+    "VLLM_DSV4_HW_TRAP_C_OPS",
+    "",
+    lambda name, raw: raw,
+    "Test aid: a file path; every call of a vLLM compiled operator (torch.ops._C*) made while "
+    "the model runs is appended to it (one line per operator).",
+)
+
+ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS,
+            PLATFORM, TRAP_C_OPS)
 
 
 def device() -> str:
@@ -152,3 +169,11 @@ def multi_stream() -> bool:
 
 def cuda_graphs() -> bool:
     return CUDA_GRAPHS.get()
+
+
+def platform() -> str:
+    return PLATFORM.get()
+
+
+def trap_c_ops() -> str:
+    return TRAP_C_OPS.get()

@@ -1,0 +1,100 @@
+"""The vLLM attention backend of our cache layers: one metadata builder per KV cache group.
+
+vLLM's hybrid KV cache manager puts every cache kind of every layer into KV cache groups (one block
+table per group) and calls each group's builder once per step. Our builder only hands over what the
+group knows: its block table (vLLM's null block 0 -> -1, our "no page" marker), the positions per
+page, and the step's request layout. The attention layer (``vllm_layer.py``) combines the groups of
+its cache kinds into one :class:`~vllm_dsv4_hw.attention.metadata.StepMetadata` per compress ratio
+and step (shared by the layers of that ratio).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+
+__all__ = ["DSV4CacheBackend", "DSV4CacheMetadata", "DSV4CacheMetadataBuilder"]
+
+BACKEND_NAME = "DSV4_HW_PAGED"
+# vLLM's BlockPool reserves block 0 as the null block (released / never allocated positions).
+NULL_BLOCK = 0
+
+
+@dataclass
+class DSV4CacheMetadata:
+    """One KV cache group's view of a step."""
+
+    block_table: torch.Tensor      # [R, B] int64 page ids, -1 = no page
+    block_size: int                # positions per page of this group
+    query_start_loc: torch.Tensor  # [R+1] int64 (host)
+    seq_lens: torch.Tensor         # [R] int64 (host): tokens cached after the step
+    num_reqs: int
+    num_tokens: int
+
+    @property
+    def seq_starts(self) -> torch.Tensor:
+        return self.seq_lens - (self.query_start_loc[1:] - self.query_start_loc[:-1])
+
+
+class DSV4CacheMetadataBuilder(AttentionMetadataBuilder[DSV4CacheMetadata]):
+    # Built on the host every step (index arithmetic, host syncs): no device graphs through vLLM.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.block_size = kv_cache_spec.block_size
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> DSV4CacheMetadata:
+        m = common_attn_metadata
+        r = m.num_reqs
+        bt = m.block_table_tensor[:r].to(torch.int64)
+        bt = torch.where(bt > NULL_BLOCK, bt, torch.full_like(bt, -1))
+        qsl = m.query_start_loc_cpu[: r + 1].to(torch.int64)
+        seq_lens = m.seq_lens[:r].to(device="cpu", dtype=torch.int64)
+        return DSV4CacheMetadata(block_table=bt, block_size=self.block_size, query_start_loc=qsl,
+                                 seq_lens=seq_lens, num_reqs=r,
+                                 num_tokens=int(m.num_actual_tokens))
+
+
+class DSV4CacheBackend(AttentionBackend):
+    """Backend of every DeepSeek V4 cache layer of this plugin (window, compressed, indexer,
+    compressor state). Kernels run through the plugin's op dispatch, not through an impl class."""
+
+    accept_output_buffer: bool = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list] = []  # any: the plugin picks entry formats itself
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @classmethod
+    def supported_kv_cache_layouts(cls):
+        # Block-outermost: vLLM packs the pages of every layer of a KV cache group into one block
+        # (mixed page sizes allowed), which is how one 256-position logical block holds the c4a,
+        # c128a and indexer pages of a request. Our ops address pages through their stride.
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+        return (KVCacheLayout.BLNHC,)
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(1)]
+
+    @staticmethod
+    def get_impl_cls():
+        raise NotImplementedError(f"{BACKEND_NAME} has no attention impl: the DeepSeek V4 layer "
+                                  "runs its own ops")
+
+    @staticmethod
+    def get_builder_cls() -> type[DSV4CacheMetadataBuilder]:
+        return DSV4CacheMetadataBuilder

@@ -1,0 +1,204 @@
+"""The DeepSeek V4 attention layer inside vLLM: cache layers vLLM allocates, and the forward op.
+
+* :class:`DSV4CacheLayer` is one cache of one layer (window, compressed KV, indexer keys, or a
+  compressor state) as vLLM sees it: an ``AttentionLayerBase`` with a KV cache spec
+  (``kv_cache/vllm_specs.py``) and our backend (``vllm_backend.py``). vLLM's hybrid manager
+  allocates its pages and binds them here.
+* :class:`VllmDSV4Attention` is :class:`~vllm_dsv4_hw.attention.layer.DSV4Attention` fed from
+  vLLM's forward context: it turns the groups' block tables into one ``StepMetadata`` per compress
+  ratio and step (shared by every layer of that ratio) and the bound pages into ``LayerCaches``.
+* ``torch.ops.dsv4_hw.attention`` is the opaque custom-op boundary around the layer (with a fake
+  implementation), so that ``torch.compile`` traces the rest of the model and leaves attention,
+  whose metadata is built on the host, alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.logger import init_logger
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+from vllm_dsv4_hw.attention.caches import LayerCaches
+from vllm_dsv4_hw.attention.layer import DSV4Attention
+from vllm_dsv4_hw.attention.metadata import BlockTables, PageGeometry, build_step_metadata
+from vllm_dsv4_hw.attention.vllm_backend import DSV4CacheBackend, DSV4CacheMetadata
+from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.kv_cache.formats import make_format
+from vllm_dsv4_hw.kv_cache.vllm_specs import (
+    VLLM_STATE_ROWS_PER_PAGE,
+    LayerKind,
+    layer_kinds,
+    vllm_spec,
+)
+
+logger = init_logger(__name__)
+
+__all__ = ["DSV4CacheLayer", "VllmDSV4Attention", "KVLayoutError"]
+
+
+class KVLayoutError(RuntimeError):
+    """vLLM handed a cache whose layout our kernels cannot address."""
+
+
+class DSV4CacheLayer(nn.Module, AttentionLayerBase):
+    """One cache (kind ``lk``) of one attention layer, registered with vLLM under ``prefix``."""
+
+    def __init__(self, lk: LayerKind, prefix: str) -> None:
+        super().__init__()
+        self.lk = lk
+        self.prefix = prefix
+        self.kv_cache = torch.tensor([])
+        ctx = get_current_vllm_config().compilation_config.static_forward_context
+        if prefix in ctx:
+            raise ValueError(f"Duplicate layer name: {prefix}")
+        ctx[prefix] = self
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig):
+        return vllm_spec(self.lk)
+
+    def get_attn_backend(self):
+        return DSV4CacheBackend
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        self.kv_cache = kv_cache
+
+    def forward(self):  # the attention layer reads the pages; nothing runs here
+        raise RuntimeError("DSV4CacheLayer is storage only")
+
+    def pages(self) -> torch.Tensor:
+        """Entry caches: uint8 ``[num_pages, page_bytes]``; states: fp32 ``[rows, width]``."""
+        c = self.kv_cache
+        lk = self.lk
+        if c.dim() != 4 or c.shape[1] != 1 or c.shape[2] != lk.entries_per_page:
+            raise KVLayoutError(f"{self.prefix}: vLLM bound a cache of shape {tuple(c.shape)}; "
+                                f"expected [blocks, 1, {lk.entries_per_page}, bytes] "
+                                f"({lk.kind}). Did vLLM change the block size of this group?")
+        nb, _, n, w = c.shape
+        if c.stride(3) != 1 or c.stride(2) != w:
+            raise KVLayoutError(f"{self.prefix}: entries of a page are not contiguous "
+                                f"(strides {c.stride()}); use a block-outermost KV cache layout")
+        if lk.is_state:
+            # One row per page: the rows are the pages, whatever vLLM's block stride.
+            if n != 1:
+                raise KVLayoutError(f"{self.prefix}: a state page must hold one row, got {n}")
+            width = lk.spec.entry_bytes // 4
+            return torch.as_strided(c, (nb, width), (c.stride(0), 1))
+        return torch.as_strided(c, (nb, n * w), (c.stride(0), 1))
+
+
+def _geometry(kinds: dict[str, LayerKind]) -> PageGeometry:
+    def per_page(cache: str, default: int) -> int:
+        lk = kinds.get(cache)
+        return lk.entries_per_page if lk is not None else default
+    return PageGeometry(
+        window_positions_per_page=kinds["window"].entries_per_page,
+        comp_entries_per_page=per_page("comp", 64),
+        indexer_entries_per_page=per_page("indexer", 64),
+        main_state_rows_per_page=per_page("main_state", 4),
+        indexer_state_rows_per_page=per_page("indexer_state", 2),
+    )
+
+
+# One StepMetadata per compress ratio and step, shared by every layer of that ratio. The key is the
+# forward context's metadata dict (a new one every step).
+_step_cache: dict = {"key": None, "metas": {}}
+# Layers by prefix, for the custom op (it receives the name, not the module).
+_LAYERS: dict[str, "VllmDSV4Attention"] = {}
+
+
+class VllmDSV4Attention(DSV4Attention):
+    def __init__(self, cfg: DSV4Config, layer_id: int, prefix: str, main_format: str,
+                 indexer_format: str, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__(cfg, layer_id, dtype=dtype, max_positions=max_positions)
+        self.prefix = prefix
+        self.main_format_name = main_format
+        self.indexer_format_name = indexer_format
+        kinds = layer_kinds(cfg, self.ratio, main_format, indexer_format,
+                            state_rows_per_page=VLLM_STATE_ROWS_PER_PAGE)
+        self.kinds = {lk.cache: lk for lk in kinds}
+        # Plain dict: the cache layers hold no weights and must stay out of the state dict.
+        self.cache_layers = {lk.cache: DSV4CacheLayer(lk, f"{prefix}.{lk.kind}") for lk in kinds}
+        self.geometry = _geometry(self.kinds)
+        self._formats = {
+            "main": make_format(main_format, "main", self.geometry.window_positions_per_page),
+            "comp": (make_format(main_format, "main", self.geometry.comp_entries_per_page)
+                     if self.ratio else None),
+            "indexer": (make_format(indexer_format, "indexer",
+                                    self.geometry.indexer_entries_per_page)
+                        if self.ratio == 4 else None),
+        }
+        if prefix in _LAYERS:
+            logger.debug("re-registering attention layer %s", prefix)
+        _LAYERS[prefix] = self
+
+    # -- metadata -----------------------------------------------------------------------------
+    def _group_meta(self, attn_metadata: dict, cache: str) -> DSV4CacheMetadata:
+        layer = self.cache_layers[cache]
+        m = attn_metadata.get(layer.prefix)
+        if m is None:
+            raise RuntimeError(f"{layer.prefix}: no attention metadata in this step")
+        if m.block_size != layer.lk.block_size:
+            raise KVLayoutError(f"{layer.prefix}: vLLM runs this cache with {m.block_size} "
+                                f"positions per page, the layer expects {layer.lk.block_size}")
+        return m
+
+    def _step_metadata(self, attn_metadata: dict):
+        if _step_cache["key"] is not attn_metadata:
+            _step_cache["key"] = attn_metadata
+            _step_cache["metas"] = {}
+        metas = _step_cache["metas"]
+        meta = metas.get(self.ratio)
+        if meta is None:
+            w = self._group_meta(attn_metadata, "window")
+            tables = {cache: self._group_meta(attn_metadata, cache).block_table
+                      for cache in self.cache_layers}
+            num_new = w.query_start_loc[1:] - w.query_start_loc[:-1]
+            meta = build_step_metadata(
+                w.seq_starts, num_new, self.ratio,
+                BlockTables(window=tables["window"], comp=tables.get("comp"),
+                            indexer=tables.get("indexer"), main_state=tables.get("main_state"),
+                            indexer_state=tables.get("indexer_state")),
+                geometry=self.geometry, sliding_window=self.cfg.sliding_window)
+            metas[self.ratio] = meta
+        return meta
+
+    def _layer_caches(self) -> LayerCaches:
+        pages = {cache: layer.pages() for cache, layer in self.cache_layers.items()}
+        return LayerCaches(
+            ratio=self.ratio, main_format=self._formats["main"], window=pages["window"],
+            geometry=self.geometry, comp_format=self._formats["comp"], comp=pages.get("comp"),
+            indexer_format=self._formats["indexer"], indexer=pages.get("indexer"),
+            main_state=pages.get("main_state"), indexer_state=pages.get("indexer_state"))
+
+    # -- forward ------------------------------------------------------------------------------
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        attn_metadata = get_forward_context().attn_metadata
+        if attn_metadata is None:
+            # Profiling / warm-up run without caches: attention contributes nothing.
+            return torch.zeros_like(x)
+        if isinstance(attn_metadata, list):  # micro-batched steps are not used on our platforms
+            raise RuntimeError("DeepSeek V4 (dsv4-hw) does not support micro-batching (DBO)")
+        meta = self._step_metadata(attn_metadata)
+        t = meta.num_tokens
+        out = super().forward(x[:t], meta, self._layer_caches())
+        if t == x.shape[0]:
+            return out
+        padded = torch.zeros_like(x)
+        padded[:t] = out
+        return padded
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # what the decoder layer calls
+        return torch.ops.dsv4_hw.attention(x, self.prefix)
+
+
+@torch.library.custom_op("dsv4_hw::attention", mutates_args=())
+def _attention_op(x: torch.Tensor, layer_name: str) -> torch.Tensor:
+    return _LAYERS[layer_name].run(x)
+
+
+@_attention_op.register_fake
+def _(x: torch.Tensor, layer_name: str) -> torch.Tensor:
+    return torch.empty_like(x)

@@ -1,0 +1,103 @@
+"""``DeepseekV4ForCausalLM`` for vLLM, registered by the plugin in place of the built-in one.
+
+The network (embeddings, mHC, MoE, norm, head: ``network.py``) is plain PyTorch over our dispatch
+ops; its attention layers are :class:`~vllm_dsv4_hw.attention.vllm_layer.VllmDSV4Attention`, whose
+caches vLLM's hybrid KV cache manager allocates. Nothing here calls vLLM's compiled operators
+(``torch.ops._C*``): a vendor fork of vLLM does not ship them, and the CPU builds of vLLM lack the
+DeepSeek V4 ones on machines without AMX / AVX-512 BF16.
+
+Cache entry formats: ``--kv-cache-dtype auto`` takes ``VLLM_DSV4_HW_KV_FORMAT`` /
+``VLLM_DSV4_HW_INDEXER_FORMAT`` (auto: the most compact the device holds); ``fp8`` /
+``fp8_ds_mla`` and ``bfloat16`` pick the main format explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+
+from vllm_dsv4_hw.attention.vllm_layer import VllmDSV4Attention
+from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.kv_cache.format_choice import choose_formats
+from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
+from vllm_dsv4_hw.model.loader import load_weights, validate_hf_config
+from vllm_dsv4_hw.model.network import DSV4Network
+from vllm_dsv4_hw.platform.device import detect_device_type
+from vllm_dsv4_hw.testing.c_op_trap import model_phase
+
+logger = init_logger(__name__)
+
+# vLLM --kv-cache-dtype -> our main entry format (None: from the plugin's settings).
+KV_CACHE_DTYPES = {"auto": None, "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_ds_mla": "fp8",
+                   "bfloat16": "bf16", "bf16": "bf16"}
+
+
+class UnsupportedSettingError(ValueError):
+    """A vLLM setting this model cannot run with."""
+
+
+def kv_formats(vllm_config: VllmConfig) -> tuple[str, str]:
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    if cache_dtype not in KV_CACHE_DTYPES:
+        raise UnsupportedSettingError(
+            f"--kv-cache-dtype {cache_dtype} is not supported by DeepSeek V4 on vllm-dsv4-hw; use "
+            f"auto, fp8_ds_mla (fp8) or bfloat16 (set the indexer format with "
+            f"VLLM_DSV4_HW_INDEXER_FORMAT)")
+    main = KV_CACHE_DTYPES[cache_dtype]
+    choice = choose_formats(detect_device_type(), kv_format=main,
+                            main_source="--kv-cache-dtype" if main else
+                            "VLLM_DSV4_HW_KV_FORMAT")
+    return choice.main, choice.indexer
+
+
+class DSV4ForCausalLM(nn.Module):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        mc = vllm_config.model_config
+        hf = mc.hf_config.to_dict()
+        validate_hf_config(hf)
+        cfg = DSV4Config.from_hf_dict(hf, name=str(mc.model))
+        if vllm_config.parallel_config.tensor_parallel_size != 1:
+            raise UnsupportedSettingError("DeepSeek V4 on vllm-dsv4-hw runs with "
+                                          "--tensor-parallel-size 1 only")
+        self.cfg = cfg
+        self.dtype = mc.dtype
+        main_fmt, idx_fmt = kv_formats(vllm_config)
+        self.main_format, self.indexer_format = main_fmt, idx_fmt
+        max_pos = int(mc.max_model_len)
+
+        def make_attention(layer_id: int, ratio: int) -> nn.Module:
+            return VllmDSV4Attention(cfg, layer_id, f"layers.{layer_id}.attn", main_fmt, idx_fmt,
+                                     mc.dtype, max_pos)
+
+        self.model = DSV4Network(cfg, make_attention, dtype=mc.dtype)
+        layout = ", ".join(f"{s.kind} {s.format} {s.entries_per_page}x{s.entry_bytes}B/"
+                           f"{s.page_bytes}B page ({s.bucket})"
+                           for s in layer_cache_specs(cfg, main_fmt, idx_fmt))
+        logger.info("dsv4-hw: %s (vllm_dsv4_hw) with %d layers, compress ratios %s; KV layout: %s",
+                    type(self).__name__, cfg.num_layers, list(cfg.compress_ratios), layout)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed(input_ids)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                intermediate_tensors=None, inputs_embeds: torch.Tensor | None = None,
+                **kwargs) -> torch.Tensor:
+        if inputs_embeds is not None:
+            raise UnsupportedSettingError("DeepSeek V4 on vllm-dsv4-hw takes token ids, not "
+                                          "prompt embeddings")
+        with model_phase():
+            return self.model(input_ids)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        with model_phase():
+            return self.model.compute_logits(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        with model_phase():
+            loaded = load_weights(self.model, weights, self.cfg)
+        return {f"model.{name}" for name in loaded}

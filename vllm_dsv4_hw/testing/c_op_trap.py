@@ -1,0 +1,76 @@
+"""Record every call of a vLLM compiled operator (``torch.ops._C*``) in this process.
+
+Installed by the general plugin when ``VLLM_DSV4_HW_TRAP_C_OPS`` names a file. Each call appends
+``phase<TAB>namespace.op`` to it; the phase is ``model`` while our model loads weights or runs
+(:func:`model_phase`), ``engine`` otherwise (vLLM's own worker code). The serve test asserts that
+no ``model`` line exists: a vendor fork of vLLM ships none of these operators.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import torch
+
+NAMESPACES = ("_C", "_C_cache_ops", "_C_utils", "_C_custom_ar", "_C_cpu", "_moe_C", "_rocm_C",
+              "_C_AVX512", "_C_AVX2")
+_state = threading.local()
+_path: str | None = None
+_lock = threading.Lock()
+
+
+def _phase() -> str:
+    return getattr(_state, "phase", "engine")
+
+
+@contextlib.contextmanager
+def model_phase():
+    prev = _phase()
+    _state.phase = "model"
+    try:
+        yield
+    finally:
+        _state.phase = prev
+
+
+def _record(name: str) -> None:
+    if _path is None:
+        return
+    with _lock, open(_path, "a") as f:
+        f.write(f"{_phase()}\t{name}\t{os.getpid()}\n")
+
+
+class _TrappedOp:
+    def __init__(self, name: str, op) -> None:
+        self._name = name
+        self._op = op
+
+    def __call__(self, *args, **kwargs):
+        _record(self._name)
+        return self._op(*args, **kwargs)
+
+    def __getattr__(self, item):  # overloads (.default) and packet attributes
+        attr = getattr(self._op, item)
+        if isinstance(attr, torch._ops.OpOverload):
+            return _TrappedOp(f"{self._name}.{item}", attr)
+        return attr
+
+
+class _TrappedNamespace:
+    def __init__(self, name: str, real) -> None:
+        self._name = name
+        self._real = real
+
+    def __getattr__(self, item):
+        return _TrappedOp(f"{self._name}.{item}", getattr(self._real, item))
+
+
+def install(path: str) -> None:
+    global _path
+    _path = path
+    for ns in NAMESPACES:
+        real = getattr(torch.ops, ns)
+        if not isinstance(real, _TrappedNamespace):
+            setattr(torch.ops, ns, _TrappedNamespace(ns, real))

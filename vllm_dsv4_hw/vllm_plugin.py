@@ -1,0 +1,51 @@
+"""vLLM entry points (``pyproject.toml``).
+
+* ``vllm.general_plugins`` -> :func:`register` (runs in every vLLM process): registers our
+  ``DeepseekV4ForCausalLM`` in vLLM's ``ModelRegistry`` (replacing the built-in architecture, which
+  needs CUDA-only or AMX-only kernels) and our custom ops.
+* ``vllm.platform_plugins`` -> :func:`platform_plugin`: our CPU platform on machines without an
+  accelerator (``VLLM_DSV4_HW_PLATFORM=auto``), None elsewhere so that vLLM's built-in or the
+  vendor's platform stays; ``on`` / ``off`` force it.
+
+Neither function imports heavy modules at call time beyond what it registers: vLLM calls the
+platform plugin while resolving ``current_platform``, so it must not import ``vllm.platforms``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vllm_dsv4_hw import envs
+
+logger = logging.getLogger(__name__)
+
+ARCHITECTURE = "DeepseekV4ForCausalLM"
+MODEL_CLASS = "vllm_dsv4_hw.model.vllm_model:DSV4ForCausalLM"
+PLATFORM_CLASS = "vllm_dsv4_hw.platform.vllm_cpu.DSV4HwCpuPlatform"
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from vllm import ModelRegistry
+
+    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    if envs.trap_c_ops():
+        from vllm_dsv4_hw.testing.c_op_trap import install
+        install(envs.trap_c_ops())
+    logger.debug("dsv4-hw: registered %s -> %s", ARCHITECTURE, MODEL_CLASS)
+
+
+def platform_plugin() -> str | None:
+    mode = envs.platform()
+    if mode == "off":
+        return None
+    if mode == "on":
+        return PLATFORM_CLASS
+    from vllm_dsv4_hw.platform.device import detect_device_type
+
+    return PLATFORM_CLASS if detect_device_type() == "cpu" else None
