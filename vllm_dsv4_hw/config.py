@@ -64,6 +64,8 @@ class DSV4Config:
     hc_mult: int = 4
     hc_sinkhorn_iters: int = 20
     hc_eps: float = 1e-6
+    # Router: renormalize the selected experts' scores to sum 1 (the official checkpoints: true).
+    norm_topk_prob: bool = True
 
     def __post_init__(self) -> None:
         bad = sorted({r for r in self.compress_ratios if r not in SUPPORTED_RATIOS})
@@ -140,6 +142,7 @@ class DSV4Config:
                 hc_mult=int(cfg.get("hc_mult", 4)),
                 hc_sinkhorn_iters=int(cfg.get("hc_sinkhorn_iters", 20)),
                 hc_eps=float(cfg.get("hc_eps", 1e-6)),
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
             )
         except KeyError as exc:
             raise ConfigError(f"{name}: required field {exc.args[0]!r} is missing") from None
@@ -164,6 +167,70 @@ class DSV4Config:
         if not isinstance(data, dict):
             raise ConfigError(f"{p} does not hold a JSON object")
         return cls.from_hf_dict(data, name=str(p))
+
+
+# Values of the model-level fields the full network (``vllm_dsv4_hw.model``) implements.
+_SUPPORTED_CHOICES = {
+    "scoring_func": ("sqrtsoftplus",),
+    "topk_method": ("noaux_tc",),
+    "hidden_act": ("silu",),
+}
+
+
+def validate_hf_config(cfg: dict, name: str = "config.json") -> DSV4Config:
+    """Strict checks of a checkpoint's config.json dict for serving the whole network; returns its
+    :class:`DSV4Config`. Beyond ``DSV4Config.from_hf_dict``: every ``compress_ratios`` entry must be
+    one of (0, 4, 128) (the error names the layer index), the list must hold one entry per layer
+    plus one per MTP layer (the official layout) or exactly one per layer, and the MoE / activation
+    choices must be the ones the network implements. Raises :class:`ConfigError`."""
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{name}: expected a JSON object, got {type(cfg).__name__}")
+    try:
+        n_layers = int(cfg["num_hidden_layers"])
+    except KeyError:
+        raise ConfigError(f"{name}: required field 'num_hidden_layers' is missing") from None
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: num_hidden_layers={cfg['num_hidden_layers']!r} is not an "
+                          f"integer") from None
+    n_mtp = cfg.get("num_nextn_predict_layers", 0)
+    if not isinstance(n_mtp, int) or isinstance(n_mtp, bool) or n_mtp < 0:
+        raise ConfigError(f"{name}: num_nextn_predict_layers={n_mtp!r} is not a non-negative "
+                          f"integer")
+    allowed = ", ".join(str(r) for r in SUPPORTED_RATIOS)
+    if "compress_ratios" in cfg:
+        ratios = cfg["compress_ratios"]
+        if not isinstance(ratios, (list, tuple)):
+            raise ConfigError(f"{name}: compress_ratios must be a list of integers, got "
+                              f"{type(ratios).__name__}")
+        for i, r in enumerate(ratios):
+            if isinstance(r, bool) or not isinstance(r, int) or r not in SUPPORTED_RATIOS:
+                where = f"layer {i}" if i < n_layers else f"MTP layer {i - n_layers}"
+                raise ConfigError(f"{name}: compress_ratios[{i}] = {r!r} ({where}) is not "
+                                  f"supported; allowed values: {allowed}")
+        want = {n_layers, n_layers + n_mtp}
+        if len(ratios) not in want:
+            raise ConfigError(
+                f"{name}: compress_ratios has {len(ratios)} entries; expected "
+                f"{n_layers + n_mtp} (num_hidden_layers={n_layers} + num_nextn_predict_layers="
+                f"{n_mtp})" + (f" or {n_layers}" if n_mtp else ""))
+    for key, choices in _SUPPORTED_CHOICES.items():
+        value = cfg.get(key, choices[0])
+        if value not in choices:
+            raise ConfigError(f"{name}: {key}={value!r} is not supported; allowed: "
+                              f"{', '.join(map(repr, choices))}")
+    out = DSV4Config.from_hf_dict(cfg, name=name)
+    checks = (
+        (out.num_experts_per_tok <= out.n_routed_experts,
+         f"num_experts_per_tok={out.num_experts_per_tok} > n_routed_experts={out.n_routed_experts}"),
+        (0 <= out.num_hash_layers, f"num_hash_layers={out.num_hash_layers} is negative"),
+        (out.n_shared_experts >= 0, f"n_shared_experts={out.n_shared_experts} is negative"),
+        (out.hc_mult >= 1, f"hc_mult={out.hc_mult} must be >= 1"),
+        (out.hc_sinkhorn_iters >= 1, f"hc_sinkhorn_iters={out.hc_sinkhorn_iters} must be >= 1"),
+    )
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(f"{name}: {msg}")
+    return out
 
 
 def _ratios_from_dict(cfg: dict, n_layers: int) -> tuple[int, ...]:

@@ -26,6 +26,19 @@ PLATFORM_CLASS = "vllm_dsv4_hw.platform.vllm_cpu.DSV4HwCpuPlatform"
 _registered = False
 
 
+def _route_logs_through_vllm() -> None:
+    """vLLM configures handlers for the ``vllm`` logger namespace only; give our package's loggers
+    the same handlers and level so that our INFO lines appear in the server log."""
+    ours = logging.getLogger("vllm_dsv4_hw")
+    theirs = logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.level or logging.INFO)
+    ours.propagate = False
+
+
 def register() -> None:
     global _registered
     if _registered:
@@ -33,6 +46,7 @@ def register() -> None:
     _registered = True
     from vllm import ModelRegistry
 
+    _route_logs_through_vllm()
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
     if envs.trap_c_ops():
         from vllm_dsv4_hw.testing.c_op_trap import install

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -21,6 +22,8 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
     MultipleOf,
 )
+
+logger = init_logger(__name__)
 
 __all__ = ["DSV4CacheBackend", "DSV4CacheMetadata", "DSV4CacheMetadataBuilder"]
 
@@ -52,6 +55,10 @@ class DSV4CacheMetadataBuilder(AttentionMetadataBuilder[DSV4CacheMetadata]):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
+        kinds = sorted({name.rsplit(".", 1)[-1] for name in layer_names})
+        logger.info("dsv4-hw: KV cache group of %d layer caches (%s): %d positions per page, "
+                    "page %d B", len(layer_names), ", ".join(kinds), self.block_size,
+                    kv_cache_spec.page_size_bytes)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> DSV4CacheMetadata:

@@ -27,12 +27,7 @@ from vllm_dsv4_hw.attention.metadata import BlockTables, PageGeometry, build_ste
 from vllm_dsv4_hw.attention.vllm_backend import DSV4CacheBackend, DSV4CacheMetadata
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kv_cache.formats import make_format
-from vllm_dsv4_hw.kv_cache.vllm_specs import (
-    VLLM_STATE_ROWS_PER_PAGE,
-    LayerKind,
-    layer_kinds,
-    vllm_spec,
-)
+from vllm_dsv4_hw.kv_cache.vllm_specs import LayerKind, layer_kinds, vllm_spec
 
 logger = init_logger(__name__)
 
@@ -81,11 +76,14 @@ class DSV4CacheLayer(nn.Module, AttentionLayerBase):
             raise KVLayoutError(f"{self.prefix}: entries of a page are not contiguous "
                                 f"(strides {c.stride()}); use a block-outermost KV cache layout")
         if lk.is_state:
-            # One row per page: the rows are the pages, whatever vLLM's block stride.
-            if n != 1:
-                raise KVLayoutError(f"{self.prefix}: a state page must hold one row, got {n}")
-            width = lk.spec.entry_bytes // 4
-            return torch.as_strided(c, (nb, width), (c.stride(0), 1))
+            # Page p's rows are rows p*K .. p*K + n-1 of a [rows, w] matrix, K = block stride / w
+            # (the spec's block_stride_alignment makes it whole). Slots are remapped to match.
+            if c.stride(0) % w:
+                raise KVLayoutError(f"{self.prefix}: block stride {c.stride(0)} is not a multiple "
+                                    f"of the state row ({w} floats)")
+            self.rows_per_block = c.stride(0) // w
+            rows = (nb - 1) * self.rows_per_block + n if nb else 0
+            return torch.as_strided(c, (rows, w), (w, 1))
         return torch.as_strided(c, (nb, n * w), (c.stride(0), 1))
 
 
@@ -116,8 +114,7 @@ class VllmDSV4Attention(DSV4Attention):
         self.prefix = prefix
         self.main_format_name = main_format
         self.indexer_format_name = indexer_format
-        kinds = layer_kinds(cfg, self.ratio, main_format, indexer_format,
-                            state_rows_per_page=VLLM_STATE_ROWS_PER_PAGE)
+        kinds = layer_kinds(cfg, self.ratio, main_format, indexer_format)
         self.kinds = {lk.cache: lk for lk in kinds}
         # Plain dict: the cache layers hold no weights and must stay out of the state dict.
         self.cache_layers = {lk.cache: DSV4CacheLayer(lk, f"{prefix}.{lk.kind}") for lk in kinds}
@@ -162,8 +159,24 @@ class VllmDSV4Attention(DSV4Attention):
                             indexer=tables.get("indexer"), main_state=tables.get("main_state"),
                             indexer_state=tables.get("indexer_state")),
                 geometry=self.geometry, sliding_window=self.cfg.sliding_window)
+            self._remap_state_rows(meta)
             metas[self.ratio] = meta
         return meta
+
+    def _remap_state_rows(self, meta) -> None:
+        """Logical state rows (page * rows_per_page + offset) -> rows of the strided state matrix
+        (page * rows_per_block + offset), see ``DSV4CacheLayer.pages``."""
+        for plan, cache in ((meta.main_plan, "main_state"), (meta.indexer_plan, "indexer_state")):
+            if plan is None:
+                continue
+            layer = self.cache_layers[cache]
+            layer.pages()  # sets rows_per_block from the bound cache
+            r, k = layer.lk.entries_per_page, layer.rows_per_block
+
+            def remap(x: torch.Tensor) -> torch.Tensor:
+                return torch.where(x >= 0, (x // r) * k + x % r, x)
+            plan.state_slots = remap(plan.state_slots)
+            plan.group_rows = remap(plan.group_rows)
 
     def _layer_caches(self) -> LayerCaches:
         pages = {cache: layer.pages() for cache, layer in self.cache_layers.items()}

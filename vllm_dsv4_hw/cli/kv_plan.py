@@ -67,6 +67,10 @@ def add_parser(sub) -> None:
                         "formats and checks explicit ones against its capabilities)")
     p.add_argument("--memory", type=parse_gib, metavar="GIB",
                    help="KV cache memory in GiB: report how many sequences fit")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="C",
+                   help="with --memory: also predict what `vllm serve` reports for this memory "
+                        "(KV cache tokens, maximum concurrency at --context = max_model_len) "
+                        "when it schedules at most C tokens per step")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
@@ -95,15 +99,36 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_kv(cfg, args.context, choice.main, choice.indexer, memory)
     except KVPlanError as exc:
         raise CLIError(str(exc)) from None
+    pool = None
+    if args.max_num_batched_tokens is not None:
+        if memory is None:
+            raise CLIError("--max-num-batched-tokens needs --memory (the KV cache space)")
+        from vllm_dsv4_hw.kv_cache.vllm_pool import plan_vllm_pool
+        try:
+            pool = plan_vllm_pool(cfg, choice.main, choice.indexer, memory, args.context,
+                                  args.max_num_batched_tokens)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
     if args.json:
         d = plan.to_dict()
         d["device"] = choice.device_type
         d["format_choice"] = {"main": choice.main, "indexer": choice.indexer,
                               "reason": choice.reason}
+        if pool is not None:
+            d["vllm_pool"] = pool.to_dict()
         print(json.dumps(d, indent=2))
     else:
         print(format_plan(plan))
         print(f"formats for {choice.device_type} ({choice.device_name}): {choice.reason}")
+        if pool is not None:
+            print(f"vLLM pool (max_model_len {pool.max_model_len}, max_num_batched_tokens "
+                  f"{pool.max_num_batched_tokens}): {pool.num_blocks} blocks of "
+                  f"{pool.bytes_per_block} B, {pool.blocks_per_request} per request -> KV cache "
+                  f"size {pool.tokens:,} tokens, maximum concurrency {pool.max_concurrency:.2f}x")
+            for g in pool.groups:
+                print(f"  group {'+'.join(g.kinds)}: {g.layers} layer caches, "
+                      f"{g.positions_per_page} positions/page, {g.packed_bytes} B packed, "
+                      f"{g.blocks_per_request} blocks/request")
     return 0
 
 

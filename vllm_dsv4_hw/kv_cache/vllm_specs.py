@@ -14,16 +14,19 @@ c4a / c128a / indexer      ``SlidingWindowMLASpec``         rows per page (4 / 8
 state                      (window = coff * ratio)          mxfp4), one fp32 row per position
 ========================== ================================ ====================================
 
-A state page holds ``rows`` rows spread evenly over the bucket page (row stride = page / rows), so
-it needs no separate padding and the state cache is still a plain strided ``[rows, width]`` fp32
-matrix (``row = page * rows + offset``). The spec's ``state_content_bytes`` is that stride.
+vLLM packs the pages of all layers of a KV cache group block by block (block-outermost layout), so
+one layer's consecutive pages are one pool block apart. A state page holds ``rows`` fp32 rows back to
+back, then padding up to its bucket page (``page_size_padded``); its spec asks for a block stride
+that is a multiple of the row size (``block_stride_alignment``), so the rows of every page are rows
+of one strided ``[rows, width]`` matrix (``vllm_layer.DSV4CacheLayer.pages``), which is what the
+compressor ops take.
 
 This module imports vLLM lazily (only :func:`vllm_spec` needs it), so planning code stays vLLM-free.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kv_cache.blocks import BLOCK_POSITIONS
@@ -32,10 +35,6 @@ from vllm_dsv4_hw.kv_cache.specs import CacheSpec, layer_cache_specs
 __all__ = ["LayerKind", "layer_kinds", "vllm_spec", "STATE_KINDS"]
 
 STATE_KINDS = ("c4a_state", "c128a_state", "indexer_state")
-# Inside vLLM a compressor-state page is one row: vLLM packs the pages of a KV cache group's layers
-# block by block, so consecutive pages of one layer are not adjacent and a page of several rows
-# could not be addressed as rows of one ``[rows, width]`` matrix (what the compressor ops take).
-VLLM_STATE_ROWS_PER_PAGE = 1
 
 
 @dataclass(frozen=True)
@@ -70,13 +69,9 @@ _KINDS_FOR_RATIO = {
 }
 
 
-def layer_kinds(cfg: DSV4Config, ratio: int, main_format: str, indexer_format: str,
-                state_rows_per_page: int | None = None) -> list[LayerKind]:
-    """The caches of a layer of compress ratio ``ratio`` (window first).
-
-    ``state_rows_per_page`` overrides the rows of a compressor-state page (vLLM: 1, see
-    :data:`VLLM_STATE_ROWS_PER_PAGE`); the page is then exactly that many rows.
-    """
+def layer_kinds(cfg: DSV4Config, ratio: int, main_format: str,
+                indexer_format: str) -> list[LayerKind]:
+    """The caches of a layer of compress ratio ``ratio`` (window first)."""
     if ratio not in _KINDS_FOR_RATIO:
         raise ValueError(f"compress ratio {ratio} is not one of (0, 4, 128)")
     specs = {s.kind: s for s in layer_cache_specs(cfg.with_layers((ratio or 4, 128, 0)),
@@ -84,16 +79,7 @@ def layer_kinds(cfg: DSV4Config, ratio: int, main_format: str, indexer_format: s
     out = []
     for kind in _KINDS_FOR_RATIO[ratio]:
         s = specs[kind]
-        if kind in STATE_KINDS and state_rows_per_page is not None:
-            s = replace(s, entries_per_page=state_rows_per_page,
-                        page_bytes=state_rows_per_page * s.entry_bytes)
-        if kind in STATE_KINDS:
-            stride = s.page_bytes // s.entries_per_page
-            if s.page_bytes % s.entries_per_page or stride % 4 or stride < s.entry_bytes:
-                raise ValueError(f"{kind}: a {s.page_bytes} B page cannot hold "
-                                 f"{s.entries_per_page} fp32 rows of {s.entry_bytes} B evenly")
-        else:
-            stride = s.entry_bytes
+        stride = s.entry_bytes
         out.append(LayerKind(kind=kind, cache=_CACHE_FIELD[kind], spec=s,
                              block_size=s.positions_per_page,
                              entries_per_page=s.entries_per_page, entry_stride=stride,
@@ -106,15 +92,18 @@ def vllm_spec(lk: LayerKind):
     import torch
     from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
 
+    natural = lk.entries_per_page * lk.entry_stride
     common = dict(
         block_size=lk.block_size, num_kv_heads=1, max_tp_shards=1,
         # head_size is informational here: our entry formats fix the bytes (state_content_bytes).
         head_size=512 if lk.kind != "indexer_kv" else 128,
         state_content_bytes=lk.entry_stride,
+        page_size_padded=lk.page_bytes if lk.page_bytes != natural else None,
     )
     if lk.is_state:
         return SlidingWindowMLASpec(dtype=torch.float32, sliding_window=lk.sliding_window,
-                                    cache_dtype_str="fp32_state", **common)
+                                    cache_dtype_str="fp32_state",
+                                    block_stride_alignment=lk.entry_stride, **common)
     if lk.kind == "window_kv":
         return SlidingWindowMLASpec(dtype=torch.uint8, sliding_window=lk.sliding_window,
                                     cache_dtype_str=lk.spec.format, **common)

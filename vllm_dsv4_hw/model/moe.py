@@ -1,0 +1,208 @@
+"""The DeepSeek V4 MoE feed-forward block, in plain PyTorch (no fused-MoE kernels).
+
+Parameters (official names under ``layers.N.ffn.``)::
+
+    gate.weight [E, D]                  router projection (kept in fp32)
+    gate.bias [E] (fp32)                correction bias, top-k layers only ("noaux_tc")
+    gate.tid2eid [vocab, k] (int64)     token id -> expert ids, hash-routed layers only
+    experts.{e}.w1/w2/w3.weight         routed experts (stored stacked: ``experts.w13``, ``experts.w2``)
+    shared_experts.w1/w2/w3.weight      the shared expert (intermediate = moe_inter * n_shared)
+
+Routing of a token with input ``x``: ``s = sqrt(softplus(gate.weight x))`` (fp32). Top-k layers
+select the k experts with the largest ``s + bias`` (the bias only selects); hash layers (the first
+``num_hash_layers``) take ``tid2eid[token id]``. The weights are the selected ``s`` renormalised to
+sum 1 (``norm_topk_prob``), times ``routed_scaling_factor``.
+
+Every expert (routed and shared) is a clamped SwiGLU: ``w2(silu(min(w1 x, L)) * clamp(w3 x, -L, L))``
+with ``L = swiglu_limit`` (the gate is clamped from above only, the up projection on both sides).
+The output is ``sum_k weight_k * expert_k(x) + shared(x)``; the activation and the accumulation
+run in fp32 (fp64 for fp64 modules), the projections in the module dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_dsv4_hw.config import DSV4Config
+
+__all__ = ["DSV4MoE", "MoEGate", "LinearWeight", "RoutedExperts", "SharedExpert", "sqrtsoftplus",
+           "swiglu", "route", "moe_math_dtype"]
+
+
+def moe_math_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def sqrtsoftplus(logits: torch.Tensor) -> torch.Tensor:
+    return F.softplus(logits).sqrt()
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """``silu(gate) * up`` with the V4 clamp: gate <= limit, -limit <= up <= limit."""
+    if limit is not None and limit > 0:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+    return F.silu(gate) * up
+
+
+def route(scores: torch.Tensor, top_k: int, bias: torch.Tensor | None = None,
+          hash_ids: torch.Tensor | None = None, norm_topk_prob: bool = True,
+          scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k], expert ids [T, k] int64) from router scores [T, E].
+
+    ``hash_ids`` (rows of tid2eid) fixes the experts; else the top-k of ``scores + bias``.
+    """
+    if hash_ids is not None:
+        idx = hash_ids.to(torch.int64)
+    else:
+        sel = scores if bias is None else scores + bias.to(scores.dtype)
+        idx = torch.topk(sel, top_k, dim=-1, sorted=False).indices
+    w = scores.gather(1, idx)
+    if norm_topk_prob:
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return w * scaling, idx
+
+
+class MoEGate(nn.Module):
+    """``gate.weight`` (+ ``gate.bias`` or ``gate.tid2eid``)."""
+
+    def __init__(self, cfg: DSV4Config, hash_routed: bool, param_dtype: torch.dtype) -> None:
+        super().__init__()
+        e = cfg.n_routed_experts
+        self.hash_routed = hash_routed
+        self.weight = nn.Parameter(torch.empty(e, cfg.hidden_size, dtype=param_dtype),
+                                   requires_grad=False)
+        if hash_routed:
+            self.bias = None
+            self.register_buffer("tid2eid", torch.zeros(cfg.vocab_size, cfg.num_experts_per_tok,
+                                                        dtype=torch.int64))
+        else:
+            self.bias = nn.Parameter(torch.zeros(e, dtype=param_dtype), requires_grad=False)
+            self.tid2eid = None
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        md = moe_math_dtype(x.dtype)
+        return sqrtsoftplus(F.linear(x.to(md), self.weight.to(md)))
+
+
+class RoutedExperts(nn.Module):
+    """The routed experts, stacked: ``w13 [E, 2I, D]`` (w1 rows, then w3 rows), ``w2 [E, D, I]``.
+
+    Loaded from the per-expert official tensors through :meth:`checkpoint_slices`."""
+
+    def __init__(self, cfg: DSV4Config, dtype: torch.dtype) -> None:
+        super().__init__()
+        e, d, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.num_experts = e
+        self.inter = i
+        self.limit = cfg.swiglu_limit
+        self.w13 = nn.Parameter(torch.empty(e, 2 * i, d, dtype=dtype), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(e, d, i, dtype=dtype), requires_grad=False)
+
+    def checkpoint_slices(self) -> Iterator[tuple[str, str, tuple]]:
+        """(checkpoint name relative to this module, parameter attribute, index into it)."""
+        i = self.inter
+        for e in range(self.num_experts):
+            yield f"{e}.w1.weight", "w13", (e, slice(0, i))
+            yield f"{e}.w3.weight", "w13", (e, slice(i, 2 * i))
+            yield f"{e}.w2.weight", "w2", (e,)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """``sum_k weights[t, k] * expert_{idx[t, k]}(x[t])`` -> [T, D] in the math dtype.
+
+        Tokens are grouped by expert with one sort; the loop runs over experts that got tokens."""
+        md = moe_math_dtype(x.dtype)
+        t, k = idx.shape
+        out = torch.zeros(t, x.shape[1], dtype=md, device=x.device)
+        if t == 0:
+            return out
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        tokens = order // k
+        w_sorted = weights.reshape(-1)[order].to(md)
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            rows = tokens[start:start + n]
+            gate_up = F.linear(x[rows], self.w13[e]).to(md)
+            act = swiglu(gate_up[:, :self.inter], gate_up[:, self.inter:], self.limit)
+            y = F.linear(act.to(x.dtype), self.w2[e]).to(md)
+            out.index_add_(0, rows, y * w_sorted[start:start + n, None])
+            start += n
+        return out
+
+
+class LinearWeight(nn.Module):
+    """A bias-free linear layer's ``weight [out, in]`` (uninitialised: the loader fills it)."""
+
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype),
+                                   requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class SharedExpert(nn.Module):
+    """``shared_experts.{w1, w2, w3}`` (a clamped SwiGLU MLP)."""
+
+    def __init__(self, cfg: DSV4Config, dtype: torch.dtype) -> None:
+        super().__init__()
+        d, i = cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts
+        self.limit = cfg.swiglu_limit
+        self.w1 = LinearWeight(d, i, dtype)
+        self.w2 = LinearWeight(i, d, dtype)
+        self.w3 = LinearWeight(d, i, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        md = moe_math_dtype(x.dtype)
+        act = swiglu(self.w1(x).to(md), self.w3(x).to(md), self.limit)
+        return self.w2(act.to(x.dtype)).to(md)
+
+
+class DSV4MoE(nn.Module):
+    """``layers.N.ffn``: router, routed experts, shared expert. ``forward(x [T, D], input_ids [T])``
+    (input_ids only matter for hash-routed layers) -> [T, D] in x's dtype."""
+
+    def __init__(self, cfg: DSV4Config, layer_id: int, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.top_k = cfg.num_experts_per_tok
+        self.scaling = cfg.routed_scaling_factor
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.hash_routed = layer_id < cfg.num_hash_layers
+        self.gate = MoEGate(cfg, self.hash_routed, moe_math_dtype(dtype))
+        self.experts = RoutedExperts(cfg, dtype)
+        self.shared_experts = SharedExpert(cfg, dtype) if cfg.n_shared_experts > 0 else None
+
+    def route(self, x: torch.Tensor,
+              input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.gate.scores(x)
+        hash_ids = None
+        if self.hash_routed:
+            if input_ids is None:
+                raise ValueError(f"layer {self.layer_id} is hash-routed: its MoE needs input_ids")
+            if input_ids.shape != x.shape[:1]:
+                raise ValueError(f"input_ids {tuple(input_ids.shape)} must be [T={x.shape[0]}]")
+            hash_ids = self.gate.tid2eid[input_ids.to(torch.int64)]
+        return route(scores, self.top_k, self.gate.bias, hash_ids, self.norm_topk_prob,
+                     self.scaling)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        weights, idx = self.route(x, input_ids)
+        out = self.experts(x, weights, idx)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"layer={self.layer_id}, hash_routed={self.hash_routed}, top_k={self.top_k}, "
+                f"scaling={self.scaling}")
