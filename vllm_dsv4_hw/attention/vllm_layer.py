@@ -6,7 +6,8 @@
   allocates its pages and binds them here.
 * :class:`VllmDSV4Attention` is :class:`~vllm_dsv4_hw.attention.layer.DSV4Attention` fed from
   vLLM's forward context: it turns the groups' block tables into one ``StepMetadata`` per compress
-  ratio and step (shared by every layer of that ratio) and the bound pages into ``LayerCaches``.
+  step and set of KV cache groups (shared by the layers in the same groups) and the bound pages
+  into ``LayerCaches``.
 * ``torch.ops.dsv4_hw.attention`` is the opaque custom-op boundary around the layer (with a fake
   implementation), so that ``torch.compile`` traces the rest of the model and leaves attention,
   whose metadata is built on the host, alone.
@@ -100,8 +101,8 @@ def _geometry(kinds: dict[str, LayerKind]) -> PageGeometry:
     )
 
 
-# One StepMetadata per compress ratio and step, shared by every layer of that ratio. The key is the
-# forward context's metadata dict (a new one every step).
+# StepMetadata of this step, shared by the layers whose caches sit in the same KV cache groups. The
+# step is identified by the forward context's metadata dict (a new one every step).
 _step_cache: dict = {"key": None, "metas": {}}
 # Layers by prefix, for the custom op (it receives the name, not the module).
 _LAYERS: dict[str, "VllmDSV4Attention"] = {}
@@ -146,12 +147,15 @@ class VllmDSV4Attention(DSV4Attention):
         if _step_cache["key"] is not attn_metadata:
             _step_cache["key"] = attn_metadata
             _step_cache["metas"] = {}
+        groups = {cache: self._group_meta(attn_metadata, cache) for cache in self.cache_layers}
+        # vLLM may split one cache kind over several KV cache groups (each its own block table),
+        # so layers share step metadata only when all their caches are in the same groups.
+        key = (self.ratio, tuple(id(groups[c]) for c in sorted(groups)))
         metas = _step_cache["metas"]
-        meta = metas.get(self.ratio)
+        meta = metas.get(key)
         if meta is None:
-            w = self._group_meta(attn_metadata, "window")
-            tables = {cache: self._group_meta(attn_metadata, cache).block_table
-                      for cache in self.cache_layers}
+            w = groups["window"]
+            tables = {cache: m.block_table for cache, m in groups.items()}
             num_new = w.query_start_loc[1:] - w.query_start_loc[:-1]
             meta = build_step_metadata(
                 w.seq_starts, num_new, self.ratio,
@@ -160,7 +164,7 @@ class VllmDSV4Attention(DSV4Attention):
                             indexer_state=tables.get("indexer_state")),
                 geometry=self.geometry, sliding_window=self.cfg.sliding_window)
             self._remap_state_rows(meta)
-            metas[self.ratio] = meta
+            metas[key] = meta
         return meta
 
     def _remap_state_rows(self, meta) -> None:

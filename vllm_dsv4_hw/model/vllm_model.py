@@ -82,7 +82,7 @@ class DSV4ForCausalLM(nn.Module):
                     type(self).__name__, cfg.num_layers, list(cfg.compress_ratios), layout)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed(input_ids)
+        return self.model.embed_input_ids(input_ids)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 intermediate_tensors=None, inputs_embeds: torch.Tensor | None = None,

@@ -1,0 +1,41 @@
+"""transformers' ``DeepseekV4ForCausalLM`` as the reference for the served model (float32).
+
+For a checkpoint directory and token-id prompts: the log-softmax after every prompt position and
+``new_tokens`` greedy tokens (transformers' own KV cache, no EOS stop), computed once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+
+@functools.lru_cache(maxsize=2)
+def _model(path: str):
+    from transformers import DeepseekV4ForCausalLM
+
+    return DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def prompt_logprobs(path: str | Path, ids: list[int]) -> torch.Tensor:
+    """[len(ids), vocab] float32: row j = log p(. | ids[:j+1])."""
+    model = _model(str(path))
+    return model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+
+
+@torch.no_grad()
+def greedy(path: str | Path, ids: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
+    """(tokens, top-2 gap of each step's distribution) of greedy decoding from ``ids``."""
+    model = _model(str(path))
+    out = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, output_scores=True,
+                         return_dict_in_generate=True, pad_token_id=0)
+    tokens = out.sequences[0, len(ids):].tolist()
+    gaps = []
+    for scores in out.scores:
+        top2 = scores[0].float().log_softmax(-1).topk(2).values
+        gaps.append(float(top2[0] - top2[1]))
+    return tokens, gaps
