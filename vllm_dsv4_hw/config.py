@@ -137,7 +137,7 @@ class DSV4Config:
                 n_shared_experts=int(cfg.get("n_shared_experts", 1)),
                 num_experts_per_tok=int(cfg.get("num_experts_per_tok", 6)),
                 routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.5)),
-                num_hash_layers=int(cfg.get("num_hash_layers", 3)),
+                num_hash_layers=_num_hash_layers_from_dict(cfg, n_layers),
                 swiglu_limit=float(cfg.get("swiglu_limit", 10.0)),
                 hc_mult=int(cfg.get("hc_mult", 4)),
                 hc_sinkhorn_iters=int(cfg.get("hc_sinkhorn_iters", 20)),
@@ -243,6 +243,9 @@ def _ratios_from_dict(cfg: dict, n_layers: int) -> tuple[int, ...]:
             )
         return tuple(ratios[:n_layers])
     if cfg.get("layer_types"):
+        if len(cfg["layer_types"]) < n_layers:
+            raise ConfigError(f"layer_types has {len(cfg['layer_types'])} entries, fewer than "
+                              f"num_hidden_layers={n_layers}")
         rates = {4: 4, 128: 128}
         custom = cfg.get("compress_rates") or {}
         out = []
@@ -253,6 +256,28 @@ def _ratios_from_dict(cfg: dict, n_layers: int) -> tuple[int, ...]:
             out.append(0 if key is None else int(custom.get(t, rates[key])))
         return tuple(out[:n_layers])
     raise ConfigError("neither compress_ratios nor layer_types is present")
+
+
+def _num_hash_layers_from_dict(cfg: dict, n_layers: int) -> int:
+    """The official ``num_hash_layers``, else transformers' ``mlp_layer_types`` (its config
+    ``to_dict()`` keeps only that: ``hash_moe`` for the first layers, then ``moe``), else 3."""
+    if "num_hash_layers" in cfg:
+        return int(cfg["num_hash_layers"])
+    types = cfg.get("mlp_layer_types")
+    if not types:
+        return 3
+    types = list(types)[:n_layers]
+    for i, t in enumerate(types):
+        if t not in ("hash_moe", "moe"):
+            raise ConfigError(f"mlp_layer_types[{i}] = {t!r} is not a DeepSeek V4 MLP type "
+                              f"('hash_moe', 'moe')")
+    n = 0
+    while n < len(types) and types[n] == "hash_moe":
+        n += 1
+    if "hash_moe" in types[n:]:
+        raise ConfigError(f"mlp_layer_types: the hash_moe layers must be the first ones, got "
+                          f"{types}")
+    return n
 
 
 def _yarn_from_dict(cfg: dict) -> YarnParams:

@@ -27,19 +27,31 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import torch
 from torch import nn
 
 from vllm_dsv4_hw.config import ConfigError, DSV4Config, validate_hf_config
-from vllm_dsv4_hw.model.quant_formats import dequantize_fp4_experts, dequantize_fp8_block
+from vllm_dsv4_hw.model.quant_formats import (
+    dequantize_fp4_experts,
+    dequantize_fp8_block,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckpointLoadError", "UnexpectedTensorError", "ShapeMismatchError",
-           "MissingTensorError", "QuantFormatError", "ConfigError", "load_weights",
-           "checkpoint_targets", "safetensors_weights", "validate_hf_config", "SKIPPED_PREFIXES"]
+__all__ = [
+    "SKIPPED_PREFIXES",
+    "CheckpointLoadError",
+    "ConfigError",
+    "MissingTensorError",
+    "QuantFormatError",
+    "ShapeMismatchError",
+    "UnexpectedTensorError",
+    "checkpoint_targets",
+    "load_weights",
+    "safetensors_weights",
+    "validate_hf_config",
+]
 
 SKIPPED_PREFIXES = ("mtp.",)
 _SCALE_SUFFIX = ".scale"
@@ -140,7 +152,7 @@ def _as_config(cfg) -> DSV4Config | None:
 
 @torch.no_grad()
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                 cfg: Union[DSV4Config, dict, None] = None) -> set[str]:
+                 cfg: DSV4Config | dict | None = None) -> set[str]:
     """Copy every ``(official name, tensor)`` of ``weights`` into ``model``; returns the state_dict
     keys loaded. Every model tensor must be loaded exactly once (else :class:`MissingTensorError`,
     listing the missing names); ``cfg`` (optional) enables the ``tid2eid`` range check."""
@@ -185,8 +197,11 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                 raise UnexpectedTensorError(
                     f"{name}: unexpected tensor (a scale for {wname}, which the model does "
                     f"not have)")
-            if wname in pending_s or wname in done:
+            if wname in pending_s:
                 raise CheckpointLoadError(f"{name}: appears twice in the checkpoint")
+            if wname in done:
+                raise UnexpectedTensorError(f"{name}: unexpected scale ({wname} was stored "
+                                            f"unquantized)")
             if wname in pending_q:
                 store_quantized(wname, pending_q.pop(wname), t)
             else:
@@ -206,15 +221,19 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
             else:
                 pending_q[name] = t
             continue
+        if name in pending_s:
+            raise UnexpectedTensorError(
+                f"{name[:-len(_WEIGHT_SUFFIX)]}{_SCALE_SUFFIX}: unexpected scale ({name} is "
+                f"stored unquantized, {t.dtype})")
         store(name, t)
 
     if pending_q:
         raise MissingTensorError(
             "quantized weight(s) without their .scale tensor: " + _listed(pending_q))
     if pending_s:
-        raise QuantFormatError(
-            "scale tensor(s) for weights stored unquantized or absent: "
-            + _listed(n[:-len(_WEIGHT_SUFFIX)] + _SCALE_SUFFIX for n in pending_s))
+        raise MissingTensorError(
+            "weight(s) missing from the checkpoint (only their .scale was found): "
+            + _listed(pending_s))
     missing = set(targets) - done
     if missing:
         raise MissingTensorError(f"{len(missing)} tensor(s) missing from the checkpoint: "
@@ -225,7 +244,7 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
     return {targets[n].param_name for n in done}
 
 
-def safetensors_weights(path: Union[str, os.PathLike]) -> Iterator[tuple[str, torch.Tensor]]:
+def safetensors_weights(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of every tensor of a checkpoint directory (``model.safetensors.index.json``
     shard order, else every ``*.safetensors`` file in name order), read lazily shard by shard."""
     from safetensors import safe_open
@@ -241,5 +260,5 @@ def safetensors_weights(path: Union[str, os.PathLike]) -> Iterator[tuple[str, to
         raise CheckpointLoadError(f"{root}: no safetensors files")
     for fname in files:
         with safe_open(str(root / fname), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
                 yield name, f.get_tensor(name)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["hc_mix_logits", "sinkhorn", "hc_pre", "hc_post", "hc_head", "hc_math_dtype"]
+__all__ = ["hc_head", "hc_math_dtype", "hc_mix_logits", "hc_post", "hc_pre", "sinkhorn"]
 
 
 def hc_math_dtype(dtype: torch.dtype) -> torch.dtype:

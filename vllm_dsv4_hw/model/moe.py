@@ -29,8 +29,17 @@ from torch import nn
 
 from vllm_dsv4_hw.config import DSV4Config
 
-__all__ = ["DSV4MoE", "MoEGate", "LinearWeight", "RoutedExperts", "SharedExpert", "sqrtsoftplus",
-           "swiglu", "route", "moe_math_dtype"]
+__all__ = [
+    "DSV4MoE",
+    "LinearWeight",
+    "MoEGate",
+    "RoutedExperts",
+    "SharedExpert",
+    "moe_math_dtype",
+    "route",
+    "sqrtsoftplus",
+    "swiglu",
+]
 
 
 def moe_math_dtype(dtype: torch.dtype) -> torch.dtype:

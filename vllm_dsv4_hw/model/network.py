@@ -26,7 +26,6 @@ positions and caches from a context its owner sets before the call)::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Union
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +36,7 @@ from vllm_dsv4_hw.config import DSV4Config, validate_hf_config
 from vllm_dsv4_hw.model.mhc import hc_head, hc_math_dtype, hc_post, hc_pre
 from vllm_dsv4_hw.model.moe import DSV4MoE, LinearWeight
 
-__all__ = ["DSV4Network", "DSV4DecoderLayer", "RMSNormParam", "MakeAttention"]
+__all__ = ["DSV4DecoderLayer", "DSV4Network", "MakeAttention", "RMSNormParam"]
 
 # make_attention(layer_id, compress_ratio) -> module with forward(x [T, D]) -> [T, D]
 MakeAttention = Callable[[int, int], nn.Module]
@@ -114,7 +113,7 @@ class DSV4Network(nn.Module):
     (the mHC mixes, the router weight and bias stay fp32, or fp64 for an fp64 network).
     """
 
-    def __init__(self, cfg: Union[DSV4Config, dict], make_attention: MakeAttention, *,
+    def __init__(self, cfg: DSV4Config | dict, make_attention: MakeAttention, *,
                  dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
