@@ -5,7 +5,7 @@
   (``kv_cache/vllm_specs.py``) and our backend (``vllm_backend.py``). vLLM's hybrid manager
   allocates its pages and binds them here.
 * :class:`VllmDSV4Attention` is :class:`~vllm_dsv4_hw.attention.layer.DSV4Attention` fed from
-  vLLM's forward context: it turns the groups' block tables into one ``StepMetadata`` per compress
+  vLLM's forward context: it turns the groups' block tables into one ``StepMetadata`` per
   step and set of KV cache groups (shared by the layers in the same groups) and the bound pages
   into ``LayerCaches``.
 * ``torch.ops.dsv4_hw.attention`` is the opaque custom-op boundary around the layer (with a fake
