@@ -61,16 +61,23 @@ def test_vllm_pool_plan_is_consistent(cfg, batched):
     assert p.bytes_per_block % math.lcm(*state_rows[: 3]) == 0
     assert p.num_blocks == (8 << 30) // p.bytes_per_block
     assert p.tokens == int(p.num_blocks / p.blocks_per_request * 65536)
-    # full group: one block per 256 positions
-    assert p.groups[0].blocks_per_request == 65536 // 256
+    # full group: one block per 256 positions, holding every compressed and indexer cache
+    full = [g for g in p.groups if "c4a_kv" in g.kinds]
+    assert len(full) == 1 and full[0].blocks_per_request == 65536 // 256
+    assert full[0].layers == cfg.layers_with_ratio(4) * 2 + cfg.layers_with_ratio(128)
 
 
-def test_vllm_pool_matches_vllm_log_for_tiny_flash():
-    # `vllm serve` of the tiny-flash checkpoint (fp8 + MXFP4, VLLM_CPU_KVCACHE_SPACE=1,
-    # --max-model-len 2048) logged: "CPU KV cache size: 12,829 tokens, Maximum concurrency for
-    # 2,048 tokens per request: 6.26x" (the serve suite re-checks this against a live server).
-    p = plan_vllm_pool(_tiny((0, 0, 4, 128, 4)), "fp8", "mxfp4", 1 << 30, 2048, 2048)
-    assert (p.tokens, round(p.max_concurrency, 2)) == (12829, 6.26)
+@pytest.mark.parametrize("formats,batched,logged", [
+    (("fp8", "mxfp4"), 2048, (12829, 6.26)),
+    # bf16 + bf16: c4a and indexer states both hold 8 rows a page, so vLLM buckets them together
+    (("bf16", "bf16"), 512, (86361, 42.17)),
+])
+def test_vllm_pool_matches_vllm_log_for_tiny_flash(formats, batched, logged):
+    # What `vllm serve` of the tiny-flash checkpoint logged (VLLM_CPU_KVCACHE_SPACE=1,
+    # --max-model-len 2048): "CPU KV cache size: N tokens, Maximum concurrency for 2,048 tokens
+    # per request: Xx" (the serve suite re-checks this against live servers).
+    p = plan_vllm_pool(_tiny((0, 0, 4, 128, 4)), *formats, 1 << 30, 2048, batched)
+    assert (p.tokens, round(p.max_concurrency, 2)) == logged
 
 
 def test_pool_rejects_nonsense():
