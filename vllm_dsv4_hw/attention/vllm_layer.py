@@ -64,6 +64,11 @@ class DSV4CacheLayer(nn.Module, AttentionLayerBase):
     def forward(self):  # the attention layer reads the pages; nothing runs here
         raise RuntimeError("DSV4CacheLayer is storage only")
 
+    @property
+    def rows_per_block(self) -> int:
+        """State caches: rows of the strided state matrix between one page and the next."""
+        return self.kv_cache.stride(0) // self.kv_cache.shape[3]
+
     def pages(self) -> torch.Tensor:
         """Entry caches: uint8 ``[num_pages, page_bytes]``; states: fp32 ``[rows, width]``."""
         c = self.kv_cache
@@ -82,7 +87,6 @@ class DSV4CacheLayer(nn.Module, AttentionLayerBase):
             if c.stride(0) % w:
                 raise KVLayoutError(f"{self.prefix}: block stride {c.stride(0)} is not a multiple "
                                     f"of the state row ({w} floats)")
-            self.rows_per_block = c.stride(0) // w
             rows = (nb - 1) * self.rows_per_block + n if nb else 0
             return torch.as_strided(c, (rows, w), (w, 1))
         return torch.as_strided(c, (nb, n * w), (c.stride(0), 1))
@@ -174,7 +178,6 @@ class VllmDSV4Attention(DSV4Attention):
             if plan is None:
                 continue
             layer = self.cache_layers[cache]
-            layer.pages()  # sets rows_per_block from the bound cache
             r, k = layer.lk.entries_per_page, layer.rows_per_block
 
             def remap(x: torch.Tensor) -> torch.Tensor:

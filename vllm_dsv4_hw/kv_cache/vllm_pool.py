@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kv_cache.blocks import cdiv
 from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
+from vllm_dsv4_hw.kv_cache.vllm_specs import KINDS_FOR_RATIO, STATE_KINDS
 
 __all__ = ["PoolGroup", "VllmPoolPlan", "plan_vllm_pool"]
 
-STATE_KINDS = ("c4a_state", "c128a_state", "indexer_state")
 
 
 @dataclass(frozen=True)
@@ -114,11 +114,9 @@ class _Bucket:
 def _buckets(cfg: DSV4Config, specs: dict) -> list[_Bucket]:
     """Layer caches in vLLM's registration order (layer by layer, ``vllm_specs.layer_kinds``
     order), bucketed as ``_get_packed_kv_cache_groups`` does."""
-    from vllm_dsv4_hw.kv_cache.vllm_specs import _KINDS_FOR_RATIO
-
     buckets: list[_Bucket] = []
     for layer, ratio in enumerate(cfg.compress_ratios):
-        for kind in _KINDS_FOR_RATIO[ratio]:
+        for kind in KINDS_FOR_RATIO[ratio]:
             s = specs[kind]
             key = (s.positions_per_page, s.sliding_window)
             b = next((b for b in buckets if (b.positions_per_page, b.window) == key), None)
