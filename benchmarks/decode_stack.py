@@ -545,6 +545,20 @@ class Runner:
         gc.collect()
 
     # -- decode -----------------------------------------------------------------------------------
+    def profile_kind(self, out: dict, kind: str, replay, eager, n_layers: int) -> None:
+        """Kernel tables of the layers of one kind (graph replay and eager), per layer."""
+        from benchmarks.stack.profile import kernel_table, print_table
+
+        for mode, fn in (("graph", replay), ("eager", eager)):
+            tab = kernel_table(fn, reps=3)
+            for key in ("wall_us", "busy_us", "launches"):
+                tab[key] /= n_layers
+            for r in tab["kernels"]:
+                r["launches"] /= n_layers
+                r["us_per_call"] /= n_layers
+            out.setdefault(kind, {})[mode] = tab
+            print_table(f"{kind} layer, {mode} (per layer, {n_layers} layers)", tab)
+
     @torch.no_grad()
     def decode_variant(self, model, caches, dm, p0, h_in, graphs: bool, streams: bool):
         from benchmarks.stack.floor import floor_for
@@ -612,6 +626,7 @@ class Runner:
         dm.positions.fill_(p0)
         metas = dm.derive()
         per_layer = {}
+        row_profile: dict = {}
         for k, ids in kinds.items():
             if graphs:
                 gk = torch.cuda.CUDAGraph()
@@ -624,6 +639,10 @@ class Runner:
                     stack.run(h_in, metas, layers, ids)
                 graphs_held.append(gk)
                 t = self.timer.loop(gk.replay, args.reps)
+                if args.profile:
+                    self.profile_kind(row_profile, k, gk.replay,
+                                      lambda ids=ids: stack.run(h_in, metas, layers, ids),
+                                      len(ids))
             else:
                 if dev.type != "cpu":
                     stack.run(h_in, metas, layers, ids)  # warm-up
@@ -648,6 +667,7 @@ class Runner:
             "per_layer_x_floor": {k: per_layer[k] / v["floor_ms"]
                                   for k, v in fl["per_layer"].items() if k in per_layer},
             "finite": finite,
+            "profile": row_profile or None,
             "peak_gib": (torch.cuda.max_memory_allocated() / GIB if dev.type == "cuda" else None),
         }
         return row, out
@@ -690,6 +710,8 @@ def main(argv=None) -> int:
                     help="device memory kept free for workspaces when sizing the batch")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no new variant after this many seconds")
+    ap.add_argument("--profile", action="store_true",
+                    help="kernel tables per layer kind (torch.profiler; graph replay and eager)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))

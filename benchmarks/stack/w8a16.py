@@ -94,8 +94,22 @@ def _interpreting(device: torch.device) -> bool:
 CVT_MODE = {"cvt": 2}
 
 
+def _auto_block_n(n: int, g: int) -> int:
+    # decode sweep (benchmarks/decode_kernels.py, H200): 32-wide column blocks win up to 8192
+    # output columns in all (wq_a, wkv, wo_a, indexer wq_b, wo_b), 64 for the wide wq_b
+    return 32 if n * g <= 8192 else 64
+
+
+def _auto_split_k(kb: int, base: int, sms: int) -> int:
+    """Split-K for ``base`` (column x group x row) blocks over ``kb`` 128-wide K blocks: enough
+    programs to cover the device twice when the blocks alone do not fill it (at most 8-way), and
+    at most 16 K blocks per program (long K loops, e.g. wo_b, run better split)."""
+    occupancy = 1 if base >= sms else min(8, -(-2 * sms // base))
+    return max(1, min(kb, max(-(-kb // 16), occupancy)))
+
+
 def w8a16_matmul(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, *,
-                 block_n: int = 64, num_warps: int = 4, num_stages: int = 4,
+                 block_n: int | None = None, num_warps: int = 4, num_stages: int = 3,
                  split_k: int | None = None, cvt: int | None = None) -> torch.Tensor:
     """x [M, K] with w8 [N, K] / scale [ceil(N/128), ceil(K/128)] -> [M, N];
     or grouped: x [M, G, K] with w8 [G, N, K] / scale [G, ...] -> [M, G, N]. Output in x's dtype
@@ -121,12 +135,14 @@ def w8a16_matmul(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, *,
     kb = triton.cdiv(k, BLOCK)
     bm = min(64, max(16, triton.next_power_of_2(max(m, 1))))
     n_mblk = triton.cdiv(m, bm)
+    if block_n is None:
+        block_n = _auto_block_n(n, g)
     n_nblk = triton.cdiv(n, block_n)
     base = n_nblk * g * n_mblk
     if split_k is None:
         if dev.type == "cuda":
             index = dev.index if dev.index is not None else torch.cuda.current_device()
-            split_k = max(1, min(kb, -(-2 * _sms(index) // base)))
+            split_k = _auto_split_k(kb, base, _sms(index))
         else:
             split_k = 1
     kps = triton.cdiv(kb, split_k)

@@ -117,8 +117,9 @@ def test_topk_real_dims(gen, backend):
 
 
 @pytest.mark.parametrize("backend", cpu_backends(INDEXER_TOPK))
-def test_topk_well_separated_exact_order(gen, backend):
-    """Scores constructed distinct and well apart: the exact set and the exact order are fixed."""
+def test_topk_well_separated_exact_set(gen, backend):
+    """Scores constructed distinct and well apart: the exact set is fixed (and, for the reference,
+    which returns descending score, the exact order; other backends may return any order)."""
     hi, di, n = 16, 16, 40
     fmt = FP32Format(dim=di, entries_per_page=8)
     vals = torch.randperm(n, generator=gen).double() + 1.0           # distinct scores 1..n
@@ -136,7 +137,9 @@ def test_topk_well_separated_exact_order(gen, backend):
                                       pos, 10)
     for row, visible in zip(out, [n, 20, 0]):
         order = sorted(range(visible), key=lambda s: -float(vals[s]))[:10]
-        assert row[: len(order)].tolist() == order
+        got = row[: len(order)].tolist()
+        assert (got if backend == "reference" else sorted(got, key=lambda s: -float(vals[s]))) \
+            == order
         assert (row[len(order):] == -1).all()
 
 
@@ -159,7 +162,7 @@ def test_topk_entry_completed_by_the_token_itself(gen, backend):
     out = impl(INDEXER_TOPK, backend)(q, w, cache, fmt, bt, torch.tensor(token_req),
                                       torch.tensor(token_pos), topk)
     check_all(out, q, w, stored, token_req, token_pos, topk)
-    assert int(out[0, 0]) == s_new                  # visible to the token that completes it
+    assert s_new in out[0].tolist()                 # visible to the token that completes it
     assert s_new not in out[1].tolist() and n not in out[1].tolist()
 
 

@@ -80,7 +80,8 @@ for name, d, ratio, coff, code, e, db, sb, out in (
     nb, bp = tc._layout(code, d)
     comp(tc._pool_kernel, psig,
          dict(D=d, RATIO=ratio, COFF=coff, NB=nb, BP=bp, GB=1, BLOCK_R=tc._block_r(ratio, d, 1),
-              E=e, DATA_BYTES=db, SCALE_BYTES=sb, FMT=code, OUT=out, ROPE=64),
+              E=e, DATA_BYTES=db, SCALE_BYTES=sb, FMT=code, OUT=out, ROPE=64,
+              SKIP_EMPTY=out == 0),
          f"pool {name}", num_warps=8 if d >= 512 else 4)
 print("RESULTS" + json.dumps(results))
 '''

@@ -5,6 +5,8 @@ loop without prefetch, the poisoned-workspace check and the hardware e4m3 decode
 at small shapes, against the reference op.
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -130,6 +132,16 @@ def test_plan_splits():
     assert tsa._plan_splits(2, 1, 0, 32, 64, 132, None) == (1, 32)
     s, c = tsa._plan_splits(1, 1, 40, 16, 64, 132, 100)  # forced, capped at one tile per split
     assert (s, c) == (3, 16)
+    # the CUDA plan (16-head blocks, 32-entry tiles, 32..256 per split) at the sweep's shapes
+    plan = functools.partial(tsa._plan_splits, block_n=32, min_chunk=32, cores=132,
+                             num_splits=None, max_chunk=256)
+    assert plan(1, 4, 128) == (4, 32)            # window only, B=1
+    assert plan(1, 4, 640) == (20, 32)           # c4a, B=1
+    assert plan(1, 4, 8320) == (65, 128)         # c128a at 1M, B=1
+    assert plan(4, 4, 640) == (10, 64)
+    assert plan(4, 4, 8320) == (33, 256)
+    assert plan(32, 4, 128) == (1, 128)          # big batch: no occupancy split
+    assert plan(32, 4, 8320) == (33, 256)        # ... but the per-program cap still applies
 
 
 @triton.jit

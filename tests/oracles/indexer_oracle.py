@@ -42,8 +42,9 @@ def expected_topk(q: torch.Tensor, weights: torch.Tensor, keys_per_req: list[tor
 def check_selection(selected: torch.Tensor, scores: torch.Tensor, k: int, tol: float) -> str | None:
     """Judge one token's output row against the oracle scores; None if fine, else why not.
 
-    Requirements: the first k indices are distinct visible entries, the rest -1; they come in
-    non-increasing oracle score (within tol); the set is a top-k set: where the oracle's k-th and
+    Requirements: the first k indices are distinct visible entries, the rest -1, in any order
+    (the contract's selection is a set; the reference's descending order is tested on its own);
+    the set is a top-k set: where the oracle's k-th and
     (k+1)-th scores are more than tol apart the set must equal the oracle's exactly, otherwise
     every selected score must be >= the oracle's k-th score - tol.
     """
@@ -60,9 +61,6 @@ def check_selection(selected: torch.Tensor, scores: torch.Tensor, k: int, tol: f
         return None
     order = sorted(range(n), key=lambda s: -float(scores[s]))
     kth = float(scores[order[k - 1]])
-    for a, b in zip(head, head[1:]):
-        if float(scores[b]) > float(scores[a]) + tol:
-            return f"not in descending score: {head}"
     gap = kth - float(scores[order[k]]) if k < n else float("inf")
     if gap > tol:
         if set(head) != set(order[:k]):

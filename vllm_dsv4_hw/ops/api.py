@@ -83,7 +83,8 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor
     Keys of request r, entry s live at slot ``block_table[r, s // E] * E + s % E`` with
     E = key_fmt entries per page. Score(t, s) = sum_h w[t,h] * relu(q[t,h] . k[s]); entry s is visible
     to token t iff ratio*s + ratio - 1 <= token_pos[t]. Returns [T, topk] int32 entry indices,
-    the top min(topk, visible) first in descending score, -1 after.
+    the top min(topk, visible) first, -1 after. The selected entries are a set: the reference
+    returns them in descending score, other backends in any order (the Triton one unsorted).
     """
     return _impl(INDEXER_TOPK, q)(q, weights, key_cache, key_fmt, block_table, token_req,
                                   token_pos, topk, ratio)

@@ -85,11 +85,19 @@ def _pool_kernel(state_ptr, rows_ptr, n_groups, n_gblocks, stride_state_pairs, s
                  D: tl.constexpr, RATIO: tl.constexpr, COFF: tl.constexpr,
                  NB: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr, BLOCK_R: tl.constexpr,
                  E: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
-                 FMT: tl.constexpr, OUT: tl.constexpr, ROPE: tl.constexpr):
+                 FMT: tl.constexpr, OUT: tl.constexpr, ROPE: tl.constexpr,
+                 SKIP_EMPTY: tl.constexpr):
     """GB groups per program (1 on GPUs; more under the interpreter, where per-op overhead
     dominates). Tile rows q = (group, block): QR = GB * NB rows of BP pairs; W = COFF * RATIO
     member rows per group."""
     for gblk in range(tl.program_id(0), n_gblocks, tl.num_programs(0)):  # grid-stride
+        if SKIP_EMPTY:
+            # one group per program, stored to the cache: a group without a cache slot (a decode
+            # token that completes no entry; graph-safe metadata carries one such group per token)
+            # stores nothing, so its member rows are not read at all
+            n_rows = tl.where(tl.load(cache_slot_ptr + gblk) >= 0, COFF * RATIO, 0)
+        else:
+            n_rows = COFF * RATIO
         q = tl.arange(0, GB * NB)
         gi = gblk * GB + q // NB                  # [QR] group of each tile row
         gv = gi < n_groups
@@ -105,7 +113,7 @@ def _pool_kernel(state_ptr, rows_ptr, n_groups, n_gblocks, stride_state_pairs, s
         l_o = tl.zeros([GB * NB, BP], tl.float32)
         a_e = tl.zeros([GB * NB, BP], tl.float32)
         a_o = tl.zeros([GB * NB, BP], tl.float32)
-        for r0 in range(0, COFF * RATIO, BLOCK_R):
+        for r0 in range(0, n_rows, BLOCK_R):
             r = r0 + tl.arange(0, BLOCK_R)                    # [BLOCK_R] member rows, oldest first
             slot = tl.load(rows_ptr + g64[None, :] * stride_rows + r[:, None],
                            mask=(r[:, None] < COFF * RATIO) & gv[None, :],
@@ -254,8 +262,15 @@ _INTERP_TOKENS = 256
 def _block_r(ratio: int, d: int, gb: int) -> int:
     # member rows per iteration: 4 tiles of [BLOCK_R, GB * d/2] fp32 live at once
     w = _coff(ratio) * ratio
-    budget = 4096 if gb == 1 else 1 << 18
+    budget = POOL_CONFIG["row_budget"] if gb == 1 else 1 << 18
     return max(1, min(w, budget // (gb * d)))
+
+
+# GPU launch knobs of the pool kernel (benchmarks/decode_kernels.py sweeps them): member-row
+# elements per iteration (BLOCK_R = row_budget // d) and warps for d >= 512 / smaller d.
+# Sweep at decode (H200, 2026-11-29): row_budget 1024 (2 rows of d = 512 per iteration) pools a
+# completed c128a group in 32 us against 56 us at 4096; small d is insensitive.
+POOL_CONFIG = {"row_budget": 1024, "warps_large": 8, "warps_small": 4}
 
 
 def _launch_pool(state, group_rows, ratio, coff, d, fmt_code, out_mode, *, norm_weight=None,
@@ -285,7 +300,8 @@ def _launch_pool(state, group_rows, ratio, coff, d, fmt_code, out_mode, *, norm_
                        D=d, RATIO=ratio, COFF=coff, NB=nb, BP=bp, GB=gb,
                        BLOCK_R=_block_r(ratio, d, gb),
                        E=e, DATA_BYTES=data_bytes, SCALE_BYTES=scale_bytes, FMT=fmt_code,
-                       OUT=out_mode, ROPE=rope_dim, num_warps=8 if d >= 512 else 4)
+                       OUT=out_mode, ROPE=rope_dim, SKIP_EMPTY=out_mode == _OUT_CACHE and gb == 1,
+                       num_warps=POOL_CONFIG["warps_large" if d >= 512 else "warps_small"])
 
 
 @register_op(api.COMPRESSOR_POOL, "triton")

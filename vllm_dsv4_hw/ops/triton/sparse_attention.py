@@ -333,21 +333,22 @@ def _fp8_hw(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-# Tunables per device kind: BLOCK_H cap, BLOCK_N, num_warps, num_stages, min candidates per split,
-# register prefetch of the next tile, maxnreg (NVIDIA register cap; None = compiler's choice).
+# Tunables per device kind: BLOCK_H cap, BLOCK_N, num_warps, num_stages, candidates per split
+# (min_chunk: the smallest split when splitting for occupancy; max_chunk: the longest one, None =
+# no cap), register prefetch of the next tile, maxnreg (NVIDIA register cap; None = compiler's).
 # BLOCK_H is max(16, next_pow2(H)) capped at ``block_h`` (tl.dot needs M >= 16).
-# CUDA defaults come from offline sm_90 builds (ptxas register / spill counts, no GPU run): fp8 with
-# BLOCK_H 32 / BLOCK_N 16 / 8 warps takes 136 registers without prefetch and 183 with it (no
-# spills; one 8-warp program per SM either way, so the prefetch costs no occupancy); BLOCK_N 32,
-# BLOCK_H 64, or 4 warps with BLOCK_H 32 spill (255 registers + stack). maxnreg=128 without prefetch
-# (32 B of spill) would fit two programs per SM. The benchmark's --sweep compares these on the GPU.
+# CUDA: from the decode sweep on the H200 (benchmarks/decode_kernels.py, 2026-11-29; window 128 +
+# 0 / 512 / 8192 compressed, B 1 / 4 / 32): 16 heads per program, 32-entry tiles, 4 warps, splits
+# of 32..256 candidates. Against the earlier 32 / 16 / 8 warps / >= 64: B=1 window only 19.1 ->
+# 10.8 us, c4a (512) 21.8 -> 13.4 us, c128a at 1M (8192) 42.0 -> 34.2 us; B=32 at 8192:
+# 1129 -> 659 us. Each entry tile is read once per head block (from L2 after the first).
 CONFIGS = {
-    "cuda": dict(block_h=32, block_n=16, num_warps=8, num_stages=1, min_chunk=64, prefetch=True,
-                 maxnreg=None),
-    "npu": dict(block_h=16, block_n=32, num_warps=4, num_stages=1, min_chunk=64, prefetch=False,
-                maxnreg=None),
-    "interp": dict(block_h=64, block_n=64, num_warps=4, num_stages=1, min_chunk=64, prefetch=True,
-                   maxnreg=None),
+    "cuda": dict(block_h=16, block_n=32, num_warps=4, num_stages=1, min_chunk=32, max_chunk=256,
+                 prefetch=True, maxnreg=None),
+    "npu": dict(block_h=16, block_n=32, num_warps=4, num_stages=1, min_chunk=64, max_chunk=None,
+                prefetch=False, maxnreg=None),
+    "interp": dict(block_h=64, block_n=64, num_warps=4, num_stages=1, min_chunk=64,
+                   max_chunk=None, prefetch=True, maxnreg=None),
 }
 
 
@@ -358,15 +359,18 @@ def _config(device: torch.device) -> dict:
 
 
 def _plan_splits(t: int, num_hb: int, n_cand: int, block_n: int, min_chunk: int, cores: int,
-                 num_splits: int | None) -> tuple[int, int]:
-    """(splits, chunk): chunk is a multiple of block_n and splits * chunk >= n_cand."""
+                 num_splits: int | None, max_chunk: int | None = None) -> tuple[int, int]:
+    """(splits, chunk): chunk is a multiple of block_n and splits * chunk >= n_cand. Splits: at
+    most ``max_chunk`` candidates per program; when the (token, head block) programs fill less
+    than half the device, enough splits of >= ``min_chunk`` for two programs per core."""
     if n_cand <= 0:
         return 1, block_n
     if num_splits is None:
         base = t * num_hb
-        num_splits = 1
+        num_splits = math.ceil(n_cand / max_chunk) if max_chunk else 1
         if 2 * base <= cores and n_cand > min_chunk:  # less than half the device busy
-            num_splits = min(math.ceil(cores / base), math.ceil(n_cand / min_chunk))
+            num_splits = max(num_splits, min(math.ceil(2 * cores / base),
+                                             math.ceil(n_cand / min_chunk)))
     num_splits = max(1, min(int(num_splits), math.ceil(n_cand / block_n)))
     chunk = math.ceil(math.ceil(n_cand / num_splits) / block_n) * block_n
     return math.ceil(n_cand / chunk), chunk
@@ -489,7 +493,7 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
         assert block_d == 512
     num_hb = triton.cdiv(h, bh)
     splits, chunk = _plan_splits(t, num_hb, n_w + n_c, bn, cfg["min_chunk"], _num_cores(dev),
-                                 num_splits)
+                                 num_splits, cfg.get("max_chunk"))
     split = splits > 1
     if split:
         ws_acc = torch.empty(t, h, splits, d, dtype=torch.float32, device=dev)

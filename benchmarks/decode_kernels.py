@@ -1,0 +1,275 @@
+"""Launch-parameter sweep of the decode-path kernels at the shapes of one decode step (issue 6).
+
+    python -m benchmarks.decode_kernels --out $OUT            # H200: all ops (~4 min)
+    python -m benchmarks.decode_kernels --only gemm,pool
+
+Why: the decode step's time is a few kernels (``decode_stack --profile``), each far from its own
+floor at batch 1; their launch parameters were chosen for prefill-sized or mid-batch cases. Every
+config is timed the way the stack runs it: captured in a CUDA graph (``INNER`` calls per replay,
+rotating over several input sets so weights and keys do not sit in L2), median over replays.
+
+Ops and knobs:
+
+* ``gemm``: the W8A16 FP8 GEMM (``benchmarks.stack.w8a16``) at every projection of V4-Flash / Pro,
+  M = 1, 4, 32: BN x split-K x stages (the split-K reduction's extra launches included);
+* ``attn``: ``sparse_attention`` at window 128 + K compressed (0, 512 = top-k, 8192 = c128a at 1M),
+  B = 1, 4, 32: BLOCK_H x BLOCK_N x warps x candidates per split;
+* ``index``: the indexer score kernel at 128K / 1M context, B = 1, 4, 32: BLOCK_S x ITERS x warps;
+* ``topk``: ``torch.topk`` sorted vs unsorted over the score row;
+* ``pool``: ``compressor_store`` of one decode token per request, completing a group or not
+  (graph-safe metadata: slot -1), per row budget and warps.
+
+JSON (``decode_kernels.json``): per op and shape, every config's microseconds, the best and the
+current default, and the floor (bytes once / 4.3 TB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+
+import torch
+
+HBM = 4.3e12
+INNER = 8
+
+
+def graph_us(fn, n_sets: int, inner: int = INNER, reps: int = 7) -> float:
+    """Median microseconds of one ``fn(i)`` call (i cycles over the input sets), graph-replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(2):
+            fn(i % n_sets)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(inner):
+            fn(i % n_sets)
+    g.replay()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    ev[0].record()
+    for i in range(reps):
+        g.replay()
+        ev[i + 1].record()
+    torch.cuda.synchronize()
+    ts = sorted(ev[i].elapsed_time(ev[i + 1]) for i in range(reps))
+    del g
+    return ts[reps // 2] * 1e3 / inner
+
+
+def _try(fn, n_sets):
+    try:
+        return graph_us(fn, n_sets)
+    except Exception as exc:  # a config out of resources
+        torch.cuda.synchronize()
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+
+
+def _summary(op, shape, results: dict, default_key, floor_us):
+    ok = {k: v for k, v in results.items() if isinstance(v, float)}
+    best = min(ok, key=ok.get) if ok else None
+    row = {"op": op, "shape": shape, "floor_us": floor_us, "best": best,
+           "best_us": ok.get(best), "default": default_key,
+           "default_us": results.get(default_key), "configs": results}
+    print(f"{op:6s} {shape:42s} default {_f(row['default_us'])} best {_f(row['best_us'])} "
+          f"floor {floor_us:6.2f}  {best}", flush=True)
+    return row
+
+
+def _f(v):
+    return f"{v:7.2f}" if isinstance(v, float) else "   fail"
+
+
+# -- gemm ---------------------------------------------------------------------------------------------
+GEMM_SHAPES = {  # name: (groups, N, K)
+    "flash wq_a": (1, 1024, 4096), "flash wkv": (1, 512, 4096), "flash wq_b": (1, 32768, 1024),
+    "flash wo_a": (8, 1024, 4096), "flash wo_b": (1, 4096, 8192), "flash idx wq_b": (1, 8192, 1024),
+    "pro wq_a": (1, 1536, 7168), "pro wq_b": (1, 65536, 1536), "pro wo_b": (1, 7168, 16384),
+}
+
+
+def sweep_gemm(dev, batches):
+    from benchmarks.stack.fp8 import quantize_blockwise
+    from benchmarks.stack.w8a16 import w8a16_matmul
+
+    rows = []
+    for name, (g, n, k) in GEMM_SHAPES.items():
+        n_sets = max(2, min(6, math.ceil(200e6 / (g * n * k))))
+        ws = []
+        for _ in range(n_sets):
+            w = torch.randn(g, n, k, device=dev) if g > 1 else torch.randn(n, k, device=dev)
+            ws.append(quantize_blockwise(w))
+            del w
+        kb = math.ceil(k / 128)
+        for m in batches:
+            x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
+            res = {}
+            res["default"] = _try(lambda i: w8a16_matmul(x, *ws[i]), n_sets)
+            for bn in (32, 64, 128):
+                for sk in (1, 2, 4, 8, 16):
+                    if sk > kb:
+                        continue
+                    for st in (3, 4, 6):
+                        key = f"bn={bn} split={sk} stages={st}"
+                        res[key] = _try(lambda i: w8a16_matmul(x, *ws[i], block_n=bn, split_k=sk,
+                                                               num_stages=st), n_sets)
+            floor = (g * n * k + g * math.ceil(n / 128) * kb * 4) / HBM * 1e6
+            rows.append(_summary("gemm", f"{name} M={m}", res, "default", floor))
+        del ws
+        torch.cuda.empty_cache()
+    return rows
+
+
+# -- sparse attention ---------------------------------------------------------------------------------
+def sweep_attn(dev, batches):
+    from benchmarks.gpu.sparse_attention import make_inputs
+    from vllm_dsv4_hw.ops.triton import sparse_attention as tsa
+
+    rows = []
+    for k_comp in (0, 512, 8192):
+        for b in batches:
+            n_sets = 3
+            sets = [make_inputs(dev, "fp8_ds_mla", b, topk=max(k_comp, 1),
+                                cache_entries=1 << 20 if k_comp else 4096)[0]
+                    for _ in range(n_sets)]
+            if not k_comp:
+                sets = [a[:3] + (None, None) + a[5:] for a in sets]
+            outs = [torch.empty_like(a[0]) for a in sets]
+            res = {"default": _try(lambda i: tsa.sparse_attention_triton(*sets[i], out=outs[i]),
+                                   n_sets)}
+            n_cand = 128 + k_comp
+            for bh in (16, 32, 64):
+                for bn in (16, 32):
+                    for nw in (4, 8):
+                        for chunk in (16, 32, 64, 128, 256):
+                            if chunk < bn:
+                                continue
+                            splits = max(1, math.ceil(n_cand / chunk))
+                            key = f"bh={bh} bn={bn} warps={nw} chunk={chunk}"
+                            res[key] = _try(lambda i: tsa.sparse_attention_triton(
+                                *sets[i], out=outs[i], block_h=bh, block_n=bn, num_warps=nw,
+                                num_splits=splits), n_sets)
+            floor = b * n_cand * 584 / HBM * 1e6
+            rows.append(_summary("attn", f"W=128 K={k_comp} B={b}", res, "default", floor))
+            del sets, outs
+            torch.cuda.empty_cache()
+    return rows
+
+
+# -- indexer ------------------------------------------------------------------------------------------
+def sweep_index(dev, batches):
+    from benchmarks.gpu.indexer import _decode_reqs, make_inputs
+    from vllm_dsv4_hw.ops.triton import indexer as ti
+
+    rows = []
+    for ctx in (131072, 1048576):
+        for b in batches:
+            n_sets = 3 if b * ctx <= 4 * 1048576 else 1
+            sets = [make_inputs(dev, "mxfp4", _decode_reqs(b, ctx))[0] for _ in range(n_sets)]
+            fmt = sets[0][3]
+            n_max = sets[0][4].shape[1] * fmt.entries_per_page
+            bufs = [torch.empty(b, n_max, device=dev) for _ in range(n_sets)]
+            res = {"default": _try(lambda i: ti.indexer_scores(*sets[i], 4, out=bufs[i]), n_sets)}
+            for bs in (32, 64, 128, 256):
+                for it in (1, 4, 16):
+                    for nw in (4, 8):
+                        for st in (2, 3):
+                            key = f"block_s={bs} iters={it} warps={nw} stages={st}"
+                            res[key] = _try(lambda i: ti.indexer_scores(
+                                *sets[i], 4, out=bufs[i], block_s=bs, iters=it, num_warps=nw,
+                                num_stages=st), n_sets)
+            floor = b * (ctx // 4) * fmt.entry_bytes / HBM * 1e6
+            rows.append(_summary("index", f"ctx={ctx} B={b}", res, "default", floor))
+            del sets, bufs
+            torch.cuda.empty_cache()
+    return rows
+
+
+def sweep_topk(dev, batches):
+    rows = []
+    for n in (32768, 262144):
+        for b in batches:
+            sets = [torch.randn(b, n, device=dev) for _ in range(3)]
+            res = {}
+            for srt in (True, False):
+                res[f"sorted={srt}"] = _try(lambda i: torch.topk(sets[i], 512, dim=-1,
+                                                                 sorted=srt), 3)
+            rows.append(_summary("topk", f"n={n} B={b}", res, "sorted=True", b * n * 4 / HBM * 1e6))
+    return rows
+
+
+# -- compressor pool ----------------------------------------------------------------------------------
+def sweep_pool(dev, batches):
+    from benchmarks.gpu.compressor import _decode_reqs, make_step
+    from vllm_dsv4_hw.ops.triton import compressor as tc
+
+    rows = []
+    saved = dict(tc.POOL_CONFIG)
+    for case, fmt_name, ratio in (("c128a", "fp8_ds_mla", 128), ("c4a", "fp8_ds_mla", 4),
+                                  ("indexer", "mxfp4", 4)):
+        for b in batches:
+            for complete in (True, False):
+                gen = torch.Generator().manual_seed(1)
+                sets = []
+                for _ in range(3):
+                    st = make_step(dev, case, fmt_name, _decode_reqs(b, ratio, gen))
+                    a = list(st["args"])
+                    if not complete:  # graph-safe metadata of a step completing nothing
+                        a[6] = torch.full_like(a[6], -1)
+                        a[13] = torch.full_like(a[13], -1)
+                    sets.append(a)
+                res = {}
+                for budget in (512, 1024, 2048, 4096, 8192):
+                    for w in (4, 8):
+                        tc.POOL_CONFIG.update(row_budget=budget, warps_large=w, warps_small=w)
+                        res[f"row_budget={budget} warps={w}"] = _try(
+                            lambda i: tc.compressor_store(*sets[i]), 3)
+                tc.POOL_CONFIG.update(saved)
+                d = st["d"]
+                coff = st["coff"]
+                rd = b * coff * ratio * 2 * coff * d * 4 if complete else 0
+                floor = rd / HBM * 1e6
+                default = (f"row_budget={saved['row_budget']} "
+                           f"warps={saved['warps_large'] if d >= 512 else saved['warps_small']}")
+                rows.append(_summary("pool", f"{case} B={b} complete={complete}", res, default,
+                                     floor))
+    return rows
+
+
+SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": sweep_index,
+          "gemm": sweep_gemm}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(SWEEPS))
+    ap.add_argument("--batches", default="1,4,32")
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_kernels needs a CUDA GPU (it times graph replays)")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    batches = [int(b) for b in args.batches.split(",")]
+    data = {"schema": "decode_kernels/1", "machine": torch.cuda.get_device_name(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "python -m benchmarks.decode_kernels " + " ".join(
+                sys.argv[1:] if argv is None else argv),
+            "torch": torch.__version__, "rows": []}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "decode_kernels.json")
+    for name in args.only.split(","):
+        data["rows"] += SWEEPS[name](dev, batches)
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
