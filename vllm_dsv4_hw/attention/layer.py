@@ -15,11 +15,12 @@ and the sink are fp32 (the compressor runs in fp32); the rest has the layer's dt
 ``forward(x [T, hidden], meta, caches)`` runs one step of a varlen batch (prefill chunks and decode
 tokens mixed) over paged caches:
 
-1. q_r = RMSNorm_w(W_qa x); kv = RMSNorm_w(W_kv x)             (``qkv_rms_norm``)
-2. branch 0 (c4a): indexer compressor step (state rows, completed keys into the indexer cache);
-   q^I = RoPE(W_qb^I q_r); head weights w = (W_w x) * 128^-0.5 * 64^-0.5; top-k entry indices
-   -> compressed-cache slots
-3. branch 1 (c4a, c128a): main compressor step (state rows, completed entries into ``caches.comp``)
+1. branch 0 (c4a), part 1: indexer compressor step (state rows, completed keys into the indexer
+   cache); head weights w = (W_w x) * 128^-0.5 * 64^-0.5
+2. branch 1 (c4a, c128a): main compressor step (state rows, completed entries into ``caches.comp``)
+3. main: q_r = RMSNorm_w(W_qa x); kv = RMSNorm_w(W_kv x)       (``qkv_rms_norm``)
+   branch 0, part 2 (after q_r): q^I = RoPE(W_qb^I q_r); top-k entry indices -> compressed-cache
+   slots
 4. main: q = RoPE(RMSNorm(W_qb q_r) per head); kv = RoPE(kv) inserted into the window cache
    (``qnorm_rope_kv_insert``)
 5. join; sparse attention over window + compressed candidates with the sink, scale 512^-0.5
@@ -200,20 +201,26 @@ class DSV4Attention(nn.Module):
         pos = meta.positions
         cos_sin = self.cos_sin
 
-        # 1. q_r (also feeds the indexer) and the shared KV vector: both norms in one op.
-        q_r, kv = ops.qkv_rms_norm(self.wq_a(x), self.q_norm.weight, self.wkv(x),
-                                   self.kv_norm.weight, self.eps)
-
+        # The branches fork before the q / kv projections: what needs only x (both compressors,
+        # the indexer's head weights) overlaps the main stream's projections too; the indexer's
+        # query half rejoins its branch once q_r exists.
         aux = self._streams(x.device)
         x32 = x.float() if self.ratio else None
         comp_slots = meta.comp_slots  # c128a: every visible entry; c4a: from the indexer below
         if self.ratio == 4:
-            with aux.branch(BRANCH_INDEXER, keep_alive=(x, x32, q_r)):
-                comp_slots = self._indexer_slots(x, x32, q_r, meta, caches)
+            with aux.branch(BRANCH_INDEXER, keep_alive=(x, x32)):
+                head_w = self._indexer_keys_and_weights(x, x32, meta, caches)
         if self.ratio:
             with aux.branch(BRANCH_MAIN_COMPRESSOR, keep_alive=(x32,)):
                 self.compressor.step(x32, pos, meta.main_plan, caches.main_state, caches.comp,
                                      caches.comp_format, cos_sin, self.eps)
+
+        # 1. q_r (also feeds the indexer) and the shared KV vector: both norms in one op.
+        q_r, kv = ops.qkv_rms_norm(self.wq_a(x), self.q_norm.weight, self.wkv(x),
+                                   self.kv_norm.weight, self.eps)
+        if self.ratio == 4:
+            with aux.branch(BRANCH_INDEXER, keep_alive=(q_r, head_w)):
+                comp_slots = self._indexer_select(q_r, head_w, meta, caches)
 
         # 4. Main stream: per-head weightless RMSNorm + RoPE of q; RoPE of kv and its insert
         #    into the window cache (one fused op).
@@ -241,17 +248,23 @@ class DSV4Attention(nn.Module):
         wo_a = self.wo_a.weight.view(self.o_groups, self.o_lora_rank, -1)
         return ops.grouped_o_proj(o, wo_a, self.wo_b.weight)
 
-    def _indexer_slots(self, x: torch.Tensor, x32: torch.Tensor, q_r: torch.Tensor,
-                       meta: StepMetadata, caches: LayerCaches) -> torch.Tensor:
+    def _indexer_keys_and_weights(self, x: torch.Tensor, x32: torch.Tensor, meta: StepMetadata,
+                                  caches: LayerCaches) -> torch.Tensor:
+        """The indexer's half that needs only x: its compressor step (first, so that an entry
+        completed by this very token is scorable) and the per-head weights [T, Hi] fp32."""
+        idx = self.indexer
+        idx.compressor.step(x32, meta.positions, meta.indexer_plan, caches.indexer_state,
+                            caches.indexer, caches.indexer_format, self.cos_sin, self.eps)
+        return idx.weights_proj(x).float() * (idx.head_dim ** -0.5 * idx.n_heads ** -0.5)
+
+    def _indexer_select(self, q_r: torch.Tensor, w: torch.Tensor, meta: StepMetadata,
+                        caches: LayerCaches) -> torch.Tensor:
+        """The indexer's query half: q^I, the top-k entries, their compressed-cache slots."""
         idx = self.indexer
         pos = meta.positions
-        t = x.shape[0]
-        # The indexer's compressor runs first: an entry completed by this very token is scorable.
-        idx.compressor.step(x32, pos, meta.indexer_plan, caches.indexer_state, caches.indexer,
-                            caches.indexer_format, self.cos_sin, self.eps)
+        t = q_r.shape[0]
         qi = idx.wq_b(q_r).view(t, idx.n_heads, idx.head_dim)
         qi = ops.rope(qi, pos, self.cos_sin)
-        w = idx.weights_proj(x).float() * (idx.head_dim ** -0.5 * idx.n_heads ** -0.5)
         top = ops.indexer_topk(qi, w, caches.indexer, caches.indexer_format,
                                meta.block_tables.indexer, meta.token_req, pos, idx.topk, 4)
         if self.capture_topk:
