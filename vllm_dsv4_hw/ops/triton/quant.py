@@ -194,6 +194,19 @@ def e2m1_to_f32(nib):
 
 
 @triton.jit
+def e2m1_scaled_f32(nib, se):
+    """e2m1 nibble codes (int32 0..15) times the ue8m0 scale 2^(sb - 127), given as
+    ``se = (sb - 1) << 23`` with 2 <= sb <= 252, built as fp32 bits with integer ops (exact).
+
+    Magnitude code c = (e << 1) | m: for e >= 1 the value 2^(e-1) (1 + m/2) 2^(sb-127) has the
+    fp32 bits (c << 22) + se (exponent e + sb - 1, top mantissa bit m); c = 1 (0.5) is 2^(sb-128),
+    the bits ``se`` alone; c = 0 is zero. Bit 3 of the code is the sign."""
+    c = nib & 0x7
+    bits = tl.where(c >= 2, (c << 22) + se, tl.where(c == 1, se, 0))
+    return (bits | ((nib & 0x8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def f32_to_e2m1(v):
     """fp32 -> e2m1 nibble codes (int32 0..15): nearest value, ties to the even code, saturating at
     +-6; sign bit as IEEE (bit-exact with ``kv_cache.formats.mxfp4.e2m1_encode``)."""
@@ -311,12 +324,17 @@ def load_entry_pairs(cache_ptr, pair_off, scale_off, j, mask, FMT: tl.constexpr,
         if SCALE_WORD:
             word = tl.load(cache_ptr.to(tl.pointer_type(tl.uint32)) + scale_off, mask=mask,
                            other=0x7F7F7F7F)
-            sb = (word >> (8 * (j // 16)).to(tl.uint32)) & 0xFF
+            sb = ((word >> (8 * (j // 16)).to(tl.uint32)) & 0xFF).to(tl.int32)
         else:
-            sb = tl.load(cache_ptr + scale_off + j // 16, mask=mask, other=127)
-        sc = ue8m0_to_f32(sb)
-        ve = e2m1_to_f32(b & 0xF) * sc
-        vo = e2m1_to_f32(b >> 4) * sc
+            sb = tl.load(cache_ptr + scale_off + j // 16, mask=mask, other=127).to(tl.int32)
+        # Integer decode with the scale folded into the exponent (e2m1_scaled_f32) for scale
+        # bytes in [2, 252] (every real key); a byte outside is clamped into that range and the
+        # value multiplied by the power of two left over (exact, as the general product is).
+        sbc = tl.minimum(tl.maximum(sb, 2), 252)
+        se = (sbc - 1) << 23
+        rest = ((sb - sbc + 127) << 23).to(tl.float32, bitcast=True)
+        ve = e2m1_scaled_f32(b & 0xF, se) * rest
+        vo = e2m1_scaled_f32(b >> 4, se) * rest
     return ve, vo
 
 
