@@ -11,11 +11,15 @@ rotating over several input sets so weights and keys do not sit in L2), median o
 Ops and knobs:
 
 * ``gemm``: the W8A16 FP8 GEMM (``benchmarks.stack.w8a16``) at every projection of V4-Flash / Pro,
-  M = 1, 4, 32: BN x split-K x stages (the split-K reduction's extra launches included);
+  M = 1, 4, 32: BN x split-K x stages (the split-K reduction's extra launches included); at M = 1
+  these are the gemv kernel's, and ``dot kernel`` is the tensor-core kernel's default;
 * ``attn``: ``sparse_attention`` at window 128 + K compressed (0, 512 = top-k, 8192 = c128a at 1M),
   B = 1, 4, 32: BLOCK_H x BLOCK_N x warps x candidates per split;
 * ``index``: the indexer score kernel at 128K / 1M context, B = 1, 4, 32: BLOCK_S x ITERS x warps;
-* ``topk``: ``torch.topk`` sorted vs unsorted over the score row;
+* ``topk``: ``torch.topk`` sorted vs unsorted over the score row vs ``radix_topk`` (its output's
+  -1 fill is not timed: the indexer allocates that buffer anyway). A two-stage torch variant
+  (top-k of chunks, then of the survivors) was tried on 2026-11-29 and lost at every shape: 71-150
+  us vs 62-71 us at 256K scores;
 * ``pool``: ``compressor_store`` of one decode token per request, completing a group or not
   (graph-safe metadata: slot -1), per row budget and warps.
 
@@ -112,6 +116,8 @@ def sweep_gemm(dev, batches):
             x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
             res = {}
             res["default"] = _try(lambda i: w8a16_matmul(x, *ws[i]), n_sets)
+            if m == 1:  # the tensor-core kernel at M = 1, for comparison with the gemv default
+                res["dot kernel"] = _try(lambda i: w8a16_matmul(x, *ws[i], gemv=False), n_sets)
             for bn in (32, 64, 128):
                 for sk in (1, 2, 4, 8, 16):
                     if sk > kb:
@@ -193,6 +199,8 @@ def sweep_index(dev, batches):
 
 
 def sweep_topk(dev, batches):
+    from vllm_dsv4_hw.ops.triton.topk import radix_topk
+
     rows = []
     for n in (32768, 262144):
         for b in batches:
@@ -201,6 +209,8 @@ def sweep_topk(dev, batches):
             for srt in (True, False):
                 res[f"sorted={srt}"] = _try(lambda i: torch.topk(sets[i], 512, dim=-1,
                                                                  sorted=srt), 3)
+            outs = [torch.full((b, 512), -1, dtype=torch.int32, device=dev) for _ in range(3)]
+            res["radix"] = _try(lambda i: radix_topk(sets[i], 512, outs[i]), 3)
             rows.append(_summary("topk", f"n={n} B={b}", res, "sorted=True", b * n * 4 / HBM * 1e6))
     return rows
 

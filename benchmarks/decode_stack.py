@@ -710,6 +710,8 @@ def main(argv=None) -> int:
                     help="device memory kept free for workspaces when sizing the batch")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no new variant after this many seconds")
+    ap.add_argument("--indexer-select", default="radix", choices=("radix", "torch"),
+                    help="indexer top-k selection: radix select kernels or torch.topk")
     ap.add_argument("--profile", action="store_true",
                     help="kernel tables per layer kind (torch.profiler; graph replay and eager)")
     ap.add_argument("--seed", type=int, default=0)
@@ -752,6 +754,9 @@ def main(argv=None) -> int:
         dev = torch.device("cuda", torch.cuda.current_device())
     from benchmarks.stack import fp8
 
+    from vllm_dsv4_hw.ops.triton import indexer as triton_indexer
+
+    triton_indexer.SELECT["impl"] = args.indexer_select
     gemm = fp8.set_gemm(args.fp8_gemm)
     gemm.resolve(dev)
     try:
@@ -774,6 +779,7 @@ def main(argv=None) -> int:
                      "max_prefill_tokens": args.max_prefill_tokens,
                      "kv_format": args.kv_format, "indexer_format": args.indexer_format,
                      "meta_impl": args.meta_impl, "activation_dtype": "bfloat16",
+                     "indexer_select": args.indexer_select,
                      "left_out": ["MoE (routed + shared experts)", "mHC hyper-connections",
                                   "embedding / LM head", "MTP layer"]},
         "fp8_gemm": gemm.describe(),

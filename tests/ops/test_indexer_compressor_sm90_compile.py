@@ -1,4 +1,4 @@
-"""Ahead-of-time compile of the indexer / compressor Triton kernels for an H100/H200 (sm_90), on a
+"""Ahead-of-time compile of the indexer / compressor / top-k Triton kernels for an H100/H200 (sm_90), on a
 machine without a GPU: catches what the interpreter accepts but the GPU compiler rejects (globals that
 are not constexpr, dot shapes and dtypes, layout conversions, pointer casts), before any GPU run.
 
@@ -26,7 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from vllm_dsv4_hw.ops.triton import compressor as tc, indexer as ti, quant
+from vllm_dsv4_hw.ops.triton import compressor as tc, indexer as ti, quant, topk as tk
 
 target = GPUTarget("cuda", 90, 32)
 DIV16 = {"q_ptr", "w_ptr", "cache_ptr", "bt_ptr", "req_ptr", "pos_ptr", "out_ptr", "stride_qt",
@@ -83,6 +83,14 @@ for name, d, ratio, coff, code, e, db, sb, out in (
               E=e, DATA_BYTES=db, SCALE_BYTES=sb, FMT=code, OUT=out, ROPE=64,
               SKIP_EMPTY=out == 0),
          f"pool {name}", num_warps=8 if d >= 512 else 4)
+hs = dict(scores_ptr="*fp32", state_ptr="*i32", n="i32", stride="i32", n_blk="i32")
+for p in range(4):
+    comp(tk._hist_kernel, hs, dict(PASS=p, BLOCK=4096), f"topk hist pass {p}", num_warps=8)
+    comp(tk._select_kernel, dict(state_ptr="*i32", k="i32"), dict(PASS=p),
+         f"topk select pass {p}", num_warps=4)
+comp(tk._gather_kernel, dict(scores_ptr="*fp32", state_ptr="*i32", out_ptr="*i32", n="i32",
+                             stride="i32", stride_out="i32", n_blk="i32", k="i32"),
+     dict(BLOCK=4096), "topk gather", num_warps=8)
 print("RESULTS" + json.dumps(results))
 '''
 
@@ -96,5 +104,5 @@ def test_kernels_compile_for_sm90():
     assert line, f"compile script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     results = json.loads(line[-1][len("RESULTS"):])
     failed = [f"{name}: {err}" for name, err in results if err]
-    assert len(results) == 10
+    assert len(results) == 19
     assert not failed, "\n".join(failed)

@@ -70,8 +70,12 @@ def _scores64(q, w, keys, token_req, token_pos, n_max):
     return out
 
 
-@pytest.mark.parametrize("name", ["bf16", "fp8", "mxfp4", "fp32"])
-def test_scores_and_topk_real_dims(gen, name):
+@pytest.mark.parametrize("name,select", [("bf16", "radix"), ("fp8", "radix"), ("mxfp4", "radix"),
+                                         ("fp32", "radix"), ("mxfp4", "torch")])
+def test_scores_and_topk_real_dims(gen, monkeypatch, name, select):
+    from vllm_dsv4_hw.ops.triton import indexer as ti
+
+    monkeypatch.setitem(ti.SELECT, "impl", select)  # both selection paths behind the op
     fmt = make_format(name, "indexer", 64)
     # decode tokens (one with > topk visible entries), a prefill chunk crossing a page boundary
     reqs = [(0, 2200, 1), (1, 1019, 2), (2, 250, 9)]
@@ -122,3 +126,4 @@ def test_gpu_launch_config(gen, monkeypatch):
         fin = torch.isfinite(want)
         scale = float(want[fin].abs().max())  # fp32 accumulation over 64 heads of mixed sign
         torch.testing.assert_close(got[fin].double(), want[fin], rtol=1e-5, atol=1e-6 * scale)
+

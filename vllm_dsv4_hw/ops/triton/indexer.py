@@ -19,9 +19,11 @@ tensor cores with fp32 accumulation: q in bf16 as is (``DOT_BF16``), fp32 / fp16
 hi + lo pair (``DOT_BF16X2``, ~16 mantissa bits). fp32 keys (test format) and the CPU interpreter
 (where bf16 dots are wrong) use an fp32 ``ieee`` dot (``DOT_F32``).
 
-Step 2, selection: ``torch.topk`` over the score buffer (unsorted, k = min(topk, n_max)), then
-``_select_compact_kernel`` puts the selected entries (score > -inf) first and -1 after (also the
-columns beyond n_max). The selected entries come in no particular order: compare results as sets. A Triton radix/threshold top-k would remove
+Step 2, selection of k = min(topk, n_max) entries per token: by default a radix select over the
+score row (``ops.triton.topk.radix_topk``); alternatively (``SELECT["impl"] = "torch"``)
+``torch.topk`` (unsorted), then ``_select_compact_kernel``. Either way the selected entries
+(score > -inf) come first, -1 after (also the columns beyond n_max), in no particular order:
+compare results as sets. A Triton radix/threshold top-k would remove
 the score round trip (4 B per entry written and read back).
 """
 
@@ -37,6 +39,7 @@ from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
 from vllm_dsv4_hw.ops.triton.quant import load_entry_pairs
+from vllm_dsv4_hw.ops.triton.topk import radix_topk
 
 DOT_F32 = 0
 DOT_BF16 = 1
@@ -226,6 +229,12 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     return out
 
 
+# Selection after scoring: "radix" (``ops.triton.topk.radix_topk``: 10 launches spread over the
+# row) or "torch" (``torch.topk`` unsorted + one compaction launch). benchmarks/decode_kernels.py
+# (topk) times both.
+SELECT = {"impl": "radix"}
+
+
 @register_op(api.INDEXER_TOPK, "triton")
 def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4):
     """Triton scoring kernel + ``torch.topk`` selection (first version; compare results as sets).
@@ -247,10 +256,13 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         sl = slice(c0, min(t, c0 + chunk))
         scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
                                 token_req[sl], token_pos[sl], ratio, n_max=n_max)
+        dst = out[sl]
+        if SELECT["impl"] == "radix":
+            radix_topk(scores, k, dst)
+            continue
         # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
         # H200), then one launch puts the selected entries first and -1 after, as int32
         vals, idx = torch.topk(scores, k, dim=-1, largest=True, sorted=False)
-        dst = out[sl]
         _select_compact_kernel[(_grid(dst.shape[0], dev),)](
             vals, idx, dst, k, vals.stride(0), idx.stride(0), dst.stride(0),
             BLOCK_K=triton.next_power_of_2(k), num_warps=4)

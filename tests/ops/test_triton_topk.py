@@ -1,0 +1,69 @@
+"""``ops.triton.topk.radix_topk`` (the indexer's selection) against ``torch.topk`` on fresh random
+rows, under the Triton interpreter: distinct scores (the exact set), heavy ties (a valid top-k set:
+every selected score >= the k-th, all strictly larger ones taken), -inf entries (never selected;
+rows with fewer finite scores than k end in -1), an all -inf row, k = n, negative scores, several
+blocks per row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from vllm_dsv4_hw.ops.triton import topk as tk  # noqa: E402
+
+
+def _check(scores: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    for r in range(scores.shape[0]):
+        row = scores[r]
+        fin = int(torch.isfinite(row).sum())
+        want = min(k, fin)
+        sel = out[r, :k].tolist()
+        head, tail = sel[:want], sel[want:]
+        assert all(v == -1 for v in tail), f"row {r}: -1 expected after {want}: {tail[:8]}"
+        assert all(0 <= v < row.numel() for v in head) and len(set(head)) == want
+        if want == 0:
+            continue
+        kth = float(torch.topk(row, want).values[-1])
+        got = row[torch.tensor(head)]
+        assert float(got.min()) >= kth
+        # every score strictly above the k-th is selected
+        assert int((got > kth).sum()) == int((row > kth).sum())
+
+
+@pytest.mark.parametrize("t,n,k,block", [(3, 5000, 64, 1024), (2, 262144, 512, 1 << 16),
+                                         (1, 300, 300, 128), (4, 2048, 100, 512)])
+def test_radix_topk_distinct_scores_exact_set(gen, monkeypatch, t, n, k, block):
+    monkeypatch.setattr(tk, "INTERP_BLOCK", block)
+    scores = torch.randn(t, n, generator=gen) * 10
+    scores[0, n // 2:] = float("-inf")                 # half the row invisible
+    out = torch.full((t, k), -1, dtype=torch.int32)
+    tk.radix_topk(scores, k, out)
+    _check(scores, k, out)
+    fin = torch.isfinite(scores[-1])
+    if t > 1 and int(fin.sum()) >= k:                  # distinct finite scores: the exact set
+        assert set(out[-1].tolist()) == set(torch.topk(scores[-1], k).indices.tolist())
+
+
+def test_radix_topk_ties_inf_rows_and_negative(gen, monkeypatch):
+    monkeypatch.setattr(tk, "INTERP_BLOCK", 256)
+    n, k = 3000, 77
+    scores = torch.randint(-3, 4, (5, n), generator=gen).float()    # 7 levels: heavy ties
+    scores[1] = float("-inf")                                         # nothing visible
+    scores[2, 40:] = float("-inf")                                    # 40 < k finite
+    scores[3] = -torch.rand(n, generator=gen) - 1.0                   # all negative
+    scores[4, ::3] = float("-inf")
+    out = torch.full((5, k), -1, dtype=torch.int32)
+    tk.radix_topk(scores, k, out)
+    _check(scores, k, out)
+    assert (out[1] == -1).all()
+    assert int((out[2] >= 0).sum()) == 40
+
+
+def test_radix_topk_rejects_bad_arguments():
+    s = torch.zeros(2, 8)
+    with pytest.raises(ValueError, match="k=9"):
+        tk.radix_topk(s, 9, torch.full((2, 9), -1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="fp32"):
+        tk.radix_topk(s.double(), 4, torch.full((2, 4), -1, dtype=torch.int32))
