@@ -710,8 +710,9 @@ def main(argv=None) -> int:
                     help="device memory kept free for workspaces when sizing the batch")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no new variant after this many seconds")
-    ap.add_argument("--indexer-select", default="radix", choices=("radix", "torch"),
-                    help="indexer top-k selection: radix select kernels or torch.topk")
+    ap.add_argument("--indexer-select", default="auto", choices=("auto", "radix", "torch"),
+                    help="indexer top-k selection: radix select kernels, torch.topk, or auto "
+                         "(radix up to 1M scores per step and layer)")
     ap.add_argument("--profile", action="store_true",
                     help="kernel tables per layer kind (torch.profiler; graph replay and eager)")
     ap.add_argument("--seed", type=int, default=0)

@@ -127,3 +127,15 @@ def test_gpu_launch_config(gen, monkeypatch):
         scale = float(want[fin].abs().max())  # fp32 accumulation over 64 heads of mixed sign
         torch.testing.assert_close(got[fin].double(), want[fin], rtol=1e-5, atol=1e-6 * scale)
 
+
+
+def test_select_policy(monkeypatch):
+    from vllm_dsv4_hw.ops.triton import indexer as ti
+
+    monkeypatch.setitem(ti.SELECT, "impl", "auto")
+    assert ti._use_radix(4, 262144) and not ti._use_radix(32, 262144)
+    monkeypatch.setitem(ti.SELECT, "impl", "torch")
+    assert not ti._use_radix(1, 64)
+    monkeypatch.setitem(ti.SELECT, "impl", "bogus")
+    with pytest.raises(ValueError, match="auto, radix or torch"):
+        ti._use_radix(1, 64)

@@ -19,9 +19,9 @@ tensor cores with fp32 accumulation: q in bf16 as is (``DOT_BF16``), fp32 / fp16
 hi + lo pair (``DOT_BF16X2``, ~16 mantissa bits). fp32 keys (test format) and the CPU interpreter
 (where bf16 dots are wrong) use an fp32 ``ieee`` dot (``DOT_F32``).
 
-Step 2, selection of k = min(topk, n_max) entries per token: by default a radix select over the
-score row (``ops.triton.topk.radix_topk``); alternatively (``SELECT["impl"] = "torch"``)
-``torch.topk`` (unsorted), then ``_select_compact_kernel``. Either way the selected entries
+Step 2, selection of k = min(topk, n_max) entries per token: a radix select over the score rows
+(``ops.triton.topk.radix_topk``) or ``torch.topk`` (unsorted) then ``_select_compact_kernel``,
+whichever measured faster for the number of scores (``SELECT``). Either way the selected entries
 (score > -inf) come first, -1 after (also the columns beyond n_max), in no particular order:
 compare results as sets. A Triton radix/threshold top-k would remove
 the score round trip (4 B per entry written and read back).
@@ -230,9 +230,18 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
 
 
 # Selection after scoring: "radix" (``ops.triton.topk.radix_topk``: 10 launches spread over the
-# row) or "torch" (``torch.topk`` unsorted + one compaction launch). benchmarks/decode_kernels.py
-# (topk) times both.
-SELECT = {"impl": "radix"}
+# row), "torch" (``torch.topk`` unsorted + one compaction launch), or "auto": radix up to
+# ``radix_max_scores`` scores per call, torch above. H200, 2026-11-29 (benchmarks/decode_kernels.py
+# topk, k = 512): radix 35 / 47 us vs torch 62 / 71 us at 1 / 4 rows of 262,144 scores, 38-53 us
+# vs 42-59 us at 32,768 scores x 1-32 rows, but 202 vs 145 us at 32 x 262,144 (atomics contend).
+SELECT = {"impl": "auto", "radix_max_scores": 1 << 20}
+
+
+def _use_radix(rows: int, n: int) -> bool:
+    impl = SELECT["impl"]
+    if impl not in ("auto", "radix", "torch"):
+        raise ValueError(f"indexer SELECT impl {impl!r}; use auto, radix or torch")
+    return impl == "radix" or (impl == "auto" and rows * n <= SELECT["radix_max_scores"])
 
 
 @register_op(api.INDEXER_TOPK, "triton")
@@ -257,7 +266,7 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
                                 token_req[sl], token_pos[sl], ratio, n_max=n_max)
         dst = out[sl]
-        if SELECT["impl"] == "radix":
+        if _use_radix(dst.shape[0], n_max):
             radix_topk(scores, k, dst)
             continue
         # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
