@@ -26,7 +26,9 @@ Launches (8-bit digits, most significant first):
    counter, keys == tau slots [k - need, k) while the counter is below need; entries equal to
    tau are written only if tau is finite (so -inf entries stay -1).
 
-The state (histograms, prefix / need per row, two counters per row) is one zeroed int32 buffer.
+The state (histograms, prefix / need per row, two counters per row) is one zeroed int32 buffer of
+1028 words per row (``_STATE``: histograms at 0..1023, prefix 1024, need 1025, counters 1026 / 1027;
+the kernels use these offsets as literals).
 """
 
 from __future__ import annotations
@@ -42,22 +44,22 @@ _STATE = 4 * 256 + 4  # per row: 4 histograms, prefix, need, count above, count 
 
 
 @triton.jit
-def _keys(scores_ptr, row, offs, n, stride):
+def _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
+    """This program's row, score offsets, order-preserving keys, in-row mask, state row."""
+    pid = tl.program_id(0)
+    row = (pid // n_blk).to(tl.int64)
+    offs = (pid % n_blk) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     b = tl.load(scores_ptr + row * stride + offs, mask=m, other=float("-inf"))
     u = b.to(tl.uint32, bitcast=True)
     key = tl.where((u >> 31) != 0, ~u, u | 0x80000000)
-    return key, m
+    return offs, key, m, state_ptr + row * 1028
 
 
 @triton.jit
 def _hist_kernel(scores_ptr, state_ptr, n, stride, n_blk, PASS: tl.constexpr,
                  BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    row = (pid // n_blk).to(tl.int64)
-    offs = (pid % n_blk) * BLOCK + tl.arange(0, BLOCK)
-    key, m = _keys(scores_ptr, row, offs, n, stride)
-    st = state_ptr + row * 1028
+    _, key, m, st = _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
     if PASS > 0:
         prefix = tl.load(st + 1024).to(tl.uint32, bitcast=True)
         m = m & ((key >> (32 - 8 * PASS)) == prefix)
@@ -90,16 +92,12 @@ def _select_kernel(state_ptr, k, PASS: tl.constexpr):
 @triton.jit
 def _gather_kernel(scores_ptr, state_ptr, out_ptr, n, stride, stride_out, n_blk, k,
                    BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    row = (pid // n_blk).to(tl.int64)
-    offs = (pid % n_blk) * BLOCK + tl.arange(0, BLOCK)
-    key, m = _keys(scores_ptr, row, offs, n, stride)
-    st = state_ptr + row * 1028
+    offs, key, m, st = _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
     tau = tl.load(st + 1024).to(tl.uint32, bitcast=True)
     need = tl.load(st + 1025)
     gt = m & (key > tau)
     pos = tl.atomic_add(st + 1026 + offs * 0, 1, mask=gt)
-    orow = out_ptr + row * stride_out
+    orow = out_ptr + (tl.program_id(0) // n_blk).to(tl.int64) * stride_out
     tl.store(orow + pos, offs.to(tl.int32), mask=gt & (pos < k))
     eq = m & (key == tau) & (key != 0x007FFFFF)  # -inf entries are never selected
     pe = tl.atomic_add(st + 1027 + offs * 0, 1, mask=eq)
