@@ -11,8 +11,7 @@ rotating over several input sets so weights and keys do not sit in L2), median o
 Ops and knobs:
 
 * ``gemm``: the W8A16 FP8 GEMM (``benchmarks.stack.w8a16``) at every projection of V4-Flash / Pro,
-  M = 1, 4, 32: BN x split-K x stages (the split-K reduction's extra launches included); at M = 1
-  these are the gemv kernel's, and ``dot kernel`` is the tensor-core kernel's default;
+  M = 1, 4, 32: BN x split-K x stages (the split-K reduction's extra launch included);
 * ``attn``: ``sparse_attention`` at window 128 + K compressed (0, 512 = top-k, 8192 = c128a at 1M),
   B = 1, 4, 32: BLOCK_H x BLOCK_N x warps x candidates per split;
 * ``index``: the indexer score kernel at 128K / 1M context, B = 1, 4, 32: BLOCK_S x ITERS x warps;
@@ -116,8 +115,6 @@ def sweep_gemm(dev, batches):
             x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
             res = {}
             res["default"] = _try(lambda i: w8a16_matmul(x, *ws[i]), n_sets)
-            if m == 1:  # the tensor-core kernel at M = 1, for comparison with the gemv default
-                res["dot kernel"] = _try(lambda i: w8a16_matmul(x, *ws[i], gemv=False), n_sets)
             for bn in (32, 64, 128):
                 for sk in (1, 2, 4, 8, 16):
                     if sk > kb:

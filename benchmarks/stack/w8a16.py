@@ -10,9 +10,13 @@ dot with fp32 accumulation, scaled by the block's scale (exact: power of two) an
 fp32. Weights are read once per step from HBM as 1 byte per parameter; activations are bf16 (no
 activation quantization: W8A16, the same weight bytes as the checkpoint's FP8 x FP8 GEMM).
 
-Small N gets split-K (fp32 partials [S, M, G, N], summed by the host wrapper) so that the grid fills
-the device. Under the Triton interpreter (CPU) e4m3 is decoded with integer ops and the dot runs in
-fp32 ``ieee`` (the interpreter's bf16 dots are not exact).
+Small N gets split-K (fp32 partials [S, M, G, N], summed and cast by ``_splitk_sum_kernel``) so
+that the grid fills the device. An M = 1 kernel without tensor cores (fp32 multiply-accumulate,
+one reduction at the end) was tried on the H200 on 2026-11-29 and was no faster (V4-Flash wq_b 15.6
+vs 15.9 us, wo_b 24.9 vs 20.3 us, indexer wq_b 9.5 vs 6.9 us): the weight stream bounds both.
+
+Under the Triton interpreter (CPU) e4m3 is decoded with integer ops and the dot runs in fp32
+``ieee`` (the interpreter's bf16 dots are not exact).
 """
 
 from __future__ import annotations
@@ -79,45 +83,6 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
         tl.store(out, acc, mask=omask)
 
 
-# M = 1 (batch-1 decode): no tensor cores. A [BN, 128] tile of e4m3 bytes per K block, converted
-# to fp32 and multiplied by the activation row times the block's scale, accumulated elementwise
-# in a [BN, 128] fp32 tile; the one reduction over K runs after the loop. Each weight byte is read
-# once with 16-byte loads; no M padding to 16 and no shared-memory round trip for a dot operand.
-@triton.jit
-def _w8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
-                    N, K, KB, kb_per_split,
-                    sxg, swg, swn, ssg, ssn, sos, sog,
-                    BN: tl.constexpr, BK: tl.constexpr, CVT: tl.constexpr,
-                    OUT_BF16: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    g = tl.program_id(2).to(tl.int64)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    n_ok = offs_n < N
-    w_base = w_ptr + g * swg + offs_n.to(tl.int64)[:, None] * swn
-    s_base = s_ptr + g * ssg + (offs_n // BK).to(tl.int64) * ssn
-    acc = tl.zeros((BN, BK), dtype=tl.float32)
-    kb0 = pid_s * kb_per_split
-    for i in range(0, kb_per_split):
-        kb = kb0 + i
-        offs_k = kb * BK + tl.arange(0, BK)
-        k_ok = offs_k < K
-        x = tl.load(x_ptr + g * sxg + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        wq = tl.load(w_base + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
-        if CVT == 0:  # integer decode (interpreter, GPUs without fp8 conversion)
-            w = e4m3_bits_to_f32(wq)
-        else:
-            w = wq.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        s = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=0.0)
-        acc += w * (x[None, :] * s[:, None])
-    y = tl.sum(acc, axis=1)
-    out = out_ptr + pid_s.to(tl.int64) * sos + g * sog + offs_n
-    if OUT_BF16:
-        tl.store(out, y.to(tl.bfloat16), mask=n_ok)
-    else:
-        tl.store(out, y, mask=n_ok)
-
-
 @triton.jit
 def _splitk_sum_kernel(part_ptr, out_ptr, n_splits, n_elems, stride_s, BLOCK: tl.constexpr):
     """out = sum over the split-K partials [S, ...] (fp32), cast to out's dtype: one launch
@@ -159,22 +124,12 @@ def _auto_split_k(kb: int, base: int, sms: int) -> int:
     return max(1, min(kb, max(-(-kb // 16), occupancy)))
 
 
-# M = 1 path (``gemv``): off by default. Measured on the H200 (benchmarks/decode_kernels.py,
-# 2026-11-29, graph replays): it is no faster than the tensor-core kernel at M = 1 (V4-Flash wq_b
-# 15.6 vs 15.9 us, wo_b 24.9 vs 20.3 us, indexer wq_b 9.5 vs 6.9 us; V4-Pro slower throughout), so
-# the weight stream, not the dot, bounds both. Kept as a measured alternative (``gemv=True``).
-GEMV = {"enabled": False, "block_n": 64}
-
-
 def w8a16_matmul(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, *,
                  block_n: int | None = None, num_warps: int = 4, num_stages: int = 3,
-                 split_k: int | None = None, cvt: int | None = None,
-                 gemv: bool | None = None) -> torch.Tensor:
+                 split_k: int | None = None, cvt: int | None = None) -> torch.Tensor:
     """x [M, K] with w8 [N, K] / scale [ceil(N/128), ceil(K/128)] -> [M, N];
     or grouped: x [M, G, K] with w8 [G, N, K] / scale [G, ...] -> [M, G, N]. Output in x's dtype
-    (bf16 on GPUs). w8: torch.float8_e4m3fn (or its uint8 bytes); scale: fp32 powers of two.
-    ``gemv``: the M = 1 kernel (default: ``GEMV["enabled"]`` when M == 1); the other knobs apply
-    to it too when given."""
+    (bf16 on GPUs). w8: torch.float8_e4m3fn (or its uint8 bytes); scale: fp32 powers of two."""
     grouped = w8.dim() == 3
     if grouped:
         m, g, k = x.shape
@@ -194,10 +149,7 @@ def w8a16_matmul(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, *,
     sc = scale if scale.dtype == torch.float32 else scale.float()
     sc = sc.contiguous()
     kb = triton.cdiv(k, BLOCK)
-    use_gemv = (m == 1) and (GEMV["enabled"] if gemv is None else gemv)
-    if use_gemv and block_n is None:
-        block_n = GEMV["block_n"]
-    bm = 1 if use_gemv else min(64, max(16, triton.next_power_of_2(max(m, 1))))
+    bm = min(64, max(16, triton.next_power_of_2(max(m, 1))))
     n_mblk = triton.cdiv(m, bm)
     if block_n is None:
         block_n = _auto_block_n(n, g)
@@ -224,7 +176,7 @@ def w8a16_matmul(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, *,
         ssg, ssn = 0, sc.stride(0)
     interp = _interpreting(dev)
     out_bf16 = split_k == 1 and out_dtype == torch.bfloat16 and not interp
-    if split_k == 1 and not interp and out_dtype == torch.bfloat16:
+    if out_bf16:
         out = torch.empty(m, g, n, dtype=torch.bfloat16, device=dev)
         sos = 0
     else:
@@ -232,18 +184,12 @@ def w8a16_matmul(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, *,
         sos = out.stride(0)
     som, sog = out.stride(-3), out.stride(-2)
     grid = (n_nblk, split_k, g * n_mblk)
-    if use_gemv:
-        _w8_gemv_kernel[grid](
-            x, wb, sc, out, n, k, kb, kps, sxg, swg, swn, ssg, ssn, sos, sog,
-            BN=block_n, BK=BLOCK, CVT=(CVT_MODE["cvt"] if cvt is None else cvt) if not interp
-            else 0, OUT_BF16=out_bf16, num_warps=num_warps, num_stages=num_stages)
-    else:
-        _w8a16_kernel[grid](
-            x, wb, sc, out, m, n, k, kb, kps, n_mblk,
-            sxg, sxm, swg, swn, ssg, ssn, sos, sog, som,
-            BM=bm, BN=block_n, BK=BLOCK, CVT=(CVT_MODE["cvt"] if cvt is None else cvt)
-            if not interp else 0, DOT_F32=interp,
-            OUT_BF16=out_bf16, num_warps=num_warps, num_stages=num_stages)
+    _w8a16_kernel[grid](
+        x, wb, sc, out, m, n, k, kb, kps, n_mblk,
+        sxg, sxm, swg, swn, ssg, ssn, sos, sog, som,
+        BM=bm, BN=block_n, BK=BLOCK, CVT=(CVT_MODE["cvt"] if cvt is None else cvt)
+        if not interp else 0, DOT_F32=interp,
+        OUT_BF16=out_bf16, num_warps=num_warps, num_stages=num_stages)
     if not out_bf16:
         if split_k > 1:
             red = torch.empty(out.shape[1:], dtype=out_dtype, device=dev)

@@ -23,8 +23,8 @@ Step 2, selection of k = min(topk, n_max) entries per token: a radix select over
 (``ops.triton.topk.radix_topk``) or ``torch.topk`` (unsorted) then ``_select_compact_kernel``,
 whichever measured faster for the number of scores (``SELECT``). Either way the selected entries
 (score > -inf) come first, -1 after (also the columns beyond n_max), in no particular order:
-compare results as sets. A Triton radix/threshold top-k would remove
-the score round trip (4 B per entry written and read back).
+compare results as sets. Selecting inside the score kernel would remove the score round trip (4 B
+per entry written and read back).
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def _use_radix(rows: int, n: int) -> bool:
 
 @register_op(api.INDEXER_TOPK, "triton")
 def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4):
-    """Triton scoring kernel + ``torch.topk`` selection (first version; compare results as sets).
+    """Triton scoring kernel + selection (radix select or ``torch.topk``, see ``SELECT``).
 
     Returns [T, topk] int32: the top min(topk, visible) entry indices first (in no particular
     order), -1 after.
