@@ -73,4 +73,7 @@ def test_kit_cases_catch_a_wrong_vendor_result(broken, monkeypatch, gen):
     op = "indexer_topk" if broken == "npu_lightning_indexer" else "sparse_attention"
     builder = C.BUILDERS[op]
     verdicts = [case.run(REGISTRY.implementations(op)["npu"].fn)[0] for case in builder(ctx)]
-    assert verdicts and not any(verdicts)
+    # The kit fails when any case fails. One case alone can miss the shifted log-sum-exp where
+    # its sinks sit far below the scores (the sink weight is ~0 either way): 17 single cases in
+    # 300 seeds, never a whole op's cases.
+    assert verdicts and not all(verdicts)

@@ -262,12 +262,25 @@ def test_gpu_launch_config(gen, monkeypatch, ratio, d):
     fmt = make_format("fp8" if kind == "main" else "mxfp4", kind, 64 if ratio == 4 else 2)
     lengths, starts = ([1, 1, 5], [3, 127, 124]) if ratio == 128 else ([1, 6], [7, 30])
     seed = int(torch.randint(0, 2 ** 31, (1,), generator=gen))
-    want, state_w, _ = _run_store("triton", fmt, ratio, d, seed, lengths, starts)
+    want, state_w, plan = _run_store("triton", fmt, ratio, d, seed, lengths, starts)
     monkeypatch.setattr(tc, "_INTERP_GROUPS", 1)
     monkeypatch.setattr(tc, "_INTERP_TOKENS", 1)
     got, state_g, _ = _run_store("triton", fmt, ratio, d, seed, lengths, starts)
     assert torch.equal(state_g, state_w)
-    assert torch.equal(got, want)
+    # The pool's row tile depends on the groups per program, so its fp32 sums run in another
+    # order: a rare byte lands on the neighbouring code (seen: 1 byte in 1 of 60 seeds), never
+    # more than one code step away, and nothing outside the written entries changes.
+    assert (got != want).float().mean() < 0.01
+    _, _, v_got = _written(got, fmt, plan.cache_slots)
+    _, _, v_want = _written(want, fmt, plan.cache_slots)
+    assert ((v_got - v_want).abs() <= _entry_bounds(fmt, v_want)).all()
+    slots = plan.cache_slots[plan.cache_slots >= 0]
+    untouched = torch.ones_like(got)
+    data_v, scale_v = fmt.page_views(untouched)
+    data_v[slots // fmt.entries_per_page, slots % fmt.entries_per_page] = 0
+    if fmt.scale_bytes:
+        scale_v[slots // fmt.entries_per_page, slots % fmt.entries_per_page] = 0
+    assert (got[untouched.bool()] == 0x5A).all()
     # pool output in the GPU configuration against the reference
     sbt, state, qsl, kv, score, ape, seq_start = _step_inputs(gen, ratio, d, lengths, starts)
     plan = compressor_plan(qsl, seq_start, sbt, 8, ratio)

@@ -10,6 +10,10 @@ compared tensor or block):
   neighbouring code because the op rounded in fp32 where the oracle used fp64 still passes --
   fp32 ``1e-5 |w|``; bf16 ``2^-7 |w|``; fp8 (e4m3 with a power-of-two block scale s) ``2^-3 |w| +
   2^-9 s``; MXFP4 (e2m1, spacing up to 2 s) ``2 s``; s is bounded by ``2 * amax(block) / max_code``.
+  bf16 values (bf16 entries, the rope part of fp8 entries) also get ``2^-20 * amax(row)``: the entry
+  is computed in fp32 before it is rounded, and a value near zero that came out of a cancellation
+  (RoPE's ``x1 cos - x2 sin``, a softmax-weighted pool) carries fp32 error of the row's magnitude,
+  far above ``2^-7`` of itself (seen: 6.4e-6 in a row of max 6, off by 8e-8).
 """
 
 from __future__ import annotations
@@ -56,14 +60,16 @@ def entry_bound(fmt_name: str, want: torch.Tensor) -> torch.Tensor:
     a = w.abs()
     if fmt_name == "fp32":
         return 1e-5 * a + 1e-6 * (float(a.max()) if a.numel() else 0.0) + 1e-30
+    # fp32 math before the bf16 rounding: error relative to the row, not to the value itself
+    fp32_slack = 2 ** -20 * a.amax(-1, keepdim=True) if a.numel() else a
     if fmt_name == "bf16":
-        return 2 ** -7 * a + 1e-30
+        return 2 ** -7 * a + fp32_slack + 1e-30
     if fmt_name in ("fp8", "fp8_ds_mla"):
         nope, rope = a[..., :448], a[..., 448:]
         amax = _blocks(nope, 64).amax(-1, keepdim=True).clamp_min(1e-4)
         s = 2 * amax / 448
         b_nope = (2 ** -3 * _blocks(nope, 64) + 2 ** -9 * s).reshape(nope.shape)
-        return torch.cat([b_nope, 2 ** -7 * rope + 1e-30], dim=-1)
+        return torch.cat([b_nope, 2 ** -7 * rope + fp32_slack + 1e-30], dim=-1)
     if fmt_name in ("fp8_indexer",):
         amax = a.amax(-1, keepdim=True).clamp_min(1e-4)
         return 2 ** -3 * a + 2 ** -9 * (2 * amax / 448)
