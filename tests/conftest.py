@@ -59,6 +59,12 @@ def pytest_report_header(config):
     return f"dsv4 test seed: DSV4_TEST_SEED={SESSION_SEED}"
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # again at the end: CI logs are often cut to their tail, and a failure needs the seed to replay
+    if exitstatus != 0:
+        terminalreporter.write_line(f"dsv4 test seed: DSV4_TEST_SEED={SESSION_SEED} replays this run")
+
+
 @pytest.fixture
 def gen(request):
     """A generator per test: fresh each run, reproducible with DSV4_TEST_SEED."""
