@@ -208,6 +208,18 @@ def _written(cache, fmt, slots):
                                                                           scale_v[s // e, s % e])
 
 
+def _assert_poison_outside(cache, fmt, slots):
+    """Nothing else written: the cache outside the written entries still holds the poison."""
+    mask = torch.ones_like(cache)
+    data_v, scale_v = fmt.page_views(mask)
+    e = fmt.entries_per_page
+    s = slots[slots >= 0]
+    data_v[s // e, s % e] = 0
+    if fmt.scale_bytes:
+        scale_v[s // e, s % e] = 0
+    assert (cache[mask.bool()] == 0x5A).all()
+
+
 CASES = {  # (kind, d, ratio): steps as (new tokens, history) per request
     "c4a": ("main", 512, 4, [1, 1, 1, 9, 13], [3, 7, 102, 0, 250]),
     "c128a": ("main", 512, 128, [1, 1, 130], [127, 255, 60]),
@@ -244,15 +256,7 @@ def test_store_quantized_vs_reference(gen, case, name):
     err = (vt - exact).abs()
     bound = _entry_bounds(fmt, exact)
     assert (err <= bound).all(), f"max excess {(err - bound).max().item()}"
-    # nothing else written: the cache outside the written entries still holds the poison
-    mask = torch.ones_like(cache_t)
-    data_v, scale_v = fmt.page_views(mask)
-    e = fmt.entries_per_page
-    s = slots[slots >= 0]
-    data_v[s // e, s % e] = 0
-    if fmt.scale_bytes:
-        scale_v[s // e, s % e] = 0
-    assert (cache_t[mask.bool()] == 0x5A).all()
+    _assert_poison_outside(cache_t, fmt, slots)
 
 
 @pytest.mark.parametrize("ratio,d", [(4, 512), (128, 512), (4, 128)])
@@ -274,13 +278,7 @@ def test_gpu_launch_config(gen, monkeypatch, ratio, d):
     _, _, v_got = _written(got, fmt, plan.cache_slots)
     _, _, v_want = _written(want, fmt, plan.cache_slots)
     assert ((v_got - v_want).abs() <= _entry_bounds(fmt, v_want)).all()
-    slots = plan.cache_slots[plan.cache_slots >= 0]
-    untouched = torch.ones_like(got)
-    data_v, scale_v = fmt.page_views(untouched)
-    data_v[slots // fmt.entries_per_page, slots % fmt.entries_per_page] = 0
-    if fmt.scale_bytes:
-        scale_v[slots // fmt.entries_per_page, slots % fmt.entries_per_page] = 0
-    assert (got[untouched.bool()] == 0x5A).all()
+    _assert_poison_outside(got, fmt, plan.cache_slots)
     # pool output in the GPU configuration against the reference
     sbt, state, qsl, kv, score, ape, seq_start = _step_inputs(gen, ratio, d, lengths, starts)
     plan = compressor_plan(qsl, seq_start, sbt, 8, ratio)
