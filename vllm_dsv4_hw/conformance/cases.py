@@ -668,5 +668,19 @@ BUILDERS: dict[str, Callable[[Ctx], list[Case]]] = {
     "compressor": compressor_cases,  # compressor_pool + compressor_store
 }
 
+
+def _register_weight_and_metadata_cases() -> None:
+    # their modules import this one (Case, Ctx): registered after it is complete
+    from vllm_dsv4_hw.conformance.cases_metadata import decode_metadata_cases
+    from vllm_dsv4_hw.conformance.cases_moe import moe_experts_cases
+    from vllm_dsv4_hw.conformance.cases_weights import fp8_block_linear_cases
+
+    BUILDERS[api.FP8_BLOCK_LINEAR] = fp8_block_linear_cases
+    BUILDERS[api.MOE_EXPERTS] = moe_experts_cases
+    BUILDERS[api.DECODE_METADATA] = decode_metadata_cases
+
+
+_register_weight_and_metadata_cases()
+
 # Ops the model only uses where the device has a capability (skipped, with the reason, elsewhere).
 OP_NEEDS = {api.INV_ROPE_FP8_QUANT: ("fp8",)}

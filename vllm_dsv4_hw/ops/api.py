@@ -11,6 +11,8 @@ Paged caches: a cache is a uint8 tensor ``[num_pages, page_bytes]`` laid out by 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from vllm_dsv4_hw.ops.registry import REGISTRY
@@ -172,3 +174,101 @@ def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: t
     dtype (rows may be strided, e.g. column slices of one fused projection). New tensors, same dtype.
     """
     return _impl(QKV_RMS_NORM, q_r)(q_r, q_w, kv, kv_w, eps)
+
+
+# -- weights as shipped (issue 12) -----------------------------------------------------------------
+# The checkpoint's quantized weights stay resident in their formats (``vllm_dsv4_hw/quant``); these
+# two ops are their matmuls. Every backend applies each scale to the fp32 partial sum of its block
+# (never to a dequantized weight), so any ue8m0 byte 0..254 is exact as long as the result is
+# representable; the reference dequantizes one bounded tile at a time, never a whole weight.
+FP8_BLOCK_LINEAR = "fp8_block_linear"
+MOE_EXPERTS = "moe_experts"
+
+ALL_OPS = ALL_OPS + (FP8_BLOCK_LINEAR, MOE_EXPERTS)
+
+
+def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                     block: tuple[int, int], out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``y = x @ dequant(weight)^T`` for an FP8 block-quantized weight as the checkpoint ships it.
+
+    Plain: x [M, K], weight [N, K] e4m3 (``torch.float8_e4m3fn`` or its uint8 bytes), scale
+    [ceil(N/bn), ceil(K/bk)] ue8m0 (``torch.float8_e8m0fnu`` or its uint8 bytes; value
+    2^(byte - 127)) -> y [M, N]. Grouped (the grouped output projection ``wo_a``): x [M, G, K],
+    weight [G, N, K], scale [G, ceil(N/bn), ceil(K/bk)] -> y [M, G, N]. ``block = (bn, bk)`` is the
+    checkpoint's ``weight_block_size`` (128x128 for V4, 32x32 for V4.1).
+    Math: ``y[m, n] = sum_kb s[n // bn, kb] * sum_{k in block kb} x[m, k] * e4m3(weight[n, k])`` with
+    fp32 accumulation (float64 for float64 x), rounded once to ``out_dtype`` (default x's dtype).
+    """
+    return _impl(FP8_BLOCK_LINEAR, x)(x, weight, scale, block, out_dtype)
+
+
+def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                w13: torch.Tensor, w13_scale: torch.Tensor | None, w2: torch.Tensor,
+                w2_scale: torch.Tensor | None, swiglu_limit: float | None) -> torch.Tensor:
+    """The routed experts of one MoE layer (routing stays in the model):
+    ``out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])`` -> [T, D] fp32 (float64
+    for float64 x).
+
+    x [T, D]; topk_weights [T, k] fp32; topk_ids [T, k] int, expert ids in [0, E) or -1 (a slot that
+    contributes nothing, e.g. an expert held by another rank). Expert e is a clamped SwiGLU:
+    ``h = w13[e] x`` (rows 0..I-1 the gate w1, rows I..2I-1 the up projection w3; fp32, not rounded),
+    ``a = silu(min(h_gate, L)) * clamp(h_up, -L, L)`` (L = ``swiglu_limit``; None or <= 0: no
+    clamp), rounded to x's dtype, then ``w2[e] a`` in fp32.
+    Weights, either FP4 as shipped: w13 uint8/int8 [E, 2I, D/2] (two e2m1 codes per byte, element 2j
+    in the low nibble), w13_scale ue8m0 [E, 2I, D/32] (one per 32 consecutive elements along D), w2
+    [E, D, I/2] with w2_scale [E, D, I/32]; or dense: w13 [E, 2I, D] and w2 [E, D, I] in a float
+    dtype with both scales None. The k contributions of a token are summed in slot order (k = 0
+    first), so results do not depend on how tokens are grouped by expert.
+    """
+    return _impl(MOE_EXPERTS, x)(x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale,
+                                 swiglu_limit)
+
+
+# -- graph-safe decode metadata (issue 12) ---------------------------------------------------------
+DECODE_METADATA = "decode_metadata"
+
+ALL_OPS = ALL_OPS + (DECODE_METADATA,)
+
+
+@dataclass(frozen=True)
+class DecodeLayout:
+    """The static geometry of one layer kind's decode metadata: positions / entries / rows per
+    page of each cache, the state matrices' row stride between pages, the c128a candidate width
+    (``max_comp_entries``: every entry a position below the model length can see) and the page id
+    that marks "no page" (``null_page``: -1 in our tables, vLLM's null block 0 in its tables; ids
+    <= null_page are absent)."""
+
+    ratio: int
+    sliding_window: int
+    window_per_page: int
+    comp_per_page: int = 0
+    indexer_per_page: int = 0
+    main_state_per_page: int = 0
+    main_state_stride: int = 0
+    indexer_state_per_page: int = 0
+    indexer_state_stride: int = 0
+    max_comp_entries: int = 0
+    null_page: int = -1
+
+
+def decode_metadata(seq_lens: torch.Tensor, tables: dict[str, torch.Tensor],
+                    layout: DecodeLayout) -> dict[str, torch.Tensor]:
+    """Index metadata of a decode step (one new token per row) with fixed shapes and no host
+    synchronization, so that it can be captured in a device graph and replayed.
+
+    seq_lens [B] int: tokens cached after the step (row b decodes position seq_lens[b] - 1); 0 is
+    a padding row, whose every slot comes out -1 (nothing read, nothing written). tables: block
+    tables [B, *] of the kind's caches (keys ``window``, ``comp``, ``indexer``, ``main_state``,
+    ``indexer_state`` as the kind has them). Returns int64 tensors:
+
+    * ``positions`` [B], ``window_insert_slots`` [B], ``window_slots`` [B, W] (oldest first; -1
+      for positions < 0 or absent pages);
+    * per compressor (``main.`` and, c4a, ``indexer.``): ``state_slots`` [B] (row of the state
+      matrix: page * stride + offset), ``group_rows`` [B, coff*ratio] (the group's member rows when
+      the token completes an entry, else all -1), ``entry`` [B] (the completed entry's index, 0 when
+      none) and ``cache_slots`` [B] (its cache slot, -1 when none);
+    * c128a: ``comp_slots`` [B, K] (slots of entries 0 .. seq_lens // 128 - 1, -1 after);
+    * ``comp_table`` / ``indexer_table``: those tables with absent pages as -1.
+    Values equal ``build_step_metadata`` of the same step (its plans padded to one group per row).
+    """
+    return _impl(DECODE_METADATA, seq_lens)(seq_lens, tables, layout)

@@ -2,9 +2,12 @@
 
 from vllm_dsv4_hw.ops.reference import (  # noqa: F401  (each module registers its ops)
     compressor,
+    decode_metadata,
+    fp8_linear,
     fused,
     indexer,
     kv_cache_ops,
+    moe,
     output_proj,
     rms_norm,
     rope,

@@ -1,0 +1,124 @@
+"""Conformance cases of the ops on weights as the checkpoint ships them (``ops.api`` issue 12):
+``fp8_block_linear`` on e4m3 weights with ue8m0 block scales.
+
+Same conventions as :mod:`vllm_dsv4_hw.conformance.cases` (fresh random inputs on the device under
+test, a float64 oracle, one check per case). Weights are random N(0, 1/K) matrices quantized with
+the checkpoint's recipe (``quant.formats.quantize_fp8_block``, on the CPU), handed over as the
+checkpoint's dtypes where the device declares fp8 and as raw uint8 bytes elsewhere (the contract
+takes both); two more cases put every scale at one end of the ue8m0 range. The oracle is the op's
+formula in float64, one K block at a time (never a whole dequantized weight).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from vllm_dsv4_hw.conformance.cases import Case, Ctx, _same, _verdict
+from vllm_dsv4_hw.conformance.tolerances import dense_bound, ratio
+from vllm_dsv4_hw.ops import api
+from vllm_dsv4_hw.quant.formats import quantize_fp8_block
+
+V4_BLOCK = (128, 128)     # DeepSeek V4 weight_block_size
+V41_BLOCK = (32, 32)      # V4.1
+
+
+def fp8_block_linear_oracle(x: torch.Tensor, wb: torch.Tensor, sb: torch.Tensor,
+                            block: tuple[int, int]) -> torch.Tensor:
+    """``y = sum_kb s[n // bn, kb] * (x[:, kb] @ e4m3(w[:, kb])^T)`` in float64 on x's device.
+
+    x [M, K] or [M, G, K] (any float dtype); wb [(G,) N, K] e4m3 bytes (uint8); sb [(G,) NB, KB]
+    ue8m0 bytes. Each product of an e4m3 value, a bf16 activation and a power-of-two scale is exact
+    in float64."""
+    bn, bk = block
+    grouped = x.dim() == 3
+    xs = x.double() if grouped else x.double()[:, None]
+    wb = wb if grouped else wb[None]
+    sb = sb if grouped else sb[None]
+    m, g, k = xs.shape
+    n = wb.shape[1]
+    e = sb.to(torch.int64) - 127
+    s = torch.ldexp(torch.ones_like(e, dtype=torch.float64), e)   # [G, NB, KB], exact
+    y = torch.zeros(m, g, n, dtype=torch.float64, device=x.device)
+    for kb in range(s.shape[2]):
+        ks = slice(kb * bk, min(k, (kb + 1) * bk))
+        w = wb[:, :, ks].view(torch.float8_e4m3fn).double()          # [G, N, bk]
+        col_s = s[:, :, kb].repeat_interleave(bn, dim=1)[:, :n]       # [G, N]
+        y += torch.einsum("mgk,gnk->mgn", xs[:, :, ks], w) * col_s[None]
+    return y if grouped else y[:, 0]
+
+
+def _weight(ctx: Ctx, lead: tuple[int, ...], n: int, k: int, block: tuple[int, int],
+            scale_bytes: tuple[int, int] | None = None):
+    """(e4m3 bytes, ue8m0 bytes) on the CPU: a quantized N(0, 1/K) weight, or (``scale_bytes``
+    = (lo, hi)) random finite e4m3 codes with scale bytes drawn from [lo, hi]."""
+    if scale_bytes is None:
+        if block[0] != block[1]:
+            raise ValueError(f"quantize_fp8_block takes square blocks, got {block}")
+        w = torch.randn(*lead, n, k, generator=ctx.gen) * k ** -0.5
+        qs = [quantize_fp8_block(wi, block[0]) for wi in w.reshape(-1, n, k)]
+        wb = torch.stack([q.view(torch.uint8) for q, _ in qs]).reshape(*lead, n, k)
+        sb = torch.stack([s.view(torch.uint8) for _, s in qs]).reshape(*lead, *qs[0][1].shape)
+        return wb, sb
+    wb = torch.randint(0, 256, (*lead, n, k), generator=ctx.gen, dtype=torch.uint8)
+    wb[(wb & 0x7F) == 0x7F] = 0  # no NaN codes
+    lo, hi = scale_bytes
+    sb = torch.randint(lo, hi + 1, (*lead, -(-n // block[0]), -(-k // block[1])),
+                       generator=ctx.gen, dtype=torch.uint8)
+    return wb, sb
+
+
+def fp8_block_linear_cases(ctx: Ctx) -> list[Case]:
+    d = ctx.dims
+    qk = d.heads * d.head_dim
+    go_k = (d.heads // d.o_groups) * d.head_dim
+    prefill = 3 * 64 + 5  # more than one 64-row tile, not a multiple of it
+    specs = [  # name, tokens, groups (None = plain), N, K, block, scale bytes, x magnitude
+        (f"wq_a [{d.tokens}, {d.hidden}] -> {d.q_lora}", d.tokens, None, d.q_lora, d.hidden,
+         V4_BLOCK, None, 1.0),
+        (f"wq_b [{d.tokens}, {d.q_lora}] -> {qk}", d.tokens, None, qk, d.q_lora, V4_BLOCK, None,
+         1.0),
+        (f"wo_a grouped {d.o_groups} x [{d.tokens}, {go_k}] -> {d.o_lora}", d.tokens, d.o_groups,
+         d.o_lora, go_k, V4_BLOCK, None, 1.0),
+        (f"wq_b [{d.tokens}, {d.q_lora}] -> {qk}", d.tokens, None, qk, d.q_lora, V41_BLOCK, None,
+         1.0),
+        (f"wo_a grouped {d.o_groups} x [{d.tokens}, {go_k}] -> {d.o_lora}", d.tokens, d.o_groups,
+         d.o_lora, go_k, V41_BLOCK, None, 1.0),
+        (f"prefill wq_a [{prefill}, {d.hidden}] -> {d.q_lora}", prefill, None, d.q_lora, d.hidden,
+         V4_BLOCK, None, 1.0),
+        # both ends of the ue8m0 range: scales 2^-127 .. 2^-124 (byte 0 is the fp32 subnormal
+        # 2^-127), and 2^124 .. 2^127 (e4m3 * 2^127 overflows fp32) with x ~ 2^-100
+        (f"ue8m0 bytes 0..3, [{d.tokens}, {d.hidden}] -> {d.q_lora}", d.tokens, None, d.q_lora,
+         d.hidden, V4_BLOCK, (0, 3), 1.0),
+        (f"ue8m0 bytes 251..254, [{d.tokens}, {d.hidden}] -> {d.q_lora}", d.tokens, None,
+         d.q_lora, d.hidden, V41_BLOCK, (251, 254), 2.0 ** -100),
+    ]
+    out = []
+    for name, m, g, n, k, block, sbytes, xmag in specs:
+        lead = (g,) if g else ()
+        wb, sb = _weight(ctx, lead, n, k, block, sbytes)
+        x = (torch.randn(*((m, g, k) if g else (m, k)), generator=ctx.gen) * xmag)
+        x = x.to(torch.bfloat16).to(ctx.device)
+        want = fp8_block_linear_oracle(x.to(ctx.oracle_device), wb.to(ctx.oracle_device),
+                                       sb.to(ctx.oracle_device), block)
+        w_dev, s_dev = wb.to(ctx.device), sb.to(ctx.device)
+        if ctx.caps.fp8:  # the checkpoint's own dtypes; raw bytes where the device has no fp8
+            w_dev, s_dev = w_dev.view(torch.float8_e4m3fn), s_dev.view(torch.float8_e8m0fnu)
+
+        def check(res, args, want=want):
+            bad = _same(res, want.shape, torch.bfloat16)
+            if bad:
+                return False, bad, float("inf")
+            # compared after an exact power-of-two normalization to max |want| ~ 1 (dense_bound's
+            # absolute floor would otherwise swallow the ~2^-113 results of the 2^-127 scales);
+            # fp32 accumulation of exact products, one bf16 rounding of the result
+            top = float(want.abs().max()) if want.numel() else 0.0
+            p = 2.0 ** -math.floor(math.log2(top)) if top > 0 else 1.0
+            w = want * p
+            return _verdict(ratio(res.to(want.device).double() * p, w,
+                                  dense_bound(w, torch.bfloat16)))
+
+        out.append(Case(api.FP8_BLOCK_LINEAR, f"{name}, block {block[0]}x{block[1]}, bf16",
+                        (x, w_dev, s_dev, block), check))
+    return out

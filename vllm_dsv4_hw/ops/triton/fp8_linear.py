@@ -1,0 +1,250 @@
+"""Triton ``fp8_block_linear``: y = x @ dequant(W)^T with W in e4m3 and one ue8m0 scale byte per
+``bn x bk`` block, read as the checkpoint ships them (1 byte per parameter, no dequantized copy).
+
+    y[m, n] = sum_kb s[n // bn, kb] * sum_{k in block kb} x[m, k] * e4m3(W[n, k])
+
+Grown from the W8A16 decode GEMM of ``benchmarks/stack/w8a16.py`` (its launch heuristics were
+measured there on an H200 and are kept). A program owns ``BM`` rows x ``BN`` output columns (of one
+group ``g`` of a grouped weight, the ``wo_a`` case) and a contiguous range of K blocks. Per K block:
+one [BM, BK] activation tile, one [BN, BK] tile of e4m3 bytes converted in registers to x's 16-bit
+dtype (exact: 3 mantissa bits), a tensor-core dot with fp32 accumulation, multiplied by the
+block's scale (decoded from its byte: a power of two, exact, so any byte 0..254 works as long as
+the result is representable) and accumulated. The K tile is ``bk`` rounded up to a power of two
+>= 16 (extra lanes masked); ``bn`` only picks each column's scale row, so any block works. fp32 x
+runs an fp32 ``ieee`` dot. Any M: the grid covers ceil(M / BM) row tiles
+(BM <= 64; large-M tiles are correct but not tuned). Small grids get split-K (partials [S, M, G,
+N] in the accumulator dtype, summed and cast by ``_splitk_sum_kernel``); with more than one row
+tile, only while the grid does not fill the device (partials cost S * M * N * 4 bytes). float64 x
+(the exact test path) takes rank-1 float64 updates instead of a dot.
+
+The e4m3 conversion follows the device's declared capabilities (``platform.device``): fp8 ->
+hardware cvt; no fp8 (sm_80 / sm_86, where Triton rejects fp8e4nv; Ascend) -> the bit-exact integer
+decode of ``quant.e4m3_bits_to_f32``. Under the Triton interpreter (CPU tensors) the integer decode
+and an fp32 ``ieee`` dot are used (the interpreter's bf16 arithmetic is not exact), bf16 x is
+widened from its bits (the interpreter's bf16 -> fp32 conversion flushes or garbles subnormals) and
+bf16 results are rounded in fp32 first (its own fp32 -> bf16 conversion truncates).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
+from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
+from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.quant import (
+    bf16_bits_to_f32,
+    e4m3_bits_to_f32,
+    round_to_bf16,
+    ue8m0_to_f32,
+)
+from vllm_dsv4_hw.platform.device import adaptor_for
+
+# MATH (constexpr): the dot's input dtype
+MATH_X16 = 0   # x's own 16-bit dtype (bf16 / fp16), fp32 accumulation: tensor cores
+MATH_F32 = 1   # fp32 ieee (fp32 x; every 16-bit x under the interpreter)
+MATH_F64 = 2   # float64 (float64 x)
+_C_X16 = tl.constexpr(MATH_X16)
+_C_F32 = tl.constexpr(MATH_F32)
+_C_F64 = tl.constexpr(MATH_F64)
+
+
+@triton.jit
+def _e4m3_tile(wq, DT: tl.constexpr, HW_CVT: tl.constexpr):
+    """e4m3 bytes -> values of dtype DT (exact): hardware cvt or integer decode."""
+    if HW_CVT:
+        return wq.to(tl.float8e4nv, bitcast=True).to(DT)
+    else:
+        return e4m3_bits_to_f32(wq).to(DT)
+
+
+@triton.jit
+def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
+    """Store ``v`` converted to ptr's dtype; bf16 is rounded (nearest even) in fp32 first."""
+    if OUT_BF16:
+        v = round_to_bf16(v.to(tl.float32))
+    tl.store(ptr, v.to(ptr.dtype.element_ty), mask=mask)
+
+
+# M (the batch) varies per call: no recompile per batch size for it (strides and N / K stay
+# specialized: they give the aligned wide weight loads).
+@triton.jit(do_not_specialize=["M", "n_mblk", "sos"])
+def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
+                             M, N, K, KB, kb_per_split, n_nblk, n_mblk,
+                             sxg, sxm, swg, swn, ssg, ssn, sos, sog, som,
+                             SBN: tl.constexpr, SBK: tl.constexpr,
+                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                             MATH: tl.constexpr, HW_CVT: tl.constexpr, OUT_BF16: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_n = pid % n_nblk          # column blocks fastest: neighbours share the activation tile
+    pid_gm = pid // n_nblk
+    g = (pid_gm // n_mblk).to(tl.int64)
+    mb = pid_gm % n_mblk
+    offs_m = mb * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    x_rows = x_ptr + g * sxg + offs_m.to(tl.int64) * sxm
+    w_rows = w_ptr + g * swg + offs_n.to(tl.int64) * swn
+    s_base = s_ptr + g * ssg + (offs_n // SBN).to(tl.int64) * ssn   # each column's scale row
+    if MATH == _C_F64:
+        acc = tl.zeros((BM, BN), dtype=tl.float64)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    kb0 = pid_s * kb_per_split
+    for i in range(0, kb_per_split):
+        kb = kb0 + i
+        if MATH == _C_F64:
+            # float64 (the exact test path): rank-1 updates, no tl.dot (Triton 3.6 fails to lower
+            # a float64 dot for sm_90). Vector indices: the interpreter mis-types vector & scalar.
+            part = tl.zeros((BM, BN), dtype=tl.float64)
+            for kk in range(0, SBK):
+                km = offs_m * 0 + (kb * SBK + kk)
+                kn = offs_n * 0 + (kb * SBK + kk)
+                xk = tl.load(x_rows + km, mask=m_ok & (km < K), other=0.0).to(tl.float64)
+                wk = tl.load(w_rows + kn, mask=n_ok & (kn < K), other=0)
+                part += xk[:, None] * e4m3_bits_to_f32(wk).to(tl.float64)[None, :]
+        else:
+            lane = tl.arange(0, BK)
+            offs_k = kb * SBK + lane
+            k_ok = offs_k < K
+            if BK != SBK:  # the K tile is the scale block rounded up to a power of two
+                k_ok = k_ok & (lane < SBK)
+            x = tl.load(x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            wq = tl.load(w_rows[:, None] + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                         other=0)
+            if MATH == _C_X16:
+                part = tl.dot(x, tl.trans(_e4m3_tile(wq, x_ptr.dtype.element_ty, HW_CVT)))
+            else:
+                if x_ptr.dtype.element_ty == tl.bfloat16:  # from the bits: exact for subnormals
+                    xf = bf16_bits_to_f32(x.to(tl.uint16, bitcast=True))
+                else:
+                    xf = x.to(tl.float32)
+                part = tl.dot(xf, tl.trans(_e4m3_tile(wq, tl.float32, HW_CVT)),
+                              input_precision="ieee")
+        # past the last K block (uneven split) x and w load as 0: any finite scale will do
+        sb = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127)
+        acc += part * ue8m0_to_f32(sb).to(acc.dtype)[None, :]
+    out = (out_ptr + pid_s.to(tl.int64) * sos + g * sog + offs_m.to(tl.int64)[:, None] * som
+           + offs_n[None, :])
+    _store_out(out, acc, m_ok[:, None] & n_ok[None, :], OUT_BF16)
+
+
+@triton.jit
+def _splitk_sum_kernel(part_ptr, out_ptr, n_splits, n_elems, stride_s, BLOCK: tl.constexpr,
+                       OUT_BF16: tl.constexpr):
+    """out = sum over the split-K partials [S, ...] (in split order), cast to out's dtype: one
+    launch instead of a reduction and a cast."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n_elems
+    acc = tl.zeros([BLOCK], dtype=part_ptr.dtype.element_ty)
+    for s in range(0, n_splits):
+        acc += tl.load(part_ptr + s * stride_s + offs, mask=m, other=0.0)
+    _store_out(out_ptr + offs, acc, m, OUT_BF16)
+
+
+@functools.lru_cache(maxsize=None)
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _auto_block_n(n: int, g: int) -> int:
+    # decode sweep (benchmarks/decode_kernels.py, H200): 32-wide column blocks win up to 8192
+    # output columns in all (wq_a, wkv, wo_a, indexer wq_b, wo_b), 64 for the wide wq_b
+    return 32 if n * g <= 8192 else 64
+
+
+def _auto_split_k(kb: int, base: int, sms: int) -> int:
+    """Split-K for ``base`` (column x group x row) blocks over ``kb`` 128-wide K blocks: enough
+    programs to cover the device twice when the blocks alone do not fill it (at most 8-way), and
+    at most 16 K blocks per program (long K loops, e.g. wo_b, run better split)."""
+    occupancy = 1 if base >= sms else min(8, -(-2 * sms // base))
+    return max(1, min(kb, max(-(-kb // 16), occupancy)))
+
+
+def _split_k(device: torch.device, k: int, kb: int, base: int, n_mblk: int) -> int:
+    """Split-K of a launch: the measured decode rule (in 128-wide K units, so 32x32 blocks split
+    as 128x128 ones do), clamped to the K blocks; none off CUDA, and none for multi-tile M once
+    the grid fills the device (prefill: the split was not measured there; partials grow with M)."""
+    if device.type != "cuda":
+        return 1
+    sms = _sms(device.index if device.index is not None else torch.cuda.current_device())
+    if n_mblk > 1 and base >= sms:
+        return 1
+    return max(1, min(kb, _auto_split_k(triton.cdiv(k, 128), base, sms)))
+
+
+def k_tile(bk: int) -> int:
+    """The kernel's K tile for scale blocks of ``bk`` columns: a power of two >= 16 (tl.dot)."""
+    return max(16, triton.next_power_of_2(bk))
+
+
+def _math(dtype: torch.dtype, interpreting: bool) -> int:
+    if dtype == torch.float64:
+        return MATH_F64
+    if dtype == torch.float32 or interpreting:
+        return MATH_F32
+    return MATH_X16
+
+
+@register_op(FP8_BLOCK_LINEAR, "triton")
+def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                     block: tuple[int, int], out_dtype: torch.dtype | None = None, *,
+                     block_n: int | None = None, split_k: int | None = None,
+                     num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+    """The op contract (``ops.api.fp8_block_linear``); the keyword-only knobs are for benchmarks
+    and tests (column block, forced split-K, launch options)."""
+    a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
+    m, g, n, k = a.m, a.g, a.n, a.k
+    dev = x.device
+    shape = (m, g, n) if a.grouped else (m, n)
+    if m == 0 or n == 0:
+        return torch.empty(shape, dtype=a.out_dtype, device=dev)
+    if k == 0:
+        return torch.zeros(shape, dtype=a.out_dtype, device=dev)
+    xv = a.x if a.x.stride(-1) == 1 else a.x.contiguous()
+    wb = a.w if a.w.stride(-1) == 1 else a.w.contiguous()
+    sc = a.s.contiguous()
+    interp = dev.type == "cpu"
+    math = _math(x.dtype, interp)
+    # hardware e4m3 conversion only where the device declares fp8 (never in the interpreter)
+    hw_cvt = not interp and adaptor_for(dev.type).capabilities.fp8
+    kb = triton.cdiv(k, a.bk)
+    bk_tile = k_tile(a.bk)
+    bm = min(64, max(16, triton.next_power_of_2(m)))
+    n_mblk = triton.cdiv(m, bm)
+    bn_tile = _auto_block_n(n, g) if block_n is None else block_n
+    n_nblk = triton.cdiv(n, bn_tile)
+    base = n_nblk * g * n_mblk
+    if split_k is None:
+        split_k = _split_k(dev, k, kb, base, n_mblk)
+    kps = triton.cdiv(kb, max(1, min(split_k, kb)))
+    split_k = triton.cdiv(kb, kps)
+    acc_dtype = torch.float64 if math == MATH_F64 else torch.float32
+    if split_k == 1:
+        out = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
+        sos = 0
+    else:
+        out = torch.empty(split_k, m, g, n, dtype=acc_dtype, device=dev)
+        sos = out.stride(0)
+    direct_bf16 = split_k == 1 and a.out_dtype == torch.bfloat16
+    _fp8_block_linear_kernel[(base, split_k)](
+        xv, wb, sc, out, m, n, k, kb, kps, n_nblk, n_mblk,
+        xv.stride(1), xv.stride(0), wb.stride(0), wb.stride(1), sc.stride(0), sc.stride(1),
+        sos, out.stride(-2), out.stride(-3),
+        SBN=a.bn, SBK=a.bk, BM=bm, BN=bn_tile, BK=bk_tile, MATH=math, HW_CVT=hw_cvt,
+        OUT_BF16=direct_bf16, num_warps=num_warps, num_stages=num_stages)
+    if split_k > 1:
+        red = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
+        ne = red.numel()
+        _splitk_sum_kernel[(triton.cdiv(ne, 1024),)](
+            out, red, split_k, ne, out.stride(0), BLOCK=1024,
+            OUT_BF16=a.out_dtype == torch.bfloat16, num_warps=4)
+        out = red
+    return out if a.grouped else out.view(m, n)
