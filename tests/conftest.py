@@ -65,6 +65,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"dsv4 test seed: DSV4_TEST_SEED={SESSION_SEED} replays this run")
 
 
+@pytest.fixture(scope="session")
+def vllm_single_rank():
+    """vLLM's parallel state for this process (world size 1), as a worker sets it up: the model's
+    linears are vLLM layers, which read their tensor-parallel rank from it. Modules that build
+    layers use it with ``pytestmark = pytest.mark.usefixtures("vllm_single_rank")``."""
+    from vllm_dsv4_hw.tools.vllm_state import single_rank
+
+    single_rank()
+
+
 @pytest.fixture
 def gen(request):
     """A generator per test: fresh each run, reproducible with DSV4_TEST_SEED."""

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from vllm_dsv4_hw.quant.scheme import DENSE, WeightScheme, WeightSchemeError
+
 SUPPORTED_RATIOS = (0, 4, 128)
 _LAYER_TYPE_TO_RATIO_KEY = {
     "sliding_attention": None,
@@ -66,6 +68,8 @@ class DSV4Config:
     hc_eps: float = 1e-6
     # Router: renormalize the selected experts' scores to sum 1 (the official checkpoints: true).
     norm_topk_prob: bool = True
+    # Weight formats as shipped (FP8 block linears, FP4 experts, or all dense).
+    weights: WeightScheme = DENSE
 
     def __post_init__(self) -> None:
         bad = sorted({r for r in self.compress_ratios if r not in SUPPORTED_RATIOS})
@@ -143,9 +147,12 @@ class DSV4Config:
                 hc_sinkhorn_iters=int(cfg.get("hc_sinkhorn_iters", 20)),
                 hc_eps=float(cfg.get("hc_eps", 1e-6)),
                 norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                weights=WeightScheme.from_hf_config(cfg, name),
             )
         except KeyError as exc:
             raise ConfigError(f"{name}: required field {exc.args[0]!r} is missing") from None
+        except WeightSchemeError as exc:
+            raise ConfigError(str(exc)) from None
         except ConfigError as exc:
             raise ConfigError(f"{name}: {exc}") from None
         except (TypeError, ValueError) as exc:

@@ -2,7 +2,8 @@
 
 * ``vllm.general_plugins`` -> :func:`register` (runs in every vLLM process): registers our
   ``DeepseekV4ForCausalLM`` in vLLM's ``ModelRegistry`` (replacing the built-in architecture, which
-  needs CUDA-only or AMX-only kernels) and our custom ops.
+  needs CUDA-only or AMX-only kernels) and our quantization config ``dsv4_hw_fp8`` (weights as
+  shipped; it claims the DeepSeek V4 FP8 checkpoints before vLLM's CUDA-only ``deepseek_v4_fp8``).
 * ``vllm.platform_plugins`` -> :func:`platform_plugin`: our CPU platform on machines without an
   accelerator (``VLLM_DSV4_HW_PLATFORM=auto``), None elsewhere so that vLLM's built-in or the
   vendor's platform stays; ``on`` / ``off`` force it.
@@ -46,10 +47,15 @@ def register() -> None:
     _registered = True
     from vllm import ModelRegistry
 
+    from vllm.model_executor.layers.quantization import register_quantization_config
+
+    from vllm_dsv4_hw.quant.config import QUANT_METHOD, DSV4HwQuantConfig
+
     _route_logs_through_vllm()
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    register_quantization_config(QUANT_METHOD)(DSV4HwQuantConfig)
     if envs.trap_c_ops():
-        from vllm_dsv4_hw.testing.c_op_trap import install
+        from vllm_dsv4_hw.tools.c_op_trap import install
         install(envs.trap_c_ops())
     logger.debug("dsv4-hw: registered %s -> %s", ARCHITECTURE, MODEL_CLASS)
 

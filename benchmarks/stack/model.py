@@ -1,116 +1,74 @@
-"""The DeepSeek V4 attention stack of a preset at real dimensions, random weights, FP8 where the
-checkpoints are FP8.
+"""The product's DeepSeek V4 layers at real dimensions with random weights in the checkpoints'
+formats, for the decode benchmarks.
 
-Per layer (``layers.N.attn`` of the official checkpoint): ``wq_a``, ``wkv``, ``wq_b``, ``wo_a`` (per
-output group), ``wo_b`` and ``indexer.wq_b`` are e4m3 with 128x128 ue8m0 block scales
-(:mod:`benchmarks.stack.fp8`); ``compressor.{wkv,wgate}`` (fused into one bf16 GEMM with fp32 output,
-as vLLM's ``fused_wkv_wgate``) and ``indexer.weights_proj`` are bf16 (unquantized in the checkpoint);
-``ape``, ``attn_sink`` and the compressor norm are fp32; ``q_norm``, ``kv_norm`` and the layer's
-``attn_norm`` bf16. The layer itself is :class:`vllm_dsv4_hw.attention.layer.DSV4Attention` (the
-dispatched ops over paged caches); this module only swaps the projections for FP8 ones and
-overrides the output-projection hook.
+Nothing here is a copy of a layer: the attention layers are
+:class:`vllm_dsv4_hw.attention.layer.DSV4Attention` (the class ``vllm serve`` runs, built on vLLM's
+linear layers with the plugin's FP8 block method), the whole-model stack is
+:class:`vllm_dsv4_hw.model.network.DSV4Network` (mHC, MoE with FP4 experts, FP8 shared expert,
+head). Their random weights are generated on the device as the official checkpoint stores them
+(``tools.checkpoint.random_tensors``: e4m3 + ue8m0 128x128 blocks, FP4 e2m1 experts, bf16 / fp32
+elsewhere) and loaded through the product's loader, so the benchmark runs the resident formats.
 
-Between layers the stack keeps a residual stream ``h`` with a pre-norm: ``h = h + attn(RMSNorm(h))``.
-MoE, the shared expert, mHC (hyper-connections) and the embedding / head are left out.
+:class:`AttentionStack` is the attention-only benchmark of issue 6 (a pre-norm residual stream
+``h = h + attn(RMSNorm(h))`` between the layers; MoE, mHC, embedding and head left out).
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import replace
 
 import torch
 from torch import nn
 
-from benchmarks.stack import fp8
-from benchmarks.stack.fp8 import FP8GroupedLinear, FP8Linear, mm_f32
 from vllm_dsv4_hw import ops
-from vllm_dsv4_hw.attention.layer import DSV4Attention, DSV4Compressor, RMSNormWeight
+from vllm_dsv4_hw.attention.layer import DSV4Attention
 from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.kinds import kind_of
+from vllm_dsv4_hw.model.loader import load_weights
+from vllm_dsv4_hw.model.network import DSV4Network
+from vllm_dsv4_hw.quant.scheme import WeightScheme
+from vllm_dsv4_hw.tools.checkpoint import random_tensors
+from vllm_dsv4_hw.tools.checkpoint_layout import (
+    attention_specs,
+    hf_dict_of,
+    layer_specs,
+    tensor_specs,
+)
 
-KIND_NAMES = {0: "window", 4: "c4a", 128: "c128a"}
-
-
-class BF16Compressor(DSV4Compressor):
-    """``compressor.{wkv, wgate}`` as one bf16 [2*coff*d, hidden] weight, GEMM with fp32 output."""
-
-    def __init__(self, hidden: int, d: int, ratio: int, device, generator) -> None:
-        nn.Module.__init__(self)
-        self.ratio = ratio
-        self.d = d
-        self.coff = 2 if ratio == 4 else 1
-        w = torch.randn(2 * self.coff * d, hidden, device=device, generator=generator)
-        self.wkv_wgate = nn.Parameter(w.div_(math.sqrt(hidden)).to(torch.bfloat16),
-                                      requires_grad=False)
-        self.ape = nn.Parameter(0.5 * torch.randn(ratio, self.coff * d, device=device,
-                                                  generator=generator), requires_grad=False)
-        # on the device: a CPU weight is copied every step (and breaks graph capture)
-        self.norm = RMSNormWeight(d, torch.float32).to(device)
-        with torch.no_grad():
-            self.norm.weight.copy_(1 + 0.1 * torch.randn(d, device=device, generator=generator))
-
-    def step(self, x32, positions, plan, state, cache, fmt, cos_sin, eps) -> None:
-        kvs = mm_f32(x32, self.wkv_wgate)
-        kv, score = kvs.split(self.coff * self.d, dim=-1)
-        ops.compressor_store(kv, score, positions, self.ape, state, plan.state_slots,
-                             plan.group_rows, self.ratio, self.norm.weight, eps, cos_sin,
-                             plan.group_entry_index, cache, plan.cache_slots, fmt)
+SHIPPED = WeightScheme(linear="fp8", block=(128, 128), experts="fp4")
 
 
-class FP8DSV4Attention(DSV4Attention):
-    """DSV4Attention with the checkpoint's FP8 projections (random weights)."""
-
-    def _output_projection(self, o: torch.Tensor, pos: torch.Tensor,
-                           dtype: torch.dtype) -> torch.Tensor:
-        t = o.shape[0]
-        o = ops.rope(o, pos, self.cos_sin, inverse=True)
-        y = self.wo_a(o.reshape(t, self.o_groups, -1))           # [T, G, o_lora]
-        return self.wo_b(y.reshape(t, self.o_groups * self.o_lora_rank))
+def shipped(cfg: DSV4Config) -> DSV4Config:
+    """``cfg`` with the official checkpoints' weight formats (FP8 linears, FP4 experts)."""
+    return replace(cfg, weights=SHIPPED)
 
 
-def _normal_(p: torch.Tensor, generator, mean: float, std: float) -> None:
-    with torch.no_grad():
-        v = torch.randn(p.shape, device=p.device, generator=generator) * std + mean
-        p.copy_(v.to(p.dtype))
+def kind_name(ratio: int) -> str:
+    return kind_of(ratio).name
 
 
-def build_layer(cfg: DSV4Config, layer_id: int, *, device: torch.device, generator,
-                max_positions: int, dtype=torch.bfloat16) -> FP8DSV4Attention:
-    h, d = cfg.num_heads, cfg.head_dim
+def resident_bytes(module: nn.Module) -> int:
+    """Bytes of the module's parameters: what one decode step reads from its weights."""
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _strip(prefix: str, tensors):
+    n = len(prefix) + 1
+    for name, t in tensors:
+        yield name[n:], t
+
+
+def build_layer(cfg: DSV4Config, layer_id: int, *, device: torch.device, seed: int,
+                max_positions: int, dtype=torch.bfloat16) -> DSV4Attention:
+    """One attention layer of ``shipped(cfg)``, random weights loaded through the loader."""
+    cfg = shipped(cfg)
+    prefix = f"layers.{layer_id}.attn"
     with torch.device(device):
-        layer = FP8DSV4Attention(cfg, layer_id, dtype=dtype, max_positions=max_positions,
-                                 device=device)
-    dev = device
-    layer.wq_a = FP8Linear.random(cfg.q_lora_rank, cfg.hidden_size, dev, generator)
-    layer.wkv = FP8Linear.random(d, cfg.hidden_size, dev, generator)
-    layer.wq_b = FP8Linear.random(h * d, cfg.q_lora_rank, dev, generator)
-    layer.wo_a = FP8GroupedLinear.random(cfg.o_groups, cfg.o_lora_rank, h * d // cfg.o_groups,
-                                         dev, generator)
-    layer.wo_b = FP8Linear.random(cfg.hidden_size, cfg.o_groups * cfg.o_lora_rank, dev, generator)
-    _normal_(layer.q_norm.weight, generator, 1.0, 0.1)
-    _normal_(layer.kv_norm.weight, generator, 1.0, 0.1)
-    _normal_(layer.attn_sink, generator, 0.0, 1.0)
-    if layer.ratio:
-        layer.compressor = BF16Compressor(cfg.hidden_size, d, layer.ratio, dev, generator)
-    if layer.indexer is not None:
-        idx = layer.indexer
-        idx.wq_b = FP8Linear.random(idx.n_heads * idx.head_dim, cfg.q_lora_rank, dev, generator)
-        _normal_(idx.weights_proj.weight, generator, 0.0, 1.0 / math.sqrt(cfg.hidden_size))
-        idx.compressor = BF16Compressor(cfg.hidden_size, idx.head_dim, 4, dev, generator)
-    layer.requires_grad_(False)
-    return layer
-
-
-def weight_bytes(module: nn.Module) -> int:
-    """Bytes one decode step reads from this module's weights (FP8 values + their fp32 scales,
-    bf16 / fp32 parameters); the RoPE table (a few rows per step) is not counted."""
-    total = 0
-    for m in module.modules():
-        if isinstance(m, (FP8Linear, FP8GroupedLinear)):
-            total += m.weight.numel() * m.weight.element_size()
-            total += m.scale.numel() * m.scale.element_size()
-    for _, p in module.named_parameters():
-        total += p.numel() * p.element_size()
-    return total
+        layer = DSV4Attention(cfg, layer_id, dtype=dtype, max_positions=max_positions,
+                              device=device, prefix=prefix)
+    specs = attention_specs(prefix, hf_dict_of(cfg), cfg.compress_ratios[layer_id])
+    load_weights(layer, _strip(prefix, random_tensors(specs, "fp8", seed, device)))
+    return layer.requires_grad_(False)
 
 
 class AttentionStack(nn.Module):
@@ -122,34 +80,32 @@ class AttentionStack(nn.Module):
         super().__init__()
         self.cfg = cfg
         gen = torch.Generator(device=device).manual_seed(seed)
-        self.layers = nn.ModuleList(build_layer(cfg, i, device=device, generator=gen,
+        self.layers = nn.ModuleList(build_layer(cfg, i, device=device, seed=seed,
                                                 max_positions=max_positions)
                                     for i in range(cfg.num_layers))
         self.attn_norms = nn.ParameterList()
         for _ in range(cfg.num_layers):
-            w = nn.Parameter(torch.empty(cfg.hidden_size, dtype=torch.bfloat16, device=device),
-                             requires_grad=False)
-            _normal_(w, gen, 1.0, 0.1)
-            self.attn_norms.append(w)
+            w = 1 + 0.1 * torch.randn(cfg.hidden_size, device=device, generator=gen)
+            self.attn_norms.append(nn.Parameter(w.to(torch.bfloat16), requires_grad=False))
         self.ratios = tuple(cfg.compress_ratios)
 
     def kinds(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.ratios:
-            out[KIND_NAMES[r]] = out.get(KIND_NAMES[r], 0) + 1
+            out[kind_name(r)] = out.get(kind_name(r), 0) + 1
         return out
 
     def weight_bytes_by_kind(self) -> dict[str, int]:
         """Per layer kind: the bytes of ONE layer (they are identical within a kind)."""
         out: dict[str, int] = {}
         for i, layer in enumerate(self.layers):
-            k = KIND_NAMES[layer.ratio]
+            k = kind_name(layer.ratio)
             if k not in out:
-                out[k] = weight_bytes(layer) + self.attn_norms[i].numel() * 2
+                out[k] = resident_bytes(layer) + self.attn_norms[i].numel() * 2
         return out
 
     def total_weight_bytes(self) -> int:
-        return sum(weight_bytes(layer) for layer in self.layers) + \
+        return sum(resident_bytes(layer) for layer in self.layers) + \
             sum(w.numel() * w.element_size() for w in self.attn_norms)
 
     @torch.no_grad()
@@ -165,5 +121,28 @@ class AttentionStack(nn.Module):
         return h
 
 
-__all__ = ["AttentionStack", "BF16Compressor", "FP8DSV4Attention", "KIND_NAMES", "build_layer",
-           "weight_bytes", "fp8"]
+def build_network(cfg: DSV4Config, device: torch.device, max_positions: int,
+                  seed: int = 0) -> DSV4Network:
+    """The whole network of ``shipped(cfg)`` (mHC, MoE with FP4 experts, FP8 shared expert, head;
+    no MTP), random weights in the checkpoint formats loaded through the loader, layer by layer."""
+    cfg = shipped(cfg)
+    with torch.device(device):
+        net = DSV4Network(cfg, lambda i, r: DSV4Attention(cfg, i, dtype=torch.bfloat16,
+                                                          max_positions=max_positions,
+                                                          device=device,
+                                                          prefix=f"layers.{i}.attn"),
+                          dtype=torch.bfloat16, device=device)
+    d = hf_dict_of(cfg)
+    top = [s for s in tensor_specs(dict(d, num_hidden_layers=0, compress_ratios=[]),
+                                   include_mtp=False)]
+
+    def tensors():
+        yield from random_tensors(top, "fp8", seed, device)
+        for i in range(cfg.num_layers):
+            yield from random_tensors(layer_specs(d, i), "fp8", seed, device)
+    load_weights(net, tensors(), cfg)
+    return net.requires_grad_(False)
+
+
+__all__ = ["AttentionStack", "SHIPPED", "build_layer", "build_network", "kind_name",
+           "resident_bytes", "shipped"]

@@ -32,17 +32,20 @@ import torch
 
 from tests.conftest import SESSION_SEED
 from tests.oracles.layer_oracle import OracleDims, indexer_choices, layer_oracle
+from tests.weights import assign, init_random_, official_state
 from vllm_dsv4_hw.attention.caches import (
     allocate_layer_caches,
     page_geometry,
     positions_per_page,
     static_block_tables,
 )
-from vllm_dsv4_hw.attention.layer import DSV4Attention, init_dsv4_attention_
+from vllm_dsv4_hw.attention.layer import DSV4Attention
 from vllm_dsv4_hw.attention.metadata import BlockTables, build_step_metadata
 from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kv_cache.paged import logical_to_slot
+
+pytestmark = pytest.mark.usefixtures("vllm_single_rank")
 
 CFG = DSV4Config(name="tiny-dsv4", hidden_size=64, num_heads=4, q_lora_rank=32, o_groups=2,
                  o_lora_rank=16, index_topk=6, compress_ratios=(0, 4, 128),
@@ -66,7 +69,7 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _new_layer(ratio: int, dtype: torch.dtype, gen: torch.Generator) -> DSV4Attention:
     layer = DSV4Attention(CFG, ratio=ratio, dtype=dtype, max_positions=CFG.max_position_embeddings)
-    init_dsv4_attention_(layer, gen)
+    init_random_(layer, gen)
     return layer
 
 
@@ -79,13 +82,13 @@ def _case(ratio: int):
         xs = [torch.randn(n, CFG.hidden_size, generator=gen, dtype=torch.float64) for n in LENS]
         if ratio != 4:
             break
-        params = dict(layer.state_dict())
+        params = official_state(layer)
         margins = [m for x in xs for m in indexer_choices(params, DIMS, x)[2]]
         if min(margins) >= MIN_MARGIN:
             break
     else:
         pytest.fail(f"12 draws all had an indexer near-tie < {MIN_MARGIN} (seed {SESSION_SEED})")
-    params = {k: v.clone() for k, v in layer.state_dict().items()}
+    params = official_state(layer)
     oracle = [layer_oracle(params, DIMS, ratio, x) for x in xs]
     return params, xs, oracle
 
@@ -94,8 +97,8 @@ def _layer_from(params: dict, ratio: int, dtype: torch.dtype,
                 act_quant_o: bool = False) -> DSV4Attention:
     layer = DSV4Attention(CFG, ratio=ratio, dtype=dtype, max_positions=CFG.max_position_embeddings,
                           act_quant_o=act_quant_o)
-    missing, unexpected = layer.load_state_dict(params, strict=True)
-    assert not missing and not unexpected
+    assert set(params) == set(official_state(layer))
+    assign(layer, params)
     return layer
 
 
@@ -360,7 +363,7 @@ def test_c128a_two_entry_pages():
 def test_layer_parameter_names():
     names = {0: set(), 4: set(), 128: set()}
     for ratio in RATIOS:
-        names[ratio] = set(DSV4Attention(CFG, ratio=ratio, max_positions=8).state_dict())
+        names[ratio] = set(official_state(DSV4Attention(CFG, ratio=ratio, max_positions=8)))
     base = {"wq_a.weight", "q_norm.weight", "wq_b.weight", "wkv.weight", "kv_norm.weight",
             "wo_a.weight", "wo_b.weight", "attn_sink"}
     comp = {f"compressor.{n}" for n in ("wkv.weight", "wgate.weight", "ape", "norm.weight")}
@@ -369,7 +372,7 @@ def test_layer_parameter_names():
     assert names[128] == base | comp
     assert names[4] == base | comp | idx
     layer = DSV4Attention(CFG, ratio=4, max_positions=8)
-    sd = layer.state_dict()
+    sd = official_state(layer)
     assert sd["wo_a.weight"].shape == (CFG.o_groups * CFG.o_lora_rank,
                                        CFG.num_heads * CFG.head_dim // CFG.o_groups)
     assert sd["compressor.ape"].shape == (4, 2 * CFG.head_dim)

@@ -27,8 +27,8 @@ import torch
 
 from vllm_dsv4_hw.cli.main import main
 from vllm_dsv4_hw.config import DSV4Config
-from vllm_dsv4_hw.model import checkpoint as ck
-from vllm_dsv4_hw.model import tokenizer_gen
+from vllm_dsv4_hw.tools import checkpoint as ck
+from vllm_dsv4_hw.tools import tokenizer_gen
 
 SEED = 1234
 PROMPT = ("The quick brown fox jumps over the lazy dog. A long context model reads a whole book "

@@ -438,7 +438,7 @@ class ServerPool:
         if which not in ("fp8", "bf16"):
             return Path(which)
         if which not in self._checkpoints:
-            from vllm_dsv4_hw.model import checkpoint as ck
+            from vllm_dsv4_hw.tools import checkpoint as ck
 
             path = self._tmp.mktemp("ckpt") / f"tiny-flash-{which}"
             ck.make_checkpoint(path, "tiny-flash", which, CKPT_SEED, progress=lambda _m: None)

@@ -9,8 +9,11 @@
     indexer.{wq_b [64*128, q_lora], weights_proj [64, hidden],
              compressor.{wkv [256, hidden], wgate [256, hidden], ape [4, 256], norm [128]}}
 
-(the Linear weights as ``<name>.weight``, norms as ``<name>.weight``). Compressor weights, ``ape``
-and the sink are fp32 (the compressor runs in fp32); the rest has the layer's dtype.
+The linears are vLLM layers whose method (``quant.linear``) keeps the checkpoint's format: FP8
+block weights (``<name>.weight`` e4m3 + ``<name>.scale`` ue8m0) where the checkpoint quantizes
+them, float weights elsewhere. Each compressor's ``wkv`` and ``wgate`` are one merged GEMM with fp32
+output (``compressor.wkv_wgate``, loaded from the two checkpoint tensors); ``ape``, the sink and the
+compressor norm are fp32 (the compressor pools in fp32); the rest has the layer's dtype.
 
 ``forward(x [T, hidden], meta, caches)`` runs one step of a varlen batch (prefill chunks and decode
 tokens mixed) over paged caches:
@@ -34,25 +37,43 @@ one table for queries, window keys, compressed entries and the indexer.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.attention.caches import LayerCaches
 from vllm_dsv4_hw.attention.metadata import StepMetadata
-from vllm_dsv4_hw.config import SUPPORTED_RATIOS, DSV4Config
+from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.kinds import INDEXER_COMPRESSOR, AttentionKind, kind_of
 from vllm_dsv4_hw.ops.reference.rope import rope_tables_for
-from vllm_dsv4_hw.platform.streams import AuxStreams
+from vllm_dsv4_hw.platform.streams import aux_streams
+from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
+from vllm_dsv4_hw.quant.linear import grouped_linear, merged_linear, replicated_linear
 
-__all__ = ["DSV4Attention", "DSV4Compressor", "DSV4Indexer", "RMSNormWeight",
-           "init_dsv4_attention_"]
+__all__ = ["DSV4Attention", "DSV4Compressor", "DSV4Indexer", "RMSNormWeight", "running_step"]
 
 BRANCH_INDEXER = 0
 BRANCH_MAIN_COMPRESSOR = 1
+
+# The step a network runs outside vLLM's engine (benchmarks, tests, standalone use): per-kind
+# step metadata and per-layer caches, read by layers called as ``attn(x)``.
+_STEP: contextvars.ContextVar = contextvars.ContextVar("dsv4_hw_step", default=None)
+
+
+@contextlib.contextmanager
+def running_step(metas: dict, caches):
+    """Run a network's attention layers on ``metas[ratio]`` (StepMetadata per layer kind) and
+    ``caches[layer_id]`` (LayerCaches per layer) without vLLM: ``with running_step(m, c): net(ids)``.
+    Inside vLLM the layers read the engine's forward context instead (``vllm_layer.py``)."""
+    token = _STEP.set((metas, caches))
+    try:
+        yield
+    finally:
+        _STEP.reset(token)
 
 
 class RMSNormWeight(nn.Module):
@@ -60,31 +81,31 @@ class RMSNormWeight(nn.Module):
 
     def __init__(self, dim: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
-
-
-def _linear(inp: int, out: int, dtype: torch.dtype) -> nn.Linear:
-    return nn.Linear(inp, out, bias=False, dtype=dtype)
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
 
 
 class DSV4Compressor(nn.Module):
-    """``compressor.{wkv, wgate, ape, norm}`` of a ratio-``ratio`` compressor with output dim d."""
+    """``compressor.{wkv, wgate, ape, norm}`` of a compressor of ``kind`` with output dim d."""
 
-    def __init__(self, hidden: int, d: int, ratio: int) -> None:
+    def __init__(self, hidden: int, d: int, kind: AttentionKind, dtype: torch.dtype,
+                 prefix: str) -> None:
         super().__init__()
-        self.ratio = ratio
+        self.kind = kind
+        self.ratio = kind.ratio
         self.d = d
-        self.coff = 2 if ratio == 4 else 1
-        self.wkv = _linear(hidden, self.coff * d, torch.float32)
-        self.wgate = _linear(hidden, self.coff * d, torch.float32)
-        self.ape = nn.Parameter(torch.zeros(ratio, self.coff * d, dtype=torch.float32))
+        width = kind.coff * d
+        # The checkpoint ships both projections unquantized; one GEMM, fp32 out (pooling is fp32).
+        self.wkv_wgate = merged_linear(hidden, {"wkv": width, "wgate": width},
+                                       DSV4HwQuantConfig.dense(out_dtype=torch.float32),
+                                       f"{prefix}.wkv_wgate", dtype)
+        self.ape = nn.Parameter(torch.zeros(kind.ratio, width, dtype=torch.float32),
+                                requires_grad=False)
         self.norm = RMSNormWeight(d, torch.float32)
 
-    def step(self, x32: torch.Tensor, positions: torch.Tensor, plan, state: torch.Tensor,
+    def step(self, x: torch.Tensor, positions: torch.Tensor, plan, state: torch.Tensor,
              cache: torch.Tensor, fmt, cos_sin: torch.Tensor, eps: float) -> None:
         """Write this step's state rows, store every entry completed in the step."""
-        kv = F.linear(x32, self.wkv.weight)
-        score = F.linear(x32, self.wgate.weight)
+        kv, score = self.wkv_wgate(x).split(self.kind.coff * self.d, dim=-1)
         ops.compressor_store(kv, score, positions, self.ape, state, plan.state_slots,
                              plan.group_rows, self.ratio, self.norm.weight, eps, cos_sin,
                              plan.group_entry_index, cache, plan.cache_slots, fmt)
@@ -93,14 +114,19 @@ class DSV4Compressor(nn.Module):
 class DSV4Indexer(nn.Module):
     """``indexer.{wq_b, weights_proj, compressor.*}`` (c4a layers)."""
 
-    def __init__(self, cfg: DSV4Config, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: DSV4Config, dtype: torch.dtype, quant_config,
+                 prefix: str) -> None:
         super().__init__()
         self.n_heads = cfg.index_n_heads
         self.head_dim = cfg.index_head_dim
         self.topk = cfg.index_topk
-        self.wq_b = _linear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype)
-        self.weights_proj = _linear(cfg.hidden_size, self.n_heads, dtype)
-        self.compressor = DSV4Compressor(cfg.hidden_size, self.head_dim, 4)
+        self.wq_b = replicated_linear(cfg.q_lora_rank, self.n_heads * self.head_dim, quant_config,
+                                      f"{prefix}.wq_b", dtype)
+        self.weights_proj = replicated_linear(cfg.hidden_size, self.n_heads,
+                                              DSV4HwQuantConfig.dense(),
+                                              f"{prefix}.weights_proj", dtype)
+        self.compressor = DSV4Compressor(cfg.hidden_size, self.head_dim, INDEXER_COMPRESSOR,
+                                         dtype, f"{prefix}.compressor")
 
 
 @functools.lru_cache(maxsize=16)
@@ -125,22 +151,26 @@ def _entry_slots(block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.
 
 
 class DSV4Attention(nn.Module):
+    """One attention layer. ``quant_config``: the method of the linears the checkpoint quantizes
+    (``quant.config.DSV4HwQuantConfig``; default: the formats ``cfg.weights`` declares);
+    ``prefix`` names the layer in the checkpoint (``layers.N.attn``)."""
+
     def __init__(self, cfg: DSV4Config, layer_id: int | None = None, *, ratio: int | None = None,
                  dtype: torch.dtype = torch.bfloat16, max_positions: int | None = None,
-                 device: torch.device | str | None = None, act_quant_o: bool = False) -> None:
+                 device: torch.device | str | None = None, act_quant_o: bool = False,
+                 quant_config: DSV4HwQuantConfig | None = None, prefix: str = "") -> None:
         super().__init__()
         if ratio is None:
             if layer_id is None:
                 raise ValueError("DSV4Attention needs layer_id (ratio from cfg) or ratio")
             ratio = cfg.compress_ratios[layer_id]
-        if ratio not in SUPPORTED_RATIOS:
-            raise ValueError(f"compress ratio {ratio} is not one of {SUPPORTED_RATIOS}")
+        self.kind = kind_of(ratio)
         self.cfg = cfg
         self.layer_id = layer_id
         self.ratio = ratio
         self.dtype = dtype
-        # FP8 activation quantization of the o-projection input (as in front of the checkpoint's
-        # FP8 wo_a): uses the fused inverse-RoPE + quantize op, then feeds the dequantized values.
+        # FP8 activation quantization of the o-projection input (as the official FP8 x FP8 wo_a
+        # does): the fused inverse-RoPE + quantize op, then its dequantized values feed wo_a.
         self.act_quant_o = act_quant_o
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.head_dim
@@ -149,35 +179,36 @@ class DSV4Attention(nn.Module):
         self.eps = cfg.rms_norm_eps
         self.scale = cfg.head_dim ** -0.5
         h, d = cfg.num_heads, cfg.head_dim
+        qc = quant_config if quant_config is not None else DSV4HwQuantConfig(cfg.weights)
+        p = f"{prefix}." if prefix else ""
 
-        self.wq_a = _linear(cfg.hidden_size, cfg.q_lora_rank, dtype)
-        self.q_norm = RMSNormWeight(cfg.q_lora_rank, dtype)
-        self.wq_b = _linear(cfg.q_lora_rank, h * d, dtype)
-        self.wkv = _linear(cfg.hidden_size, d, dtype)
-        self.kv_norm = RMSNormWeight(d, dtype)
-        self.wo_a = _linear(h * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, dtype)
-        self.wo_b = _linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, dtype)
-        self.attn_sink = nn.Parameter(torch.zeros(h, dtype=torch.float32))
-        self.compressor = DSV4Compressor(cfg.hidden_size, d, ratio) if ratio else None
-        self.indexer = DSV4Indexer(cfg, dtype) if ratio == 4 else None
+        with torch.device(device) if device is not None else contextlib.nullcontext():
+            self.wq_a = replicated_linear(cfg.hidden_size, cfg.q_lora_rank, qc, p + "wq_a", dtype)
+            self.q_norm = RMSNormWeight(cfg.q_lora_rank, dtype)
+            self.wq_b = replicated_linear(cfg.q_lora_rank, h * d, qc, p + "wq_b", dtype)
+            self.wkv = replicated_linear(cfg.hidden_size, d, qc, p + "wkv", dtype)
+            self.kv_norm = RMSNormWeight(d, dtype)
+            self.wo_a = replicated_linear(h * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank,
+                                          qc, p + "wo_a", dtype)
+            self.wo_b = replicated_linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, qc,
+                                          p + "wo_b", dtype)
+            self.attn_sink = nn.Parameter(torch.zeros(h, dtype=torch.float32),
+                                          requires_grad=False)
+            self.compressor = (DSV4Compressor(cfg.hidden_size, d, self.kind, dtype,
+                                              p + "compressor")
+                               if self.kind.compressed else None)
+            self.indexer = (DSV4Indexer(cfg, dtype, qc, p + "indexer")
+                            if self.kind.has_indexer else None)
 
         n_pos = cfg.max_position_embeddings if max_positions is None else int(max_positions)
         dev = torch.device(device) if device is not None else torch.device("cpu")
         self.register_buffer("cos_sin", _shared_rope_table(cfg, ratio, n_pos, str(dev)),
                              persistent=False)
-        if device is not None:
-            self.to(dev)
-        self._aux: AuxStreams | None = None
         # Debugging / tests: keep the indexer's selected entry indices of the last step.
         self.capture_topk = False
         self.last_topk: torch.Tensor | None = None
 
     # -- helpers --------------------------------------------------------------------------------
-    def _streams(self, device: torch.device) -> AuxStreams:
-        if self._aux is None or self._aux.device != device:
-            self._aux = AuxStreams(device, num_branches=2)
-        return self._aux
-
     def _check(self, x: torch.Tensor, meta: StepMetadata, caches: LayerCaches) -> None:
         if x.dim() != 2 or x.shape[1] != self.cfg.hidden_size:
             raise ValueError(f"x must be [T, {self.cfg.hidden_size}], got {tuple(x.shape)}")
@@ -192,7 +223,14 @@ class DSV4Attention(nn.Module):
 
     # -- forward --------------------------------------------------------------------------------
     @torch.no_grad()  # inference only: cache / state writes must not record autograd history
-    def forward(self, x: torch.Tensor, meta: StepMetadata, caches: LayerCaches) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, meta: StepMetadata | None = None,
+                caches: LayerCaches | None = None) -> torch.Tensor:
+        if meta is None:
+            step = _STEP.get()
+            if step is None:
+                raise RuntimeError("DSV4Attention called without step metadata: pass (meta, "
+                                   "caches) or run inside attention.layer.running_step(...)")
+            meta, caches = step[0][self.ratio], step[1][self.layer_id]
         self._check(x, meta, caches)
         t = x.shape[0]
         if t == 0:
@@ -204,21 +242,20 @@ class DSV4Attention(nn.Module):
         # The branches fork before the q / kv projections: what needs only x (both compressors,
         # the indexer's head weights) overlaps the main stream's projections too; the indexer's
         # query half rejoins its branch once q_r exists.
-        aux = self._streams(x.device)
-        x32 = x.float() if self.ratio else None
+        aux = aux_streams(x.device)
         comp_slots = meta.comp_slots  # c128a: every visible entry; c4a: from the indexer below
-        if self.ratio == 4:
-            with aux.branch(BRANCH_INDEXER, keep_alive=(x, x32)):
-                head_w = self._indexer_keys_and_weights(x, x32, meta, caches)
-        if self.ratio:
-            with aux.branch(BRANCH_MAIN_COMPRESSOR, keep_alive=(x32,)):
-                self.compressor.step(x32, pos, meta.main_plan, caches.main_state, caches.comp,
+        if self.kind.has_indexer:
+            with aux.branch(BRANCH_INDEXER, keep_alive=(x,)):
+                head_w = self._indexer_keys_and_weights(x, meta, caches)
+        if self.kind.compressed:
+            with aux.branch(BRANCH_MAIN_COMPRESSOR, keep_alive=(x,)):
+                self.compressor.step(x, pos, meta.main_plan, caches.main_state, caches.comp,
                                      caches.comp_format, cos_sin, self.eps)
 
         # 1. q_r (also feeds the indexer) and the shared KV vector: both norms in one op.
         q_r, kv = ops.qkv_rms_norm(self.wq_a(x), self.q_norm.weight, self.wkv(x),
                                    self.kv_norm.weight, self.eps)
-        if self.ratio == 4:
+        if self.kind.has_indexer:
             with aux.branch(BRANCH_INDEXER, keep_alive=(q_r, head_w)):
                 comp_slots = self._indexer_select(q_r, head_w, meta, caches)
 
@@ -236,24 +273,23 @@ class DSV4Attention(nn.Module):
     def _output_projection(self, o: torch.Tensor, pos: torch.Tensor,
                            dtype: torch.dtype) -> torch.Tensor:
         """Step 6: inverse RoPE (fused with the FP8 activation quantization under
-        ``act_quant_o``) and the grouped low-rank output projection (a hook for quantized
-        weights, e.g. benchmarks/stack/model.py)."""
-        cos_sin = self.cos_sin
+        ``act_quant_o``), the per-group ``wo_a`` and ``wo_b``."""
+        t = o.shape[0]
         if self.act_quant_o:
-            o8, scales = ops.inv_rope_fp8_quant(o, pos, cos_sin)
+            o8, scales = ops.inv_rope_fp8_quant(o, pos, self.cos_sin)
             o = (o8.float() * scales.repeat_interleave(o8.shape[-1] // scales.shape[-1], -1))
             o = o.to(dtype)
         else:
-            o = ops.rope(o, pos, cos_sin, inverse=True)
-        wo_a = self.wo_a.weight.view(self.o_groups, self.o_lora_rank, -1)
-        return ops.grouped_o_proj(o, wo_a, self.wo_b.weight)
+            o = ops.rope(o, pos, self.cos_sin, inverse=True)
+        y = grouped_linear(self.wo_a, o.reshape(t, self.o_groups, -1), self.o_groups)
+        return self.wo_b(y.reshape(t, self.o_groups * self.o_lora_rank))
 
-    def _indexer_keys_and_weights(self, x: torch.Tensor, x32: torch.Tensor, meta: StepMetadata,
+    def _indexer_keys_and_weights(self, x: torch.Tensor, meta: StepMetadata,
                                   caches: LayerCaches) -> torch.Tensor:
         """The indexer's half that needs only x: its compressor step (first, so that an entry
         completed by this very token is scorable) and the per-head weights [T, Hi] fp32."""
         idx = self.indexer
-        idx.compressor.step(x32, meta.positions, meta.indexer_plan, caches.indexer_state,
+        idx.compressor.step(x, meta.positions, meta.indexer_plan, caches.indexer_state,
                             caches.indexer, caches.indexer_format, self.cos_sin, self.eps)
         return idx.weights_proj(x).float() * (idx.head_dim ** -0.5 * idx.n_heads ** -0.5)
 
@@ -266,7 +302,8 @@ class DSV4Attention(nn.Module):
         qi = idx.wq_b(q_r).view(t, idx.n_heads, idx.head_dim)
         qi = ops.rope(qi, pos, self.cos_sin)
         top = ops.indexer_topk(qi, w, caches.indexer, caches.indexer_format,
-                               meta.block_tables.indexer, meta.token_req, pos, idx.topk, 4)
+                               meta.block_tables.indexer, meta.token_req, pos, idx.topk,
+                               self.ratio)
         if self.capture_topk:
             self.last_topk = top
         return _entry_slots(meta.block_tables.comp, meta.token_req, top,
@@ -274,7 +311,7 @@ class DSV4Attention(nn.Module):
 
     def _attend(self, q: torch.Tensor, meta: StepMetadata, caches: LayerCaches,
                 comp_slots: torch.Tensor | None) -> torch.Tensor:
-        comp = caches.comp if (self.ratio and comp_slots is not None
+        comp = caches.comp if (self.kind.compressed and comp_slots is not None
                                and comp_slots.shape[-1] > 0) else None
         if comp is None:
             return ops.sparse_attention(q, caches.window, meta.window_slots, None, None,
@@ -284,25 +321,5 @@ class DSV4Attention(nn.Module):
                                     comp_fmt=caches.comp_format)
 
     def extra_repr(self) -> str:
-        return (f"ratio={self.ratio}, heads={self.num_heads}, head_dim={self.head_dim}, "
+        return (f"kind={self.kind.name}, heads={self.num_heads}, head_dim={self.head_dim}, "
                 f"o_groups={self.o_groups}, dtype={self.dtype}")
-
-
-def init_dsv4_attention_(layer: DSV4Attention, generator: torch.Generator | None = None,
-                         std_scale: float = 1.0) -> DSV4Attention:
-    """Random weights of a sensible scale (benchmarks, tests): N(0, 1/fan_in) matrices, norms
-    around 1, ape and sink N(0, 1/4) / N(0, 1)."""
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            shape = p.shape
-            if name.endswith("norm.weight"):
-                v = 1.0 + 0.1 * torch.randn(shape, generator=generator, dtype=torch.float64)
-            elif name.endswith("ape"):
-                v = 0.5 * torch.randn(shape, generator=generator, dtype=torch.float64)
-            elif name == "attn_sink":
-                v = torch.randn(shape, generator=generator, dtype=torch.float64)
-            else:
-                v = torch.randn(shape, generator=generator, dtype=torch.float64) \
-                    * (std_scale / math.sqrt(shape[-1]))
-            p.copy_(v.to(p.dtype))
-    return layer

@@ -2,10 +2,15 @@
 
 vLLM's hybrid KV cache manager puts every cache kind of every layer into KV cache groups (one block
 table per group) and calls each group's builder once per step. Our builder only hands over what the
-group knows: its block table (vLLM's null block 0 -> -1, our "no page" marker), the positions per
-page, and the step's request layout. The attention layer (``vllm_layer.py``) combines the groups of
-its cache kinds into one :class:`~vllm_dsv4_hw.attention.metadata.StepMetadata` per compress ratio
-and step (shared by the layers of that ratio).
+group knows: its block table, the positions per page and the step's request layout, as views of
+vLLM's persistent input buffers (no copies, no host synchronization). The attention layer
+(``vllm_layer.py``) combines the groups of its cache kinds into one
+:class:`~vllm_dsv4_hw.attention.metadata.StepMetadata` per layer kind and step: for decode batches
+with device ops only (``attention.decode_metadata``), which is what lets vLLM capture decode steps
+in CUDA graphs (``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``: vLLM replays them after
+refreshing its buffers in place); mixed and prefill steps run eagerly through the general builder.
+``VLLM_DSV4_HW_CUDA_GRAPHS=0`` sends every step through the general builder and declares no graph
+support.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from vllm.v1.attention.backend import (
     MultipleOf,
 )
 
+from vllm_dsv4_hw import envs
+
 logger = init_logger(__name__)
 
 __all__ = ["DSV4CacheBackend", "DSV4CacheMetadata", "DSV4CacheMetadataBuilder"]
@@ -34,23 +41,38 @@ NULL_BLOCK = 0
 
 @dataclass
 class DSV4CacheMetadata:
-    """One KV cache group's view of a step."""
+    """One KV cache group's view of a step (device tensors are views of vLLM's buffers)."""
 
-    block_table: torch.Tensor      # [R, B] int64 page ids, -1 = no page
-    block_size: int                # positions per page of this group
-    query_start_loc: torch.Tensor  # [R+1] int64 (host)
-    seq_lens: torch.Tensor         # [R] int64 (host): tokens cached after the step
+    block_table: torch.Tensor          # [R, B] int32 page ids; vLLM's null block 0 = no page
+    block_size: int                    # positions per page of this group
+    query_start_loc_cpu: torch.Tensor  # [R+1] int (host)
+    seq_lens: torch.Tensor             # [R] int (device): tokens cached after the step
     num_reqs: int
     num_tokens: int
+    decode: bool                       # one new token per request (graph-capturable step)
 
     @property
-    def seq_starts(self) -> torch.Tensor:
-        return self.seq_lens - (self.query_start_loc[1:] - self.query_start_loc[:-1])
+    def null_page(self) -> int:
+        return NULL_BLOCK
+
+    def host_layout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(seq_starts [R], num_new [R]) int64 on the host, for the general builder (this syncs:
+        only eager steps call it)."""
+        qsl = self.query_start_loc_cpu[: self.num_reqs + 1].to(torch.int64)
+        num_new = qsl[1:] - qsl[:-1]
+        return self.seq_lens.to(device="cpu", dtype=torch.int64) - num_new, num_new
 
 
 class DSV4CacheMetadataBuilder(AttentionMetadataBuilder[DSV4CacheMetadata]):
-    # Built on the host every step (index arithmetic, host syncs): no device graphs through vLLM.
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    # Decode steps: device-only metadata over vLLM's persistent buffers (captured and replayed).
+    _cudagraph_support: ClassVar[AttentionCGSupport] = \
+        AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        if not envs.cuda_graphs():
+            return AttentionCGSupport.NEVER
+        return cls._cudagraph_support
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -64,13 +86,11 @@ class DSV4CacheMetadataBuilder(AttentionMetadataBuilder[DSV4CacheMetadata]):
               fast_build: bool = False) -> DSV4CacheMetadata:
         m = common_attn_metadata
         r = m.num_reqs
-        bt = m.block_table_tensor[:r].to(torch.int64)
-        bt = torch.where(bt > NULL_BLOCK, bt, torch.full_like(bt, -1))
-        qsl = m.query_start_loc_cpu[: r + 1].to(torch.int64)
-        seq_lens = m.seq_lens[:r].to(device="cpu", dtype=torch.int64)
-        return DSV4CacheMetadata(block_table=bt, block_size=self.block_size, query_start_loc=qsl,
-                                 seq_lens=seq_lens, num_reqs=r,
-                                 num_tokens=int(m.num_actual_tokens))
+        n = int(m.num_actual_tokens)
+        decode = envs.cuda_graphs() and m.max_query_len <= 1 and n == r
+        return DSV4CacheMetadata(block_table=m.block_table_tensor[:r], block_size=self.block_size,
+                                 query_start_loc_cpu=m.query_start_loc_cpu, seq_lens=m.seq_lens[:r],
+                                 num_reqs=r, num_tokens=n, decode=decode)
 
 
 class DSV4CacheBackend(AttentionBackend):

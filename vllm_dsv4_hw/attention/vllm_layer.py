@@ -6,11 +6,13 @@
   allocates its pages and binds them here.
 * :class:`VllmDSV4Attention` is :class:`~vllm_dsv4_hw.attention.layer.DSV4Attention` fed from
   vLLM's forward context: it turns the groups' block tables into one ``StepMetadata`` per
-  step and set of KV cache groups (shared by the layers in the same groups) and the bound pages
-  into ``LayerCaches``.
+  step and set of KV cache groups (shared by the layers in the same groups, memoized on the
+  forward context) and the bound pages into ``LayerCaches``. Decode steps derive it with device
+  ops only (``attention.decode_metadata``), so vLLM can capture them in CUDA graphs; other steps
+  use the general builder (host-validated, eager).
 * ``torch.ops.dsv4_hw.attention`` is the opaque custom-op boundary around the layer (with a fake
-  implementation), so that ``torch.compile`` traces the rest of the model and leaves attention,
-  whose metadata is built on the host, alone.
+  implementation), so that ``torch.compile`` traces the rest of the model and leaves attention
+  alone.
 """
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
 from vllm_dsv4_hw.attention.caches import LayerCaches
+from vllm_dsv4_hw.attention.decode_metadata import decode_layout, decode_step_metadata
 from vllm_dsv4_hw.attention.layer import DSV4Attention
-from vllm_dsv4_hw.attention.metadata import BlockTables, PageGeometry, build_step_metadata
+from vllm_dsv4_hw.attention.metadata import (
+    BlockTables,
+    PageGeometry,
+    StepMetadata,
+    build_step_metadata,
+)
 from vllm_dsv4_hw.attention.vllm_backend import DSV4CacheBackend, DSV4CacheMetadata
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kv_cache.formats import make_format
@@ -105,17 +113,20 @@ def _geometry(kinds: dict[str, LayerKind]) -> PageGeometry:
     )
 
 
-# StepMetadata of this step, shared by the layers whose caches sit in the same KV cache groups. The
-# step is identified by the forward context's metadata dict (a new one every step).
-_step_cache: dict = {"key": None, "metas": {}}
+# The forward context attribute holding this step's StepMetadata per set of KV cache groups.
+_MEMO_ATTR = "dsv4_hw_step_metadata"
 # Layers by prefix, for the custom op (it receives the name, not the module).
 _LAYERS: dict[str, "VllmDSV4Attention"] = {}
 
 
 class VllmDSV4Attention(DSV4Attention):
     def __init__(self, cfg: DSV4Config, layer_id: int, prefix: str, main_format: str,
-                 indexer_format: str, dtype: torch.dtype, max_positions: int) -> None:
-        super().__init__(cfg, layer_id, dtype=dtype, max_positions=max_positions)
+                 indexer_format: str, dtype: torch.dtype, max_positions: int,
+                 quant_config=None) -> None:
+        super().__init__(cfg, layer_id, dtype=dtype, max_positions=max_positions,
+                         quant_config=quant_config, prefix=prefix)
+        self.max_positions = max_positions
+        self._decode_layout = None
         self.prefix = prefix
         self.main_format_name = main_format
         self.indexer_format_name = indexer_format
@@ -148,27 +159,50 @@ class VllmDSV4Attention(DSV4Attention):
         return m
 
     def _step_metadata(self, attn_metadata: dict):
-        if _step_cache["key"] is not attn_metadata:
-            _step_cache["key"] = attn_metadata
-            _step_cache["metas"] = {}
         groups = {cache: self._group_meta(attn_metadata, cache) for cache in self.cache_layers}
         # vLLM may split one cache kind over several KV cache groups (each its own block table),
         # so layers share step metadata only when all their caches are in the same groups.
         key = (self.ratio, tuple(id(groups[c]) for c in sorted(groups)))
-        metas = _step_cache["metas"]
-        meta = metas.get(key)
+        fc = get_forward_context()
+        memo = getattr(fc, _MEMO_ATTR, None)
+        if memo is None or memo[0] is not attn_metadata:
+            memo = (attn_metadata, {})
+            setattr(fc, _MEMO_ATTR, memo)
+        meta = memo[1].get(key)
         if meta is None:
-            w = groups["window"]
-            tables = {cache: m.block_table for cache, m in groups.items()}
-            num_new = w.query_start_loc[1:] - w.query_start_loc[:-1]
-            meta = build_step_metadata(
-                w.seq_starts, num_new, self.ratio,
-                BlockTables(window=tables["window"], comp=tables.get("comp"),
-                            indexer=tables.get("indexer"), main_state=tables.get("main_state"),
-                            indexer_state=tables.get("indexer_state")),
-                geometry=self.geometry, sliding_window=self.cfg.sliding_window)
-            self._remap_state_rows(meta)
-            metas[key] = meta
+            if all(m.decode for m in groups.values()):
+                meta = self._decode_metadata(groups)
+            else:
+                meta = self._general_metadata(groups)
+            memo[1][key] = meta
+        return meta
+
+    def _decode_metadata(self, groups: dict) -> StepMetadata:
+        """Device ops over vLLM's persistent buffers only: capturable, replayed as is."""
+        if self._decode_layout is None:
+            self._decode_layout = decode_layout(
+                self.ratio, self.geometry, self.cfg.sliding_window, self.max_positions,
+                null_page=groups["window"].null_page,
+                main_state_stride=self._state_stride("main_state"),
+                indexer_state_stride=self._state_stride("indexer_state"))
+        tables = BlockTables(**{cache: m.block_table for cache, m in groups.items()})
+        return decode_step_metadata(groups["window"].seq_lens, tables, self.geometry,
+                                    self._decode_layout)
+
+    def _state_stride(self, cache: str) -> int | None:
+        layer = self.cache_layers.get(cache)
+        return layer.rows_per_block if layer is not None else None
+
+    def _general_metadata(self, groups: dict) -> StepMetadata:
+        w = groups["window"]
+        seq_starts, num_new = w.host_layout()
+        tables = {}
+        for cache, m in groups.items():
+            bt = m.block_table.to(torch.int64)
+            tables[cache] = torch.where(bt > m.null_page, bt, torch.full_like(bt, -1))
+        meta = build_step_metadata(seq_starts, num_new, self.ratio, BlockTables(**tables),
+                                   geometry=self.geometry, sliding_window=self.cfg.sliding_window)
+        self._remap_state_rows(meta)
         return meta
 
     def _remap_state_rows(self, meta) -> None:

@@ -20,7 +20,7 @@ def _seed(text: str) -> int:
 
 
 def add_parser(sub) -> None:
-    from vllm_dsv4_hw.model.checkpoint import DTYPES, PRESETS
+    from vllm_dsv4_hw.tools.checkpoint import DTYPES, PRESETS
 
     p = sub.add_parser(
         "make-checkpoint",
@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_dsv4_hw.model.checkpoint import CheckpointError, make_checkpoint
+    from vllm_dsv4_hw.tools.checkpoint import CheckpointError, make_checkpoint
 
     def progress(msg: str) -> None:
         if not args.quiet:

@@ -1,22 +1,25 @@
 """Load official DeepSeek V4 checkpoint tensors into ``DSV4Network`` (or any module using the
-official parameter names).
+official parameter names), keeping every weight in the format the checkpoint ships.
 
-Accepted formats, per tensor (see ``model/checkpoint.py`` and ``model/quant_formats.py``):
+Each official tensor goes to its own destination, never through a dequantized copy:
 
-* ``name.weight`` float8_e4m3fn + ``name.scale`` [ceil(N/128), ceil(K/128)] ue8m0: FP8 block linear;
-* ``name.weight`` int8 / uint8 [N, K/2] + ``name.scale`` [N, K/32] ue8m0: FP4 e2m1 routed expert
-  (two codes per byte, low nibble first);
-* anything else is stored as is (bf16 / fp32 / int64), converted to the parameter's dtype.
+* ``name.weight`` float8_e4m3fn + ``name.scale`` float8_e8m0fnu: the ``weight`` / ``scale``
+  parameters of a linear whose method is ``quant.linear.Fp8BlockLinearMethod``;
+* ``experts.E.wN.weight`` int8 [N, K/2] + ``.scale`` [N, K/32]: slices of the stacked FP4 expert
+  parameters (``model.moe.RoutedExperts``);
+* anything else (bf16 / fp32 / int64) is stored as is, converted to the parameter's float dtype.
 
-Quantized weights are dequantized at load to the parameter's dtype (exact in bf16 and fp32: a
-power-of-two scale times a value of at most 3 mantissa bits). The weight and its scale may come
-in either order. ``mtp.*`` tensors (the MTP layer, not served here) are skipped with one log line.
+Destinations come from :func:`checkpoint_targets`: vLLM linear layers load through their own
+weight loaders (merged layers take the checkpoint names in ``checkpoint_shards``), modules with a
+``checkpoint_slices()`` method map tensors onto slices of their parameters, and every other tensor's
+checkpoint name is its state_dict key. ``mtp.*`` tensors (the MTP layer, not served here) are skipped
+with one log line.
 
 Errors are :class:`CheckpointLoadError` (a ``ValueError``) subclasses whose message names the tensor:
 :class:`UnexpectedTensorError` (a name the model does not have), :class:`ShapeMismatchError`
 (name, expected and got shapes), :class:`MissingTensorError` (after every tensor was consumed: the
-names never loaded, or a quantized weight without its scale), :class:`QuantFormatError` (dtype or
-scale that does not fit the format, out-of-range ``tid2eid`` entries).
+names never loaded, or a quantized weight without its scale), :class:`QuantFormatError` (a dtype
+that does not fit the parameter's format, out-of-range ``tid2eid`` entries or scale bytes).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +35,6 @@ import torch
 from torch import nn
 
 from vllm_dsv4_hw.config import ConfigError, DSV4Config, validate_hf_config
-from vllm_dsv4_hw.model.quant_formats import (
-    dequantize_fp4_experts,
-    dequantize_fp8_block,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +46,7 @@ __all__ = [
     "QuantFormatError",
     "ShapeMismatchError",
     "UnexpectedTensorError",
+    "checkpoint_state",
     "checkpoint_targets",
     "load_weights",
     "safetensors_weights",
@@ -57,6 +57,10 @@ SKIPPED_PREFIXES = ("mtp.",)
 _SCALE_SUFFIX = ".scale"
 _WEIGHT_SUFFIX = ".weight"
 _MAX_LISTED = 20
+_FP8 = torch.float8_e4m3fn
+_E8M0 = torch.float8_e8m0fnu
+_DENSE_HINT = (" (the model was built for dense weights: build it from this checkpoint's "
+               "config.json, whose quantization_config declares the quantized ones)")
 
 
 class CheckpointLoadError(ValueError):
@@ -81,64 +85,76 @@ class QuantFormatError(CheckpointLoadError):
 
 @dataclass
 class _Target:
-    param_name: str        # state_dict key of the destination tensor
-    dest: torch.Tensor     # the destination (a view into it for stacked parameters)
+    param_name: str                  # state_dict key of the destination parameter / buffer
+    dest: torch.Tensor               # where the tensor lands (a view for slices and shards)
+    store: Callable[[torch.Tensor], None]
+
+
+def _linear_targets(prefix: str, layer: nn.Module, state: dict) -> dict[str, _Target]:
+    """Official names of one vLLM linear layer's parameters (``weight``, ``scale``)."""
+    out: dict[str, _Target] = {}
+    shards = getattr(layer, "checkpoint_shards", None)
+    parent = prefix.rsplit(".", 1)[0] + "." if "." in prefix else ""
+    for attr in ("weight", "scale"):
+        pname = f"{prefix}.{attr}"
+        if pname not in state:
+            continue
+        param = state[pname]
+        loader = getattr(param, "weight_loader", None)
+        if shards is None:
+            out[pname] = _Target(pname, param.data,
+                                 (lambda t, p=param, f=loader: f(p, t)) if loader else
+                                 (lambda t, p=param: p.data.copy_(t)))
+            continue
+        rows = layer.output_sizes
+        block = 1 if attr == "weight" else layer.quant_method.block[0]
+        start = 0
+        for i, (name, n) in enumerate(zip(shards, rows)):
+            lo, hi = start // block, -(-(start + n) // block)
+            out[f"{parent}{name}.{attr}"] = _Target(
+                pname, param.data[lo:hi], lambda t, p=param, f=loader, i=i: f(p, t, i))
+            start += n
+    return out
 
 
 def checkpoint_targets(model: nn.Module) -> dict[str, _Target]:
-    """Official checkpoint name -> destination, for every parameter and persistent buffer.
+    """Official checkpoint name -> destination, for every parameter and persistent buffer."""
+    from vllm.model_executor.layers.linear import LinearBase
 
-    A module with a ``checkpoint_slices()`` method (e.g. ``moe.RoutedExperts``) maps several
-    checkpoint tensors onto slices of its stacked parameters; every other tensor's checkpoint name
-    is its state_dict key."""
     state = model.state_dict(keep_vars=True)
     targets: dict[str, _Target] = {}
     covered: set[str] = set()
     for mod_name, mod in model.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        if isinstance(mod, LinearBase):
+            t = _linear_targets(mod_name, mod, state)
+            targets.update(t)
+            covered.update(x.param_name for x in t.values())
+            continue
         slices = getattr(mod, "checkpoint_slices", None)
         if not callable(slices):
             continue
-        prefix = f"{mod_name}." if mod_name else ""
         for rel, attr, index in slices():
             pname = prefix + attr
-            targets[prefix + rel] = _Target(pname, state[pname].data[index])
+            view = state[pname].data[index]
+            targets[prefix + rel] = _Target(pname, view, view.copy_)
             covered.add(pname)
     for key, t in state.items():
         if key not in covered:
-            targets[key] = _Target(key, t.data)
+            targets[key] = _Target(key, t.data, t.data.copy_)
     return targets
+
+
+def checkpoint_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Official name -> the model's tensor (views for stacked / merged parameters): what
+    :func:`load_weights` would overwrite, e.g. to copy one model's weights into another."""
+    return {name: t.dest for name, t in checkpoint_targets(model).items()}
 
 
 def _listed(names: Iterable[str]) -> str:
     names = sorted(names)
     more = len(names) - _MAX_LISTED
     return ", ".join(names[:_MAX_LISTED]) + (f" ... and {more} more" if more > 0 else "")
-
-
-def _is_quantized(t: torch.Tensor, dest: torch.Tensor) -> bool:
-    if t.dtype == torch.float8_e4m3fn:
-        return True
-    return t.dtype in (torch.int8, torch.uint8) and dest.is_floating_point()
-
-
-def _dequantize(name: str, q: torch.Tensor, scale: torch.Tensor,
-                expected: tuple[int, ...]) -> torch.Tensor:
-    try:
-        if q.dtype == torch.float8_e4m3fn:
-            if tuple(q.shape) != expected:
-                raise ShapeMismatchError(f"{name}: expected shape {expected}, got "
-                                         f"{tuple(q.shape)} (fp8 e4m3)")
-            return dequantize_fp8_block(q, scale)
-        if q.dim() != 2 or len(expected) != 2 or tuple(q.shape) != (expected[0], expected[1] // 2):
-            want = (expected[0], expected[1] // 2) if len(expected) == 2 else expected
-            raise ShapeMismatchError(f"{name}: expected packed fp4 shape {want} (weight "
-                                     f"{expected}), got {tuple(q.shape)}")
-        return dequantize_fp4_experts(q, scale)
-    except CheckpointLoadError:
-        raise
-    except ValueError as exc:
-        raise QuantFormatError(f"{name} (+ {name[:-len(_WEIGHT_SUFFIX)]}{_SCALE_SUFFIX}): "
-                               f"{exc}") from None
 
 
 def _as_config(cfg) -> DSV4Config | None:
@@ -150,6 +166,41 @@ def _as_config(cfg) -> DSV4Config | None:
                     f"{type(cfg).__name__}")
 
 
+def _converted(name: str, t: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
+    """``t`` in the destination's format, or an error naming the tensor: quantized data only into
+    quantized parameters (no dequantization at load, no quantization of float weights)."""
+    dd = dest.dtype
+    if dd == _FP8:
+        if t.dtype != _FP8:
+            raise QuantFormatError(f"{name}: {t.dtype} cannot be loaded into an FP8 e4m3 weight "
+                                   f"(the checkpoint's config.json declares FP8 linears)")
+        return t
+    if dd == _E8M0:
+        if t.dtype == torch.uint8:
+            t = t.view(_E8M0)
+        elif t.dtype == torch.float32:
+            e = torch.log2(t)
+            if not torch.equal(e, e.round()) or bool((e.abs() > 127).any()):
+                raise QuantFormatError(f"{name}: fp32 scales must be powers of two in "
+                                       f"[2^-127, 2^127] to be stored as ue8m0")
+            t = t.to(_E8M0)
+        elif t.dtype != _E8M0:
+            raise QuantFormatError(f"{name}: scale dtype {t.dtype}; expected float8_e8m0fnu "
+                                   f"(ue8m0)")
+        if t.numel() and int(t.view(torch.uint8).max()) == 255:
+            raise QuantFormatError(f"{name}: ue8m0 scale byte 255 (NaN)")
+        return t
+    if dd == torch.uint8:  # packed FP4 codes (int8 on disk: the same bytes)
+        if t.dtype not in (torch.int8, torch.uint8):
+            raise QuantFormatError(f"{name}: packed FP4 weight must be int8 / uint8, got {t.dtype}")
+        return t.view(torch.uint8)
+    if dest.is_floating_point() != t.is_floating_point() or t.dtype in (_FP8, _E8M0):
+        hint = _DENSE_HINT if t.dtype in (_FP8, _E8M0, torch.int8) else ""
+        raise QuantFormatError(f"{name}: dtype {t.dtype} cannot be loaded into a {dd} "
+                               f"parameter{hint}")
+    return t
+
+
 @torch.no_grad()
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                  cfg: DSV4Config | dict | None = None) -> set[str]:
@@ -159,82 +210,45 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
     cfg = _as_config(cfg)
     targets = checkpoint_targets(model)
     done: set[str] = set()
-    pending_q: dict[str, torch.Tensor] = {}     # weight name -> quantized weight
-    pending_s: dict[str, torch.Tensor] = {}     # weight name -> its scale
     skipped = 0
-
-    def store(name: str, t: torch.Tensor) -> None:
-        tgt = targets[name]
+    for name, t in weights:
+        if name.startswith(SKIPPED_PREFIXES):
+            skipped += 1
+            continue
+        tgt = targets.get(name)
+        if tgt is None:
+            if name.endswith(_SCALE_SUFFIX):
+                wname = name[:-len(_SCALE_SUFFIX)] + _WEIGHT_SUFFIX
+                if t.dtype == _E8M0 and wname in targets and targets[wname].dest.dim() >= 2:
+                    raise QuantFormatError(f"{name}: a ue8m0 block scale, but {wname} is a dense "
+                                           f"parameter here{_DENSE_HINT}")
+                what = (f"{wname} is stored unquantized" if wname in targets else
+                        f"a scale for {wname}, which the model does not have")
+                raise UnexpectedTensorError(f"{name}: unexpected scale ({what})")
+            raise UnexpectedTensorError(f"{name}: unexpected tensor (the model has no parameter "
+                                        f"of that name; shape {tuple(t.shape)}, {t.dtype})")
         if name in done:
             raise CheckpointLoadError(f"{name}: appears twice in the checkpoint")
         if tuple(t.shape) != tuple(tgt.dest.shape):
-            raise ShapeMismatchError(f"{name}: expected shape {tuple(tgt.dest.shape)}, got "
-                                     f"{tuple(t.shape)}")
-        if tgt.dest.is_floating_point() != t.is_floating_point():
-            raise QuantFormatError(f"{name}: dtype {t.dtype} cannot be loaded into a "
-                                   f"{tgt.dest.dtype} parameter")
+            packed = " (packed fp4: two codes per byte)" if tgt.dest.dtype == torch.uint8 else ""
+            raise ShapeMismatchError(f"{name}: expected shape {tuple(tgt.dest.shape)}{packed}, "
+                                     f"got {tuple(t.shape)}")
+        t = _converted(name, t, tgt.dest)
         if name.endswith("gate.tid2eid") and cfg is not None and t.numel():
             lo, hi = int(t.min()), int(t.max())
             if lo < 0 or hi >= cfg.n_routed_experts:
                 raise QuantFormatError(f"{name}: expert ids must be in [0, "
                                        f"{cfg.n_routed_experts}), got values in [{lo}, {hi}]")
-        tgt.dest.copy_(t.to(device=tgt.dest.device, dtype=tgt.dest.dtype))
+        tgt.store(t.to(device=tgt.dest.device))
         done.add(name)
 
-    def store_quantized(wname: str, q: torch.Tensor, scale: torch.Tensor) -> None:
-        if wname in done:
-            raise CheckpointLoadError(f"{wname}: appears twice in the checkpoint")
-        expected = tuple(targets[wname].dest.shape)
-        store(wname, _dequantize(wname, q, scale, expected))
-
-    for name, t in weights:
-        if name.startswith(SKIPPED_PREFIXES):
-            skipped += 1
-            continue
-        if name.endswith(_SCALE_SUFFIX):
-            wname = name[:-len(_SCALE_SUFFIX)] + _WEIGHT_SUFFIX
-            if wname not in targets:
-                raise UnexpectedTensorError(
-                    f"{name}: unexpected tensor (a scale for {wname}, which the model does "
-                    f"not have)")
-            if wname in pending_s:
-                raise CheckpointLoadError(f"{name}: appears twice in the checkpoint")
-            if wname in done:
-                raise UnexpectedTensorError(f"{name}: unexpected scale ({wname} was stored "
-                                            f"unquantized)")
-            if wname in pending_q:
-                store_quantized(wname, pending_q.pop(wname), t)
-            else:
-                pending_s[wname] = t
-            continue
-        if name not in targets:
-            raise UnexpectedTensorError(f"{name}: unexpected tensor (the model has no parameter "
-                                        f"of that name; shape {tuple(t.shape)}, {t.dtype})")
-        if _is_quantized(t, targets[name].dest):
-            if not name.endswith(_WEIGHT_SUFFIX):
-                raise QuantFormatError(f"{name}: quantized dtype {t.dtype} on a tensor that is "
-                                       f"not a linear weight")
-            if name in pending_q or name in done:
-                raise CheckpointLoadError(f"{name}: appears twice in the checkpoint")
-            if name in pending_s:
-                store_quantized(name, t, pending_s.pop(name))
-            else:
-                pending_q[name] = t
-            continue
-        if name in pending_s:
-            raise UnexpectedTensorError(
-                f"{name[:-len(_WEIGHT_SUFFIX)]}{_SCALE_SUFFIX}: unexpected scale ({name} is "
-                f"stored unquantized, {t.dtype})")
-        store(name, t)
-
-    if pending_q:
-        raise MissingTensorError(
-            "quantized weight(s) without their .scale tensor: " + _listed(pending_q))
-    if pending_s:
-        raise MissingTensorError(
-            "weight(s) missing from the checkpoint (only their .scale was found): "
-            + _listed(pending_s))
     missing = set(targets) - done
+    scales = {n for n in missing if n.endswith(_SCALE_SUFFIX)}
+    orphans = sorted(n[:-len(_SCALE_SUFFIX)] + _WEIGHT_SUFFIX for n in scales
+                     if n[:-len(_SCALE_SUFFIX)] + _WEIGHT_SUFFIX in done)
+    if orphans:
+        raise MissingTensorError("quantized weight(s) without their .scale tensor: "
+                                 + _listed(orphans))
     if missing:
         raise MissingTensorError(f"{len(missing)} tensor(s) missing from the checkpoint: "
                                  + _listed(missing))

@@ -1,12 +1,15 @@
-"""The DeepSeek V4 MoE feed-forward block, in plain PyTorch (no fused-MoE kernels).
+"""The DeepSeek V4 MoE feed-forward block: routing here, the experts' matmuls dispatched.
 
 Parameters (official names under ``layers.N.ffn.``)::
 
     gate.weight [E, D]                  router projection (kept in fp32)
     gate.bias [E] (fp32)                correction bias, top-k layers only ("noaux_tc")
     gate.tid2eid [vocab, k] (int64)     token id -> expert ids, hash-routed layers only
-    experts.{e}.w1/w2/w3.weight         routed experts (stored stacked: ``experts.w13``, ``experts.w2``)
-    shared_experts.w1/w2/w3.weight      the shared expert (intermediate = moe_inter * n_shared)
+    experts.{e}.w1/w2/w3.weight (+ .scale)  routed experts, stored stacked (``experts.w13``,
+                                        ``experts.w2`` and their scales) in the checkpoint's format:
+                                        FP4 e2m1 bytes + ue8m0 per-32 scales, or dense
+    shared_experts.w1/w2/w3.weight (+ .scale)  the shared expert (intermediate = moe_inter *
+                                        n_shared; vLLM linear layers, w1 | w3 merged)
 
 Routing of a token with input ``x``: ``s = sqrt(softplus(gate.weight x))`` (fp32). Top-k layers
 select the k experts with the largest ``s + bias`` (the bias only selects); hash layers (the first
@@ -16,7 +19,8 @@ sum 1 (``norm_topk_prob``), times ``routed_scaling_factor``.
 Every expert (routed and shared) is a clamped SwiGLU: ``w2(silu(min(w1 x, L)) * clamp(w3 x, -L, L))``
 with ``L = swiglu_limit`` (the gate is clamped from above only, the up projection on both sides).
 The output is ``sum_k weight_k * expert_k(x) + shared(x)``; the activation and the accumulation
-run in fp32 (fp64 for fp64 modules), the projections in the module dtype.
+run in fp32 (fp64 for fp64 modules). The routed experts are ``ops.moe_experts`` (the reference
+dequantizes one expert at a time; the Triton kernel decodes FP4 in registers).
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
+from vllm_dsv4_hw.quant.formats import FP4_BLOCK
+from vllm_dsv4_hw.quant.linear import merged_linear, replicated_linear
 
 __all__ = [
     "DSV4MoE",
@@ -99,52 +107,55 @@ class MoEGate(nn.Module):
 
 
 class RoutedExperts(nn.Module):
-    """The routed experts, stacked: ``w13 [E, 2I, D]`` (w1 rows, then w3 rows), ``w2 [E, D, I]``.
+    """The routed experts, stacked: ``w13 [E, 2I, *]`` (w1 rows, then w3 rows), ``w2 [E, D, *]``.
 
+    FP4 (``fp4=True``, as the FP4 checkpoints ship them): ``w13`` uint8 ``[E, 2I, D/2]`` packed
+    e2m1 codes + ``w13_scale`` float8_e8m0fnu ``[E, 2I, D/32]``, ``w2`` ``[E, D, I/2]`` +
+    ``w2_scale`` ``[E, D, I/32]``; dense: ``w13 [E, 2I, D]`` and ``w2 [E, D, I]`` in ``dtype``.
     Loaded from the per-expert official tensors through :meth:`checkpoint_slices`."""
 
-    def __init__(self, cfg: DSV4Config, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: DSV4Config, dtype: torch.dtype, fp4: bool = False) -> None:
         super().__init__()
         e, d, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.num_experts = e
         self.inter = i
         self.limit = cfg.swiglu_limit
-        self.w13 = nn.Parameter(torch.empty(e, 2 * i, d, dtype=dtype), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(e, d, i, dtype=dtype), requires_grad=False)
+        self.fp4 = fp4
+
+        def param(*shape, dt):
+            return nn.Parameter(torch.empty(*shape, dtype=dt), requires_grad=False)
+        if fp4:
+            if d % FP4_BLOCK or i % FP4_BLOCK:
+                raise ValueError(f"FP4 experts need hidden_size ({d}) and moe_intermediate_size "
+                                 f"({i}) to be multiples of {FP4_BLOCK}")
+            self.w13 = param(e, 2 * i, d // 2, dt=torch.uint8)
+            self.w13_scale = param(e, 2 * i, d // FP4_BLOCK, dt=torch.float8_e8m0fnu)
+            self.w2 = param(e, d, i // 2, dt=torch.uint8)
+            self.w2_scale = param(e, d, i // FP4_BLOCK, dt=torch.float8_e8m0fnu)
+        else:
+            self.w13 = param(e, 2 * i, d, dt=dtype)
+            self.w2 = param(e, d, i, dt=dtype)
+            self.register_parameter("w13_scale", None)
+            self.register_parameter("w2_scale", None)
 
     def checkpoint_slices(self) -> Iterator[tuple[str, str, tuple]]:
         """(checkpoint name relative to this module, parameter attribute, index into it)."""
         i = self.inter
+        suffixes = ((".weight", ""), (".scale", "_scale")) if self.fp4 else ((".weight", ""),)
         for e in range(self.num_experts):
-            yield f"{e}.w1.weight", "w13", (e, slice(0, i))
-            yield f"{e}.w3.weight", "w13", (e, slice(i, 2 * i))
-            yield f"{e}.w2.weight", "w2", (e,)
+            for suffix, attr in suffixes:
+                yield f"{e}.w1{suffix}", "w13" + attr, (e, slice(0, i))
+                yield f"{e}.w3{suffix}", "w13" + attr, (e, slice(i, 2 * i))
+                yield f"{e}.w2{suffix}", "w2" + attr, (e,)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """``sum_k weights[t, k] * expert_{idx[t, k]}(x[t])`` -> [T, D] in the math dtype.
+        """``sum_k weights[t, k] * expert_{idx[t, k]}(x[t])`` -> [T, D] in the math dtype."""
+        return ops.moe_experts(x, weights, idx, self.w13, self.w13_scale, self.w2, self.w2_scale,
+                               self.limit)
 
-        Tokens are grouped by expert with one sort; the loop runs over experts that got tokens."""
-        md = moe_math_dtype(x.dtype)
-        t, k = idx.shape
-        out = torch.zeros(t, x.shape[1], dtype=md, device=x.device)
-        if t == 0:
-            return out
-        flat = idx.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        tokens = order // k
-        w_sorted = weights.reshape(-1)[order].to(md)
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            rows = tokens[start:start + n]
-            gate_up = F.linear(x[rows], self.w13[e]).to(md)
-            act = swiglu(gate_up[:, :self.inter], gate_up[:, self.inter:], self.limit)
-            y = F.linear(act.to(x.dtype), self.w2[e]).to(md)
-            out.index_add_(0, rows, y * w_sorted[start:start + n, None])
-            start += n
-        return out
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_experts}, inter={self.inter}, "
+                f"format={'fp4' if self.fp4 else self.w13.dtype}")
 
 
 class LinearWeight(nn.Module):
@@ -160,19 +171,21 @@ class LinearWeight(nn.Module):
 
 
 class SharedExpert(nn.Module):
-    """``shared_experts.{w1, w2, w3}`` (a clamped SwiGLU MLP)."""
+    """``shared_experts.{w1, w2, w3}`` (a clamped SwiGLU MLP; w1 | w3 one merged GEMM)."""
 
-    def __init__(self, cfg: DSV4Config, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: DSV4Config, dtype: torch.dtype, quant_config,
+                 prefix: str = "shared_experts") -> None:
         super().__init__()
         d, i = cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts
         self.limit = cfg.swiglu_limit
-        self.w1 = LinearWeight(d, i, dtype)
-        self.w2 = LinearWeight(i, d, dtype)
-        self.w3 = LinearWeight(d, i, dtype)
+        self.inter = i
+        self.w13 = merged_linear(d, {"w1": i, "w3": i}, quant_config, f"{prefix}.w13", dtype)
+        self.w2 = replicated_linear(i, d, quant_config, f"{prefix}.w2", dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         md = moe_math_dtype(x.dtype)
-        act = swiglu(self.w1(x).to(md), self.w3(x).to(md), self.limit)
+        gate, up = self.w13(x).split(self.inter, dim=-1)
+        act = swiglu(gate.to(md), up.to(md), self.limit)
         return self.w2(act.to(x.dtype)).to(md)
 
 
@@ -180,16 +193,20 @@ class DSV4MoE(nn.Module):
     """``layers.N.ffn``: router, routed experts, shared expert. ``forward(x [T, D], input_ids [T])``
     (input_ids only matter for hash-routed layers) -> [T, D] in x's dtype."""
 
-    def __init__(self, cfg: DSV4Config, layer_id: int, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, cfg: DSV4Config, layer_id: int, dtype: torch.dtype = torch.bfloat16,
+                 quant_config: DSV4HwQuantConfig | None = None, prefix: str = "") -> None:
         super().__init__()
+        qc = quant_config if quant_config is not None else DSV4HwQuantConfig(cfg.weights)
         self.layer_id = layer_id
         self.top_k = cfg.num_experts_per_tok
         self.scaling = cfg.routed_scaling_factor
         self.norm_topk_prob = cfg.norm_topk_prob
         self.hash_routed = layer_id < cfg.num_hash_layers
         self.gate = MoEGate(cfg, self.hash_routed, moe_math_dtype(dtype))
-        self.experts = RoutedExperts(cfg, dtype)
-        self.shared_experts = SharedExpert(cfg, dtype) if cfg.n_shared_experts > 0 else None
+        self.experts = RoutedExperts(cfg, dtype, fp4=cfg.weights.fp4_experts)
+        p = f"{prefix}." if prefix else ""
+        self.shared_experts = (SharedExpert(cfg, dtype, qc, p + "shared_experts")
+                               if cfg.n_shared_experts > 0 else None)
 
     def route(self, x: torch.Tensor,
               input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,6 +35,7 @@ from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.config import DSV4Config, validate_hf_config
 from vllm_dsv4_hw.model.mhc import hc_head, hc_math_dtype, hc_post, hc_pre
 from vllm_dsv4_hw.model.moe import DSV4MoE, LinearWeight
+from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
 
 __all__ = ["DSV4DecoderLayer", "DSV4Network", "MakeAttention", "RMSNormParam"]
 
@@ -69,7 +70,7 @@ class DSV4DecoderLayer(nn.Module):
     """``layers.N``: mHC around attention and around the MoE block."""
 
     def __init__(self, cfg: DSV4Config, layer_id: int, attn: nn.Module,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, quant_config: DSV4HwQuantConfig | None = None) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.ratio = cfg.compress_ratios[layer_id]
@@ -79,7 +80,7 @@ class DSV4DecoderLayer(nn.Module):
         self.norm_eps = cfg.rms_norm_eps
         self.attn = attn
         self.attn_norm = RMSNormParam(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.ffn = DSV4MoE(cfg, layer_id, dtype)
+        self.ffn = DSV4MoE(cfg, layer_id, dtype, quant_config, f"layers.{layer_id}.ffn")
         self.ffn_norm = RMSNormParam(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         hc_dtype = hc_math_dtype(dtype)
         n_mix = (2 + cfg.hc_mult) * cfg.hc_mult
@@ -111,11 +112,14 @@ class DSV4Network(nn.Module):
     make_attention(layer_id, ratio) -> nn.Module owning the ``layers.N.attn.*`` parameters and
     mapping ``x [T, D]`` (``dtype``) to ``[T, D]``. ``dtype``: embeddings, norms, experts and head
     (the mHC mixes, the router weight and bias stay fp32, or fp64 for an fp64 network).
+    ``quant_config``: the method of the linears the checkpoint quantizes (default: from
+    ``cfg.weights``, the formats its config.json declares); routed experts follow ``cfg.weights``.
     """
 
     def __init__(self, cfg: DSV4Config | dict, make_attention: MakeAttention, *,
                  dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None,
+                 quant_config: DSV4HwQuantConfig | None = None) -> None:
         super().__init__()
         if isinstance(cfg, dict):
             cfg = validate_hf_config(cfg)
@@ -125,6 +129,9 @@ class DSV4Network(nn.Module):
         self.cfg = cfg
         self.dtype = dtype
         d, v = cfg.hidden_size, cfg.vocab_size
+        if quant_config is None:
+            quant_config = DSV4HwQuantConfig(cfg.weights)
+        self.quant_config = quant_config
         self.embed = nn.Embedding(v, d, _weight=torch.empty(v, d, dtype=dtype), _freeze=True)
         layers = []
         for i, ratio in enumerate(cfg.compress_ratios):
@@ -132,7 +139,7 @@ class DSV4Network(nn.Module):
             if not isinstance(attn, nn.Module):
                 raise TypeError(f"make_attention({i}, {ratio}) returned {type(attn).__name__}, "
                                 f"not an nn.Module")
-            layers.append(DSV4DecoderLayer(cfg, i, attn, dtype))
+            layers.append(DSV4DecoderLayer(cfg, i, attn, dtype, quant_config))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNormParam(d, cfg.rms_norm_eps, dtype)
         _hc_params(self, "hc_head", cfg, cfg.hc_mult, 1, hc_math_dtype(dtype))

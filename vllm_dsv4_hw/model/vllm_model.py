@@ -6,6 +6,10 @@ caches vLLM's hybrid KV cache manager allocates. Nothing here calls vLLM's compi
 (``torch.ops._C*``): a vendor fork of vLLM does not ship them, and the CPU builds of vLLM lack the
 DeepSeek V4 ones on machines without AMX / AVX-512 BF16.
 
+Weights stay as the checkpoint ships them (FP8 block linears, FP4 experts, or bf16): the linears
+are vLLM layers with our quantization methods (``quant``), resolved by vLLM through the
+``dsv4_hw_fp8`` config that the plugin registers; the resident bytes are logged after loading.
+
 Cache entry formats: ``--kv-cache-dtype auto`` takes ``VLLM_DSV4_HW_KV_FORMAT`` /
 ``VLLM_DSV4_HW_INDEXER_FORMAT`` (auto: the most compact the device holds); ``fp8`` /
 ``fp8_ds_mla`` and ``bfloat16`` pick the main format explicitly.
@@ -26,8 +30,9 @@ from vllm_dsv4_hw.kv_cache.format_choice import choose_formats
 from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
 from vllm_dsv4_hw.model.loader import load_weights, validate_hf_config
 from vllm_dsv4_hw.model.network import DSV4Network
+from vllm_dsv4_hw.model.resident import resident_summary
 from vllm_dsv4_hw.platform.device import detect_device_type
-from vllm_dsv4_hw.testing.c_op_trap import model_phase
+from vllm_dsv4_hw.quant.config import model_quant_config
 
 logger = init_logger(__name__)
 
@@ -69,12 +74,16 @@ class DSV4ForCausalLM(nn.Module):
         main_fmt, idx_fmt = kv_formats(vllm_config)
         self.main_format, self.indexer_format = main_fmt, idx_fmt
         max_pos = int(mc.max_model_len)
+        try:
+            qc = model_quant_config(vllm_config.quant_config, cfg.weights)
+        except ValueError as exc:
+            raise UnsupportedSettingError(str(exc)) from None
 
         def make_attention(layer_id: int, ratio: int) -> nn.Module:
             return VllmDSV4Attention(cfg, layer_id, f"layers.{layer_id}.attn", main_fmt, idx_fmt,
-                                     mc.dtype, max_pos)
+                                     mc.dtype, max_pos, quant_config=qc)
 
-        self.model = DSV4Network(cfg, make_attention, dtype=mc.dtype)
+        self.model = DSV4Network(cfg, make_attention, dtype=mc.dtype, quant_config=qc)
         layout = ", ".join(f"{s.kind} {s.format} {s.entries_per_page}x{s.entry_bytes}B/"
                            f"{s.page_bytes}B page ({s.bucket})"
                            for s in layer_cache_specs(cfg, main_fmt, idx_fmt))
@@ -90,14 +99,30 @@ class DSV4ForCausalLM(nn.Module):
         if inputs_embeds is not None:
             raise UnsupportedSettingError("DeepSeek V4 on vllm-dsv4-hw takes token ids, not "
                                           "prompt embeddings")
-        with model_phase():
-            return self.model(input_ids)
+        return self.model(input_ids)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        with model_phase():
-            return self.model.compute_logits(hidden_states)
+        return self.model.compute_logits(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        with model_phase():
-            loaded = load_weights(self.model, weights, self.cfg)
+        shipped = _CountedTensors(weights)
+        loaded = load_weights(self.model, shipped, self.cfg)
+        self.resident = resident_summary(self.model, shipped.nbytes)
+        logger.info("dsv4-hw: %s", self.resident.line())
         return {f"model.{name}" for name in loaded}
+
+
+class _CountedTensors:
+    """Passes the checkpoint's tensors through, adding up the bytes of those the model holds."""
+
+    def __init__(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._weights = weights
+        self.nbytes = 0
+
+    def __iter__(self):
+        from vllm_dsv4_hw.model.loader import SKIPPED_PREFIXES
+
+        for name, t in self._weights:
+            if not name.startswith(SKIPPED_PREFIXES):
+                self.nbytes += t.numel() * t.element_size()
+            yield name, t

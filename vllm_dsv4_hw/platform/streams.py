@@ -96,3 +96,18 @@ class AuxStreams:
 
     def __exit__(self, *exc) -> None:
         self.join()
+
+
+_SHARED: dict[tuple[str, bool, int], AuxStreams] = {}
+
+
+def aux_streams(device: torch.device | str, num_branches: int = 2) -> AuxStreams:
+    """The process's branch streams for ``device`` under the current ``VLLM_DSV4_HW_MULTI_STREAM``
+    setting, shared by every layer (one pair of side streams per device, not per layer; stable
+    across steps, so graph captures see the same streams)."""
+    dev = torch.device(device)
+    key = (str(dev), envs.multi_stream(), num_branches)
+    aux = _SHARED.get(key)
+    if aux is None:
+        aux = _SHARED[key] = AuxStreams(dev, num_branches=num_branches, enabled=key[1])
+    return aux

@@ -2,13 +2,16 @@
 
 Installed by the general plugin when ``VLLM_DSV4_HW_TRAP_C_OPS`` names a file. Each call appends
 ``phase<TAB>namespace.op`` to it; the phase is ``model`` while our model loads weights or runs
-(:func:`model_phase`), ``engine`` otherwise (vLLM's own worker code). The serve test asserts that
-no ``model`` line exists: a vendor fork of vLLM ships none of these operators.
+(:func:`install` wraps the model class's ``forward``, ``compute_logits`` and ``load_weights`` in
+:func:`model_phase`; the served code knows nothing of the trap), ``engine`` otherwise (vLLM's own
+worker code). The serve test asserts that no ``model`` line exists: a vendor fork of vLLM ships
+none of these operators.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 
@@ -67,6 +70,18 @@ class _TrappedNamespace:
         return _TrappedOp(f"{self._name}.{item}", getattr(self._real, item))
 
 
+MODEL_METHODS = ("forward", "compute_logits", "load_weights")
+
+
+def _in_model_phase(fn):
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with model_phase():
+            return fn(*args, **kwargs)
+    wrapped.__dsv4_trapped__ = True
+    return wrapped
+
+
 def install(path: str) -> None:
     global _path
     _path = path
@@ -74,3 +89,9 @@ def install(path: str) -> None:
         real = getattr(torch.ops, ns)
         if not isinstance(real, _TrappedNamespace):
             setattr(torch.ops, ns, _TrappedNamespace(ns, real))
+    from vllm_dsv4_hw.model.vllm_model import DSV4ForCausalLM
+
+    for name in MODEL_METHODS:
+        fn = getattr(DSV4ForCausalLM, name)
+        if not getattr(fn, "__dsv4_trapped__", False):
+            setattr(DSV4ForCausalLM, name, _in_model_phase(fn))

@@ -1,0 +1,172 @@
+"""The weights-as-shipped matmuls on the GPU: ``fp8_block_linear`` (FP8 128x128 block linears) and
+``moe_experts`` (FP4 e2m1 routed experts), checked and timed at V4-Flash / V4-Pro dimensions.
+
+    python -m benchmarks.gpu.weights            # check + bench on cuda, prints tables
+    python -m benchmarks.gpu.weights --smoke    # tiny sizes on CPU (TRITON_INTERPRET=1)
+
+``check``: the Triton op against the reference op (fp32 math over the same e4m3 / e2m1 bytes) on
+fresh random weights: max |diff| / max |ref| <= 2^-7 (bf16 outputs).
+
+``bench``: CUDA-graph medians of the Triton op, of the unfused path it replaces (the weight
+dequantized to bf16 on every call, then a bf16 matmul; per expert for the MoE), and the floor
+max(weight bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s). For the MoE the bytes are those of the experts
+the batch selects (every selected expert's packed codes and scales, read once).
+"""
+
+from __future__ import annotations
+
+from benchmarks.gpu.table import prepare_smoke_env, run_cli
+
+HBM_BYTES_PER_S = 4.3e12
+PEAK_FLOPS = 790e12
+# (name, N, K, groups) per model: the FP8 linears of an attention layer and of the shared expert
+LINEARS = {
+    "v4-flash": (("wq_a", 1024, 4096, 1), ("wq_b", 32768, 1024, 1), ("wkv", 512, 4096, 1),
+                 ("wo_a", 1024, 4096, 8), ("wo_b", 4096, 8192, 1), ("indexer.wq_b", 8192, 1024, 1),
+                 ("shared.w13", 4096, 4096, 1), ("shared.w2", 4096, 2048, 1)),
+    "v4-pro": (("wq_b", 65536, 1536, 1), ("wo_a", 1024, 8192, 16), ("wo_b", 7168, 16384, 1)),
+}
+EXPERTS = {"v4-flash": (256, 4096, 2048, 6), "v4-pro": (384, 7168, 3072, 6)}
+
+
+def _fp8_weight(torch, n, k, g, device, gen):
+    from vllm_dsv4_hw.quant.formats import quantize_fp8_block
+
+    w8, s = [], []
+    for _ in range(g):
+        q, sc = quantize_fp8_block(torch.randn(n, k, device=device, generator=gen) / k ** 0.5)
+        w8.append(q)
+        s.append(sc)
+    if g == 1:
+        return w8[0], s[0]
+    return torch.stack(w8), torch.stack(s)
+
+
+def _experts(torch, e, d, i, device, gen):
+    from vllm_dsv4_hw.quant.formats import quantize_fp4_experts
+
+    def one(n, k):
+        q, s = quantize_fp4_experts(torch.randn(n, k, device=device, generator=gen) / k ** 0.5)
+        return q.view(torch.uint8), s
+    w13 = [one(2 * i, d) for _ in range(e)]
+    w2 = [one(d, i) for _ in range(e)]
+    return (torch.stack([a for a, _ in w13]), torch.stack([b for _, b in w13]),
+            torch.stack([a for a, _ in w2]), torch.stack([b for _, b in w2]))
+
+
+def _impls():
+    from vllm_dsv4_hw.ops import api
+    from vllm_dsv4_hw.ops.registry import REGISTRY
+
+    return ({b: REGISTRY.implementations(api.FP8_BLOCK_LINEAR)[b].fn
+             for b in ("reference", "triton")},
+            {b: REGISTRY.implementations(api.MOE_EXPERTS)[b].fn for b in ("reference", "triton")})
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+
+
+def _routing(torch, t, e, k, device, gen):
+    ids = torch.stack([torch.randperm(e, device=device, generator=gen)[:k] for _ in range(t)])
+    w = torch.rand(t, k, device=device, generator=gen)
+    return w / w.sum(-1, keepdim=True), ids
+
+
+def check(device, smoke=False):
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    lin, moe = _impls()
+    rows = []
+    shapes = (("wq_b", 384, 256, 1), ("wo_a", 256, 512, 2)) if smoke else LINEARS["v4-flash"]
+    for name, n, k, g in shapes:
+        w8, s = _fp8_weight(torch, n, k, g, device, gen)
+        for m in ((1, 5) if smoke else (1, 8, 64, 700)):
+            x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device,
+                            generator=gen).to(torch.bfloat16)
+            got = lin["triton"](x, w8, s, (128, 128), None)
+            ref = lin["reference"](x, w8, s, (128, 128), None)
+            r = _rel(got, ref)
+            rows.append({"op": "fp8_block_linear", "case": f"{name} M={m}", "rel_err": r,
+                         "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all())})
+    e, d, i, k = (8, 256, 128, 2) if smoke else EXPERTS["v4-flash"]
+    w13, s13, w2, s2 = _experts(torch, e, d, i, device, gen)
+    for t in ((1, 3) if smoke else (1, 8, 64, 300)):
+        x = torch.randn(t, d, device=device, generator=gen).to(torch.bfloat16)
+        tw, ids = _routing(torch, t, e, k, device, gen)
+        got = moe["triton"](x, tw, ids, w13, s13, w2, s2, 10.0)
+        ref = moe["reference"](x, tw, ids, w13, s13, w2, s2, 10.0)
+        r = _rel(got, ref)
+        rows.append({"op": "moe_experts", "case": f"E={e} D={d} I={i} k={k} T={t}", "rel_err": r,
+                     "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all())})
+    return rows
+
+
+def bench(device, smoke=False):
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks.gpu.timing import time_ms
+    from vllm_dsv4_hw.quant.formats import dequantize_fp4_experts, dequantize_fp8_block
+
+    gen = torch.Generator(device=device).manual_seed(1)
+    lin, moe = _impls()
+    rows = []
+    models = {"smoke": (("wq_b", 384, 256, 1),)} if smoke else LINEARS
+    for model, shapes in models.items():
+        for name, n, k, g in shapes:
+            w8, s = _fp8_weight(torch, n, k, g, device, gen)
+
+            def unfused(x, w8=w8, s=s, g=g):
+                if g == 1:
+                    return F.linear(x, dequantize_fp8_block(w8, s).to(torch.bfloat16))
+                w = torch.stack([dequantize_fp8_block(w8[j], s[j]) for j in range(g)])
+                return torch.einsum("mgk,gnk->mgn", x, w.to(torch.bfloat16))
+            wbytes = w8.numel() + s.numel()
+            for m in ((1,) if smoke else (1, 8, 64, 4096)):
+                x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device,
+                                generator=gen).to(torch.bfloat16)
+                ours = time_ms(lambda: lin["triton"](x, w8, s, (128, 128), None), device)
+                base = time_ms(lambda: unfused(x), device)
+                floor = max(wbytes / HBM_BYTES_PER_S, 2 * m * n * k * g / PEAK_FLOPS) * 1e3
+                rows.append({"op": "fp8_block_linear", "model": model,
+                             "case": f"{name} M={m} N={n} K={k} G={g}", "us": ours * 1e3,
+                             "unfused_us": base * 1e3, "speedup": base / ours,
+                             "floor_us": floor * 1e3, "x_floor": ours / floor})
+    emodels = {"smoke": (8, 256, 128, 2)} if smoke else EXPERTS
+    for model, (e, d, i, k) in emodels.items():
+        w13, s13, w2, s2 = _experts(torch, e, d, i, device, gen)
+        per_expert = (w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel())
+
+        def unfused(x, tw, ids, w13=w13, s13=s13, w2=w2, s2=s2, i=i):
+            out = torch.zeros(x.shape[0], x.shape[1], device=x.device)
+            for ex in ids.unique().tolist():
+                rows_, slot = (ids == ex).nonzero(as_tuple=True)
+                a = dequantize_fp4_experts(w13[ex], s13[ex]).to(torch.bfloat16)
+                h = F.linear(x[rows_], a).float()
+                act = F.silu(h[:, :i].clamp(max=10)) * h[:, i:].clamp(-10, 10)
+                b = dequantize_fp4_experts(w2[ex], s2[ex]).to(torch.bfloat16)
+                y = F.linear(act.to(torch.bfloat16), b).float()
+                out.index_add_(0, rows_, y * tw[rows_, slot, None])
+            return out
+        for t in ((1,) if smoke else (1, 8, 64, 512)):
+            x = torch.randn(t, d, device=device, generator=gen).to(torch.bfloat16)
+            tw, ids = _routing(torch, t, e, k, device, gen)
+            hit = int(ids.unique().numel())
+            ours = time_ms(lambda: moe["triton"](x, tw, ids, w13, s13, w2, s2, 10.0), device)
+            base = time_ms(lambda: unfused(x, tw, ids), device, graph=False)
+            floor = max(hit * per_expert / HBM_BYTES_PER_S,
+                        2 * t * k * 3 * d * i / PEAK_FLOPS) * 1e3
+            rows.append({"op": "moe_experts", "model": model,
+                         "case": f"E={e} D={d} I={i} k={k} T={t} ({hit} experts hit)",
+                         "us": ours * 1e3, "unfused_us": base * 1e3, "speedup": base / ours,
+                         "floor_us": floor * 1e3, "x_floor": ours / floor})
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    prepare_smoke_env(sys.argv)
+    sys.exit(run_cli(__doc__, check, bench))

@@ -1,0 +1,158 @@
+"""vLLM linear methods that keep DeepSeek V4's weights as shipped, with their matmuls dispatched.
+
+vLLM's linear layers (``ReplicatedLinear``, ``MergedColumnParallelLinear``, the parallel ones) own
+the parameters, their sharding and their weight loaders; the method decides what the parameters
+are and how the layer multiplies:
+
+* :class:`Fp8BlockLinearMethod`: ``weight`` e4m3 ``[N, K]`` and ``scale`` ue8m0
+  ``[ceil(N/bn), ceil(K/bk)]`` exactly as the checkpoint stores them (``<name>.weight`` /
+  ``<name>.scale``), multiplied by ``ops.fp8_block_linear`` (weight-only: activations stay in the
+  model dtype);
+* :class:`DenseLinearMethod`: a float ``weight`` (bf16 checkpoints, and the projections the FP8
+  checkpoints ship in bf16), ``F.linear``; optionally with fp32 output (the compressor's fused
+  ``wkv | wgate`` GEMM, whose pooling runs in fp32).
+
+vLLM's own ``UnquantizedLinearMethod`` is not used: on CPU it repacks weights for vLLM's compiled
+oneDNN kernels, which vendor builds of vLLM do not have. Both methods also multiply grouped
+weights (:func:`grouped_linear`, the grouped output projection ``wo_a``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from vllm.model_executor.layers.linear import (
+    LinearMethodBase,
+    register_weight_loader_v2_supported_method,
+)
+from vllm.model_executor.parameter import BlockQuantScaleParameter, ModelWeightParameter
+from vllm.model_executor.utils import set_weight_attrs
+
+from vllm_dsv4_hw import ops
+
+__all__ = ["DenseLinearMethod", "Fp8BlockLinearMethod", "grouped_linear", "linear_f32",
+           "merged_linear", "replicated_linear"]
+
+_MM_OUT_DTYPE: dict[str, bool] = {}
+
+
+def linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w^T`` with fp32 output: one GEMM with fp32 accumulation and output where the device's
+    ``torch.mm`` takes ``out_dtype`` (CUDA bf16), else operands upcast to fp32."""
+    if x.dtype == torch.float32 and w.dtype == torch.float32:
+        return F.linear(x, w)
+    dev = x.device.type
+    if _MM_OUT_DTYPE.get(dev, True) and x.dim() == 2:
+        try:
+            y = torch.mm(x.to(w.dtype), w.t(), out_dtype=torch.float32)
+            _MM_OUT_DTYPE[dev] = True
+            return y
+        except (TypeError, RuntimeError, NotImplementedError):
+            _MM_OUT_DTYPE[dev] = False  # this device's mm has no fp32 output for these dtypes
+    return F.linear(x.float(), w.float())
+
+
+@register_weight_loader_v2_supported_method
+class DenseLinearMethod(LinearMethodBase):
+    """A float weight ``[N, K]`` in the layer's params dtype; ``out_dtype=torch.float32`` gives fp32
+    outputs (else the input's dtype)."""
+
+    def __init__(self, out_dtype: torch.dtype | None = None) -> None:
+        self.out_dtype = out_dtype
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
+                       input_size, output_size, params_dtype, **extra_weight_attrs):
+        weight_loader = extra_weight_attrs.pop("weight_loader")
+        weight = ModelWeightParameter(
+            data=torch.empty(sum(output_partition_sizes), input_size_per_partition,
+                             dtype=params_dtype),
+            input_dim=1, output_dim=0, weight_loader=weight_loader)
+        layer.register_parameter("weight", weight)
+        set_weight_attrs(weight, extra_weight_attrs)
+
+    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.out_dtype == torch.float32:
+            lead = x.shape[:-1]
+            y = linear_f32(x.reshape(-1, x.shape[-1]), layer.weight).view(*lead, -1)
+        else:
+            y = F.linear(x, layer.weight.to(x.dtype))
+        return y if bias is None else y + bias
+
+    def apply_grouped(self, layer, x3: torch.Tensor, groups: int) -> torch.Tensor:
+        w = layer.weight.view(groups, -1, layer.weight.shape[-1])
+        return torch.einsum("mgk,gnk->mgn", x3, w.to(x3.dtype))
+
+
+@register_weight_loader_v2_supported_method
+class Fp8BlockLinearMethod(LinearMethodBase):
+    """``weight`` float8_e4m3fn ``[N, K]`` + ``scale`` float8_e8m0fnu, one per ``block``."""
+
+    def __init__(self, block: tuple[int, int]) -> None:
+        self.block = tuple(block)
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
+                       input_size, output_size, params_dtype, **extra_weight_attrs):
+        weight_loader = extra_weight_attrs.pop("weight_loader")
+        bn, bk = self.block
+        n = sum(output_partition_sizes)
+        if len(output_partition_sizes) > 1 and any(s % bn for s in output_partition_sizes):
+            raise ValueError(f"{getattr(layer, 'prefix', 'linear')}: merged outputs "
+                             f"{output_partition_sizes} do not align to the {bn}-row FP8 block")
+        weight = ModelWeightParameter(
+            data=torch.empty(n, input_size_per_partition, dtype=torch.float8_e4m3fn),
+            input_dim=1, output_dim=0, weight_loader=weight_loader)
+        scale = BlockQuantScaleParameter(
+            data=torch.empty(-(-n // bn), -(-input_size_per_partition // bk),
+                             dtype=torch.float8_e8m0fnu),
+            input_dim=1, output_dim=0, weight_loader=weight_loader)
+        layer.register_parameter("weight", weight)
+        layer.register_parameter("scale", scale)
+        layer.weight_block_size = list(self.block)  # vLLM's merged loaders shard scales by it
+        set_weight_attrs(weight, extra_weight_attrs)
+        set_weight_attrs(scale, extra_weight_attrs)
+
+    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = ops.fp8_block_linear(x.reshape(-1, x.shape[-1]), layer.weight, layer.scale, self.block)
+        y = y.view(*lead, -1)
+        return y if bias is None else y + bias
+
+    def apply_grouped(self, layer, x3: torch.Tensor, groups: int) -> torch.Tensor:
+        w, s = layer.weight, layer.scale
+        n = w.shape[0] // groups
+        if n % self.block[0]:
+            raise ValueError(f"{getattr(layer, 'prefix', 'linear')}: {groups} groups of {n} rows "
+                             f"cut the {self.block[0]}-row FP8 block")
+        return ops.fp8_block_linear(x3, w.view(groups, n, w.shape[1]),
+                                    s.view(groups, n // self.block[0], s.shape[1]), self.block)
+
+
+def grouped_linear(layer, x3: torch.Tensor, groups: int) -> torch.Tensor:
+    """``x3 [M, G, K]`` through a linear layer whose ``[G*N, K]`` weight holds G independent
+    ``[N, K]`` matrices (group g's rows are g*N .. g*N + N - 1) -> ``[M, G, N]``."""
+    return layer.quant_method.apply_grouped(layer, x3, groups)
+
+
+# -- the model's linear layers ---------------------------------------------------------------------
+def replicated_linear(in_features: int, out_features: int, quant_config, prefix: str,
+                      dtype: torch.dtype):
+    """A bias-free vLLM ``ReplicatedLinear`` whose method comes from ``quant_config``."""
+    from vllm.model_executor.layers.linear import ReplicatedLinear
+
+    return ReplicatedLinear(in_features, out_features, bias=False, params_dtype=dtype,
+                            quant_config=quant_config, prefix=prefix, return_bias=False)
+
+
+def merged_linear(in_features: int, shards: dict[str, int], quant_config, prefix: str,
+                  dtype: torch.dtype):
+    """Several checkpoint linears over the same input as one GEMM (vLLM's
+    ``MergedColumnParallelLinear``, replicated): ``shards`` maps each checkpoint name (relative to
+    the parent module, e.g. ``wkv``) to its output rows, in order. The loader maps
+    ``<parent>.<name>.weight`` / ``.scale`` onto shard i through ``checkpoint_shards``."""
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear
+
+    layer = MergedColumnParallelLinear(in_features, list(shards.values()), bias=False,
+                                       params_dtype=dtype, quant_config=quant_config,
+                                       prefix=prefix, return_bias=False, disable_tp=True)
+    layer.checkpoint_shards = tuple(shards)
+    return layer
