@@ -10,7 +10,7 @@ rotating over several input sets so weights and keys do not sit in L2), median o
 
 Ops and knobs:
 
-* ``gemm``: the W8A16 FP8 GEMM (``benchmarks.stack.w8a16``) at every projection of V4-Flash / Pro,
+* ``gemm``: the W8A16 FP8 GEMM (``ops.triton.fp8_linear``, the product's op) at every projection of V4-Flash / Pro,
   M = 1, 4, 32: BN x split-K x stages (the split-K reduction's extra launch included);
 * ``attn``: ``sparse_attention`` at window 128 + K compressed (0, 512 = top-k, 8192 = c128a at 1M),
   B = 1, 4, 32: BLOCK_H x BLOCK_N x warps x candidates per split;
@@ -99,8 +99,17 @@ GEMM_SHAPES = {  # name: (groups, N, K)
 
 
 def sweep_gemm(dev, batches):
-    from benchmarks.stack.fp8 import quantize_blockwise
-    from benchmarks.stack.w8a16 import w8a16_matmul
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.quant.formats import quantize_fp8_block
+
+    def quantize_blockwise(w):  # [G, N, K] or [N, K] -> e4m3 + ue8m0 scales, as shipped
+        if w.dim() == 2:
+            return quantize_fp8_block(w)
+        pairs = [quantize_fp8_block(wi) for wi in w]
+        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+    def w8a16_matmul(x, w8, s, **kw):
+        return fp8_block_linear(x, w8, s, (128, 128), **kw)
 
     rows = []
     for name, (g, n, k) in GEMM_SHAPES.items():
