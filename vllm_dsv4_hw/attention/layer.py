@@ -201,7 +201,9 @@ class DSV4Attention(nn.Module):
                             if self.kind.has_indexer else None)
 
         n_pos = cfg.max_position_embeddings if max_positions is None else int(max_positions)
-        dev = torch.device(device) if device is not None else torch.device("cpu")
+        # On the device the model is built on (vLLM builds it under a default-device context):
+        # a table left on the host would be copied to the device on every call.
+        dev = torch.device(device) if device is not None else torch.get_default_device()
         self.register_buffer("cos_sin", _shared_rope_table(cfg, ratio, n_pos, str(dev)),
                              persistent=False)
         # Debugging / tests: keep the indexer's selected entry indices of the last step.
