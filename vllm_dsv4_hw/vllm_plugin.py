@@ -68,4 +68,12 @@ def platform_plugin() -> str | None:
         return PLATFORM_CLASS
     from vllm_dsv4_hw.platform.device import detect_device_type
 
-    return PLATFORM_CLASS if detect_device_type() == "cpu" else None
+    device = detect_device_type()
+    if device == "npu":
+        from vllm_dsv4_hw.platform.npu import choose_npu_platform
+
+        choice = choose_npu_platform()
+        if choice.mode != "cooperate":
+            logger.warning("dsv4-hw: %s", choice.reason)
+        return choice.platform_class
+    return PLATFORM_CLASS if device == "cpu" else None

@@ -11,7 +11,6 @@ import torch
 from vllm_dsv4_hw.platform import npu as npu_platform
 from vllm_dsv4_hw.platform.device import adaptor_for
 from vllm_dsv4_hw.platform.npu import (
-    STANDALONE_PLATFORM,
     choose_npu_platform,
     vllm_ascend_ops,
     vllm_ascend_plugin,
@@ -35,10 +34,10 @@ def test_vllm_ascend_present_means_cooperate():
 
 @pytest.mark.parametrize("plugin", [(False, False, "vllm-ascend is not installed"),
                                     (True, False, "VLLM_PLUGINS does not enable it")])
-def test_without_active_vllm_ascend_we_are_standalone(plugin):
+def test_without_active_vllm_ascend_no_platform_and_the_fix_is_named(plugin):
     c = choose_npu_platform(USABLE, plugin)
-    assert c.platform_class == STANDALONE_PLATFORM and c.mode == "standalone"
-    assert plugin[2] in c.reason
+    assert c.platform_class is None and c.mode == "unsupported"
+    assert plugin[2] in c.reason and "install vllm-ascend" in c.reason
 
 
 class _EP:
@@ -72,7 +71,7 @@ def test_this_machine_has_no_vllm_ascend():
 def test_stub_reports_an_npu_when_asked(npu_device):
     ok, why = npu_platform.probe_torch_npu()
     assert ok and "1 NPU(s)" in why
-    assert choose_npu_platform().mode == "standalone"
+    assert choose_npu_platform().mode == "unsupported"
 
 
 # -- streams on torch.npu -----------------------------------------------------------------------

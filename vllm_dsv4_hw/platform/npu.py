@@ -12,13 +12,14 @@ and refuses to start when two out-of-tree plugins activate):
   ``vllm.general_plugins``; where vllm-ascend's process already loaded its custom ops
   (``torch.ops._C_ascend``), the npu backend may call the ones that match our contracts
   (:func:`vllm_ascend_ops`).
-* **standalone** -- an NPU is usable but vllm-ascend is absent (or disabled through
-  ``VLLM_PLUGINS``): this plugin's own NPU platform class (:data:`STANDALONE_PLATFORM`, part of the
-  vLLM integration, issue 3) is the one to activate.
+* **unsupported** -- an NPU is usable but vllm-ascend is absent (or disabled through
+  ``VLLM_PLUGINS``): this plugin provides no NPU platform of its own (vLLM's NPU device, memory,
+  graph and HCCL hooks are vllm-ascend's), so no platform activates; the reason says to install or
+  enable vllm-ascend.
 * **none** -- no usable NPU: this plugin activates no platform (CUDA / CPU stay vLLM's built-ins).
 
 :func:`choose_npu_platform` makes that decision and says why; the vLLM platform-plugin entry point
-(issue 3) returns its ``platform_class``.
+(``vllm_plugin.platform_plugin``) logs the reason on NPU hosts.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# The platform class this plugin would activate on an NPU without vllm-ascend (issue 3 builds it).
-STANDALONE_PLATFORM = "vllm_dsv4_hw.platform.vllm_npu.DSV4NPUPlatform"
 # vllm-ascend's platform (activated by its ``ascend`` entry point in vllm.platform_plugins).
 VLLM_ASCEND_PLATFORM = "vllm_ascend.platform.NPUPlatform"
 VLLM_ASCEND_PLUGIN_NAME = "ascend"
@@ -151,7 +150,7 @@ def vllm_ascend_ops() -> dict[str, object]:
 @dataclass(frozen=True)
 class PlatformChoice:
     platform_class: str | None  # what the vllm.platform_plugins entry point should return
-    mode: str  # "none", "cooperate" or "standalone"
+    mode: str  # "none", "cooperate" or "unsupported"
     reason: str
 
 
@@ -172,5 +171,7 @@ def choose_npu_platform(npu_usable: tuple[bool, str] | None = None,
             f"{why}; {detail}: vllm-ascend's NPUPlatform is the active platform (only one "
             f"out-of-tree platform may activate), this plugin adds its ops and model through "
             f"vllm.general_plugins"))
-    return PlatformChoice(STANDALONE_PLATFORM, "standalone", (
-        f"{why}; {detail}: this plugin's own NPU platform is activated"))
+    return PlatformChoice(None, "unsupported", (
+        f"{why}; {detail}: DeepSeek V4 on an Ascend NPU runs under vllm-ascend's platform "
+        f"(this plugin adds ops and the model to it); install vllm-ascend or enable its "
+        f"'{VLLM_ASCEND_PLUGIN_NAME}' platform plugin"))
