@@ -113,7 +113,9 @@ CUDA_GRAPHS = _Var(
     "VLLM_DSV4_HW_CUDA_GRAPHS",
     "1",
     _bool,
-    "Capture the decode step in device graphs where the device supports them.",
+    "Decode steps build their metadata with device ops only and the attention backend declares "
+    "UNIFORM_SINGLE_TOKEN_DECODE graph support to vLLM (1); 0: every step through the general "
+    "builder and no graph support (vLLM runs eagerly).",
 )
 
 DEVICE = _Var(
