@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AttentionKind", "WINDOW", "C4A", "C128A", "KINDS", "SUPPORTED_RATIOS", "kind_of"]
+__all__ = ["AttentionKind", "WINDOW", "C4A", "C128A", "KINDS", "SUPPORTED_RATIOS", "CACHE_FIELDS",
+           "INDEXER_COMPRESSOR", "kind_of"]
+
+# Every cache field a layer may own, in the order a layer's caches register with vLLM.
+CACHE_FIELDS = ("window", "comp", "indexer", "main_state", "indexer_state")
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,19 @@ class AttentionKind:
         return self.coff * self.ratio
 
     @property
+    def attends_all_entries(self) -> bool:
+        """c128a layers attend every visible compressed entry (no indexer selection)."""
+        return self.compressed and not self.has_indexer
+
+    def state_width(self, d: int) -> int:
+        """fp32 values of one compressor state row at output dim ``d``: kv and score halves of
+        ``coff * d`` each."""
+        return 2 * self.coff * d
+
+    @property
     def caches(self) -> tuple[str, ...]:
-        """The caches a layer of this kind owns (``LayerCaches`` / ``BlockTables`` fields)."""
+        """The caches a layer of this kind owns (``LayerCaches`` / ``BlockTables`` fields), by
+        owner: the window, the main compressor's, the indexer's."""
         out = ("window",)
         if self.compressed:
             out += ("comp", "main_state")
@@ -58,18 +73,17 @@ class AttentionKind:
         return f"{self.name}_state" if self.compressed else None
 
     @property
+    def cache_spec_kinds(self) -> dict[str, str]:
+        """Each cache this layer owns -> its planner (``kv_cache.specs``) kind, in the order the
+        caches register with vLLM (:data:`CACHE_FIELDS` order: entry caches, then states)."""
+        spec = {"window": "window_kv", "comp": self.comp_spec_kind, "indexer": "indexer_kv",
+                "main_state": self.state_spec_kind, "indexer_state": "indexer_state"}
+        return {c: spec[c] for c in CACHE_FIELDS if c in self.caches}
+
+    @property
     def spec_kinds(self) -> tuple[str, ...]:
         """The planner (``kv_cache.specs``) kinds of this layer's caches, window first."""
-        out = ("window_kv",)
-        if self.compressed:
-            out += (self.comp_spec_kind,)
-        if self.has_indexer:
-            out += ("indexer_kv",)
-        if self.compressed:
-            out += (self.state_spec_kind,)
-        if self.has_indexer:
-            out += ("indexer_state",)
-        return out
+        return tuple(self.cache_spec_kinds.values())
 
 
 WINDOW = AttentionKind("window", 0)

@@ -22,26 +22,22 @@ import torch
 
 from vllm_dsv4_hw.attention.metadata import BlockTables, PageGeometry
 from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.kinds import C4A, CACHE_FIELDS, INDEXER_COMPRESSOR, kind_of
 from vllm_dsv4_hw.kv_cache.blocks import (
-    C128A_ENTRIES_PER_BLOCK,
-    C4A_ENTRIES_PER_BLOCK,
+    ENTRIES_PER_BLOCK,
     INDEXER_ENTRIES_PER_BLOCK,
     WINDOW_POSITIONS_PER_PAGE,
     cdiv,
 )
 from vllm_dsv4_hw.kv_cache.buckets import KIND_BUCKET, bucket_page_bytes, rows_per_page
 from vllm_dsv4_hw.kv_cache.formats import EntryFormat, make_format
-from vllm_dsv4_hw.kv_cache.specs import FormatError, layer_cache_specs
+from vllm_dsv4_hw.kv_cache.specs import FormatError, layer_cache_specs, state_row_bytes
 
 __all__ = ["LayerCaches", "CACHE_KINDS", "page_geometry", "allocate_layer_caches",
            "positions_per_page", "pages_needed", "static_block_tables"]
 
 # The cache kinds of a layer (keys of num_pages / BlockTables fields).
-CACHE_KINDS = ("window", "comp", "indexer", "main_state", "indexer_state")
-
-
-def _coff(ratio: int) -> int:
-    return 2 if ratio == 4 else 1
+CACHE_KINDS = CACHE_FIELDS
 
 
 @dataclass
@@ -71,10 +67,6 @@ class LayerCaches:
         return out
 
 
-def _state_row_bytes(coff: int, d: int) -> int:
-    return 2 * coff * d * 4
-
-
 def page_geometry(cfg: DSV4Config, ratio: int, main_format: str, indexer_format: str,
                   comp_entries_per_page: int | None = None) -> tuple[PageGeometry, dict[str, int]]:
     """(geometry, page bytes per kind) of a layer of compress ratio ``ratio``.
@@ -84,36 +76,29 @@ def page_geometry(cfg: DSV4Config, ratio: int, main_format: str, indexer_format:
     overrides the compressed-cache page (default: 64 entries for c4a, 2 for c128a: one 256-position
     logical block per page).
     """
+    kind = kind_of(ratio)
+    # a window layer's (unused) compressor numbers are c4a's, as vLLM's layer defaults are
+    shape = kind if kind.compressed else C4A
     main_e = make_format(main_format, "main", 64).entry_bytes
     idx_e = make_format(indexer_format, "indexer", 64).entry_bytes
     buckets = bucket_page_bytes(main_e, idx_e)
-    page_bytes = {
-        "window": buckets[KIND_BUCKET["window_kv"]],
-        "comp": buckets[KIND_BUCKET["c4a_kv" if ratio == 4 else "c128a_kv"]],
-        "indexer": buckets[KIND_BUCKET["indexer_kv"]],
-        "main_state": buckets[KIND_BUCKET["c4a_state" if ratio == 4 else "c128a_state"]],
-        "indexer_state": buckets[KIND_BUCKET["indexer_state"]],
-    }
+    # every cache field -> planner kind: the shape's own, c4a's for the indexer caches it lacks
+    spec_kinds = C4A.cache_spec_kinds | shape.cache_spec_kinds
+    page_bytes = {c: buckets[KIND_BUCKET[k]] for c, k in spec_kinds.items()}
     try:  # the planner's own numbers where it knows the formats
         specs = {s.kind: s for s in layer_cache_specs(cfg.with_layers((ratio,)), main_format,
                                                       indexer_format)}
-        page_bytes["window"] = specs["window_kv"].page_bytes
-        if ratio:
-            kv = specs["c4a_kv" if ratio == 4 else "c128a_kv"]
-            page_bytes["comp"] = kv.page_bytes
-            st = specs["c4a_state" if ratio == 4 else "c128a_state"]
-            page_bytes["main_state"] = st.page_bytes
-        if ratio == 4:
-            page_bytes["indexer"] = specs["indexer_kv"].page_bytes
-            page_bytes["indexer_state"] = specs["indexer_state"].page_bytes
+        for cache, spec_kind in kind.cache_spec_kinds.items():
+            page_bytes[cache] = specs[spec_kind].page_bytes
     except FormatError:
         pass
-    main_rows = rows_per_page(_state_row_bytes(_coff(ratio or 4), cfg.head_dim),
-                              page_bytes["main_state"])
-    idx_rows = rows_per_page(_state_row_bytes(2, cfg.index_head_dim), page_bytes["indexer_state"])
+    main_rows = rows_per_page(state_row_bytes(shape, cfg.head_dim), page_bytes["main_state"])
+    idx_rows = rows_per_page(state_row_bytes(INDEXER_COMPRESSOR, cfg.index_head_dim),
+                             page_bytes["indexer_state"])
+    block_entries = ENTRIES_PER_BLOCK[shape.comp_spec_kind]
     if comp_entries_per_page is None:
-        comp_entries_per_page = C128A_ENTRIES_PER_BLOCK if ratio == 128 else C4A_ENTRIES_PER_BLOCK
-    if ratio == 128 and comp_entries_per_page != C128A_ENTRIES_PER_BLOCK:
+        comp_entries_per_page = block_entries
+    if kind.attends_all_entries and comp_entries_per_page != block_entries:
         page_bytes["comp"] = comp_entries_per_page * main_e
     geom = PageGeometry(
         window_positions_per_page=WINDOW_POSITIONS_PER_PAGE,
@@ -134,8 +119,7 @@ def allocate_layer_caches(cfg: DSV4Config, ratio: int, num_pages: int | Mapping[
     """Zeroed caches of one layer: ``num_pages`` pages per kind (an int for every kind, or a
     mapping over :data:`CACHE_KINDS`). ``geometry`` overrides the page geometry (rows / entries per
     page); page bytes then become the natural size of that many entries."""
-    if ratio not in (0, 4, 128):
-        raise ValueError(f"compress ratio {ratio} is not one of (0, 4, 128)")
+    kind = kind_of(ratio)
     geom, page_bytes = page_geometry(cfg, ratio, main_format, indexer_format,
                                      comp_entries_per_page)
     if geometry is not None:
@@ -143,7 +127,7 @@ def allocate_layer_caches(cfg: DSV4Config, ratio: int, num_pages: int | Mapping[
         page_bytes = {}
     if isinstance(num_pages, int):
         num_pages = {k: num_pages for k in CACHE_KINDS}
-    missing = [k for k in _kinds_for(ratio) if k not in num_pages]
+    missing = [k for k in kind.cache_spec_kinds if k not in num_pages]
     if missing:
         raise ValueError(f"num_pages lacks {missing} for a ratio-{ratio} layer")
 
@@ -153,40 +137,34 @@ def allocate_layer_caches(cfg: DSV4Config, ratio: int, num_pages: int | Mapping[
         ratio=ratio, main_format=main_fmt, geometry=g, block_tables=block_tables,
         window=main_fmt.new_cache(num_pages["window"], device, page_bytes.get("window")),
     )
-    if ratio:
+    if kind.compressed:
         comp_fmt = make_format(main_format, "main", g.comp_entries_per_page)
         caches.comp_format = comp_fmt
         caches.comp = comp_fmt.new_cache(num_pages["comp"], device, page_bytes.get("comp"))
-        width = 2 * _coff(ratio) * cfg.head_dim
         caches.main_state = torch.zeros(num_pages["main_state"] * g.main_state_rows_per_page,
-                                        width, dtype=torch.float32, device=device)
-    if ratio == 4:
+                                        kind.state_width(cfg.head_dim), dtype=torch.float32,
+                                        device=device)
+    if kind.has_indexer:
         ifmt = make_format(indexer_format, "indexer", g.indexer_entries_per_page)
         caches.indexer_format = ifmt
         caches.indexer = ifmt.new_cache(num_pages["indexer"], device, page_bytes.get("indexer"))
         caches.indexer_state = torch.zeros(
-            num_pages["indexer_state"] * g.indexer_state_rows_per_page, 2 * 2 * cfg.index_head_dim,
-            dtype=torch.float32, device=device)
+            num_pages["indexer_state"] * g.indexer_state_rows_per_page,
+            INDEXER_COMPRESSOR.state_width(cfg.index_head_dim), dtype=torch.float32,
+            device=device)
     return caches
-
-
-def _kinds_for(ratio: int) -> tuple[str, ...]:
-    if ratio == 0:
-        return ("window",)
-    if ratio == 128:
-        return ("window", "comp", "main_state")
-    return CACHE_KINDS
 
 
 def positions_per_page(geometry: PageGeometry, ratio: int) -> dict[str, int]:
     """Token positions one page of each kind covers."""
     g = geometry
+    kind = kind_of(ratio)
     out = {"window": g.window_positions_per_page}
-    if ratio:
+    if kind.compressed:
         out["comp"] = g.comp_entries_per_page * ratio
         out["main_state"] = g.main_state_rows_per_page
-    if ratio == 4:
-        out["indexer"] = g.indexer_entries_per_page * 4
+    if kind.has_indexer:
+        out["indexer"] = g.indexer_entries_per_page * INDEXER_COMPRESSOR.ratio
         out["indexer_state"] = g.indexer_state_rows_per_page
     return out
 

@@ -16,15 +16,13 @@ follow from the page-size bucket, see :mod:`vllm_dsv4_hw.kv_cache.specs`).
 
 from __future__ import annotations
 
+from vllm_dsv4_hw.kinds import C4A, C128A, INDEXER_COMPRESSOR
+
 BLOCK_POSITIONS = 256
 
-# Compress ratios of the layer kinds that store compressed entries.
-C4A_RATIO = 4
-C128A_RATIO = 128
-
-C4A_ENTRIES_PER_BLOCK = BLOCK_POSITIONS // C4A_RATIO  # 64
-C128A_ENTRIES_PER_BLOCK = BLOCK_POSITIONS // C128A_RATIO  # 2
-INDEXER_ENTRIES_PER_BLOCK = BLOCK_POSITIONS // C4A_RATIO  # 64
+C4A_ENTRIES_PER_BLOCK = BLOCK_POSITIONS // C4A.ratio  # 64
+C128A_ENTRIES_PER_BLOCK = BLOCK_POSITIONS // C128A.ratio  # 2
+INDEXER_ENTRIES_PER_BLOCK = BLOCK_POSITIONS // INDEXER_COMPRESSOR.ratio  # 64
 
 # The window KV (sliding window 128 on every layer) uses 64-position pages, like vLLM's
 # DeepseekV4SWACache: one window page has the byte size of one c4a page (64 main entries).

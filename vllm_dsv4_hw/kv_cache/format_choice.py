@@ -33,10 +33,8 @@ logger = logging.getLogger(__name__)
 # Most compact first: auto takes the first one the device holds.
 MAIN_PREFERENCE = ("fp8", "bf16")
 INDEXER_PREFERENCE = ("mxfp4", "fp8", "bf16")
-# The capability each format needs, and bytes per entry (for the messages).
+# The capability each format needs.
 NEEDS = {"fp8": "fp8", "mxfp4": "mxfp4", "bf16": "bf16"}
-ENTRY_BYTES = {("main", "fp8"): 584, ("main", "bf16"): 1024,
-               ("indexer", "mxfp4"): 68, ("indexer", "fp8"): 132, ("indexer", "bf16"): 256}
 _WHAT = {"fp8": "fp8 (e4m3) storage", "mxfp4": "MXFP4 (e2m1 + ue8m0) storage",
          "bf16": "bf16 storage"}
 _KIND_NAME = {"main": "main KV", "indexer": "indexer key"}

@@ -25,12 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.kinds import C4A, C128A, INDEXER_COMPRESSOR, AttentionKind
 from vllm_dsv4_hw.kv_cache.blocks import (
-    C128A_ENTRIES_PER_BLOCK,
-    C128A_RATIO,
-    C4A_ENTRIES_PER_BLOCK,
-    C4A_RATIO,
-    INDEXER_ENTRIES_PER_BLOCK,
+    ENTRIES_PER_BLOCK,
     WINDOW_POSITIONS_PER_PAGE,
     cdiv,
 )
@@ -39,14 +36,12 @@ from vllm_dsv4_hw.kv_cache.buckets import KIND_BUCKET, bucket_page_bytes, rows_p
 # Bytes per entry (spec section 5). The entry formats are defined for the V4 geometry only.
 MAIN_ENTRY_BYTES = {"fp8": 584, "bf16": 1024}
 INDEXER_ENTRY_BYTES = {"mxfp4": 68, "fp8": 132, "bf16": 256}
-MAIN_FORMAT_ALIASES = {"fp8_ds_mla": "fp8"}
-MAIN_FORMAT_NAMES = {"fp8": "fp8_ds_mla", "bf16": "bf16"}
+MAIN_FORMAT_NAMES = {"fp8": "fp8_ds_mla", "bf16": "bf16"}  # short name -> entry format name
+MAIN_FORMAT_ALIASES = {v: k for k, v in MAIN_FORMAT_NAMES.items() if v != k}
 STATE_FORMAT_NAME = "fp32_state"
 STATE_BYTES_PER_VALUE = 4  # fp32
 FORMAT_GEOMETRY = {"head_dim": 512, "rope_dim": 64, "index_head_dim": 128}
 
-KINDS = ("c4a_kv", "c128a_kv", "indexer_kv", "window_kv", "c4a_state", "c128a_state",
-         "indexer_state")
 CATEGORY = {
     "c4a_kv": "compressed_kv",
     "c128a_kv": "compressed_kv",
@@ -56,6 +51,7 @@ CATEGORY = {
     "c128a_state": "compressor_state",
     "indexer_state": "compressor_state",
 }
+KINDS = tuple(CATEGORY)
 CATEGORIES = ("compressed_kv", "indexer_keys", "window", "compressor_state")
 
 
@@ -156,9 +152,9 @@ def check_geometry(cfg: DSV4Config) -> None:
         )
 
 
-def state_row_bytes(coff: int, dim: int) -> int:
+def state_row_bytes(compressor: AttentionKind, dim: int) -> int:
     """One compressor-state row: fp32 kv and score halves of coff*dim each."""
-    return 2 * coff * dim * STATE_BYTES_PER_VALUE
+    return compressor.state_width(dim) * STATE_BYTES_PER_VALUE
 
 
 def layer_cache_specs(cfg: DSV4Config, main_format: str, indexer_format: str) -> list[CacheSpec]:
@@ -169,8 +165,8 @@ def layer_cache_specs(cfg: DSV4Config, main_format: str, indexer_format: str) ->
     main_b = MAIN_ENTRY_BYTES[main]
     idx_b = INDEXER_ENTRY_BYTES[idx]
     sizes = bucket_page_bytes(main_b, idx_b)
-    n4 = cfg.layers_with_ratio(C4A_RATIO)
-    n128 = cfg.layers_with_ratio(C128A_RATIO)
+    n4 = cfg.layers_with_ratio(C4A.ratio)
+    n128 = cfg.layers_with_ratio(C128A.ratio)
     n_all = cfg.num_layers
     main_name = MAIN_FORMAT_NAMES[main]
 
@@ -178,24 +174,27 @@ def layer_cache_specs(cfg: DSV4Config, main_format: str, indexer_format: str) ->
         bucket = KIND_BUCKET[kind]
         return sizes[bucket], bucket
 
-    def state(kind: str, ratio: int, n: int, coff: int, dim: int) -> CacheSpec:
-        row = state_row_bytes(coff, dim)
+    def entries(kind: str, compressor: AttentionKind, n: int, fmt: str, entry: int) -> CacheSpec:
+        # one 256-position logical block per page
+        return CacheSpec(kind, CATEGORY[kind], compressor.ratio, n, fmt, entry, compressor.ratio,
+                         ENTRIES_PER_BLOCK[kind], None, *page(kind))
+
+    def state(kind: str, compressor: AttentionKind, n: int, dim: int) -> CacheSpec:
+        row = state_row_bytes(compressor, dim)
         page_bytes, bucket = page(kind)
-        return CacheSpec(kind, CATEGORY[kind], ratio, n, STATE_FORMAT_NAME, row, 1,
-                         rows_per_page(row, page_bytes), coff * ratio, page_bytes, bucket)
+        return CacheSpec(kind, CATEGORY[kind], compressor.ratio, n, STATE_FORMAT_NAME, row, 1,
+                         rows_per_page(row, page_bytes), compressor.group_width, page_bytes,
+                         bucket)
 
     specs = [
-        CacheSpec("c4a_kv", "compressed_kv", C4A_RATIO, n4, main_name, main_b, C4A_RATIO,
-                  C4A_ENTRIES_PER_BLOCK, None, *page("c4a_kv")),
-        CacheSpec("c128a_kv", "compressed_kv", C128A_RATIO, n128, main_name, main_b, C128A_RATIO,
-                  C128A_ENTRIES_PER_BLOCK, None, *page("c128a_kv")),
-        CacheSpec("indexer_kv", "indexer_keys", C4A_RATIO, n4, idx, idx_b, C4A_RATIO,
-                  INDEXER_ENTRIES_PER_BLOCK, None, *page("indexer_kv")),
+        entries(C4A.comp_spec_kind, C4A, n4, main_name, main_b),
+        entries(C128A.comp_spec_kind, C128A, n128, main_name, main_b),
+        entries("indexer_kv", INDEXER_COMPRESSOR, n4, idx, idx_b),
         CacheSpec("window_kv", "window", None, n_all, main_name, main_b, 1,
                   WINDOW_POSITIONS_PER_PAGE, cfg.sliding_window, *page("window_kv")),
-        state("c4a_state", C4A_RATIO, n4, 2, cfg.head_dim),
-        state("c128a_state", C128A_RATIO, n128, 1, cfg.head_dim),
-        state("indexer_state", C4A_RATIO, n4, 2, cfg.index_head_dim),
+        state(C4A.state_spec_kind, C4A, n4, cfg.head_dim),
+        state(C128A.state_spec_kind, C128A, n128, cfg.head_dim),
+        state("indexer_state", INDEXER_COMPRESSOR, n4, cfg.index_head_dim),
     ]
     return [s for s in specs if s.num_layers > 0]
 

@@ -26,9 +26,10 @@ import math
 from dataclasses import dataclass
 
 from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.kv_cache.blocks import cdiv
 from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
-from vllm_dsv4_hw.kv_cache.vllm_specs import KINDS_FOR_RATIO, STATE_KINDS
+from vllm_dsv4_hw.kv_cache.vllm_specs import STATE_KINDS
 
 __all__ = ["PoolGroup", "VllmPoolPlan", "plan_vllm_pool"]
 
@@ -116,7 +117,7 @@ def _buckets(cfg: DSV4Config, specs: dict) -> list[_Bucket]:
     order), bucketed as ``_get_packed_kv_cache_groups`` does."""
     buckets: list[_Bucket] = []
     for layer, ratio in enumerate(cfg.compress_ratios):
-        for kind in KINDS_FOR_RATIO[ratio]:
+        for kind in kind_of(ratio).spec_kinds:
             s = specs[kind]
             key = (s.positions_per_page, s.sliding_window)
             b = next((b for b in buckets if (b.positions_per_page, b.window) == key), None)

@@ -29,12 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.kv_cache.blocks import BLOCK_POSITIONS
-from vllm_dsv4_hw.kv_cache.specs import CacheSpec, layer_cache_specs
+from vllm_dsv4_hw.kv_cache.specs import CATEGORY, CacheSpec, layer_cache_specs
 
-__all__ = ["LayerKind", "layer_kinds", "vllm_spec", "STATE_KINDS", "KINDS_FOR_RATIO"]
+__all__ = ["LayerKind", "layer_kinds", "vllm_spec", "STATE_KINDS"]
 
-STATE_KINDS = ("c4a_state", "c128a_state", "indexer_state")
+STATE_KINDS = tuple(k for k, c in CATEGORY.items() if c == "compressor_state")
 
 
 @dataclass(frozen=True)
@@ -58,30 +59,18 @@ class LayerKind:
         return self.kind in STATE_KINDS
 
 
-_CACHE_FIELD = {
-    "window_kv": "window", "c4a_kv": "comp", "c128a_kv": "comp", "indexer_kv": "indexer",
-    "c4a_state": "main_state", "c128a_state": "main_state", "indexer_state": "indexer_state",
-}
-# The caches of a layer of each compress ratio, in the order they register with vLLM.
-KINDS_FOR_RATIO = {
-    0: ("window_kv",),
-    4: ("window_kv", "c4a_kv", "indexer_kv", "c4a_state", "indexer_state"),
-    128: ("window_kv", "c128a_kv", "c128a_state"),
-}
-
-
 def layer_kinds(cfg: DSV4Config, ratio: int, main_format: str,
                 indexer_format: str) -> list[LayerKind]:
-    """The caches of a layer of compress ratio ``ratio`` (window first)."""
-    if ratio not in KINDS_FOR_RATIO:
-        raise ValueError(f"compress ratio {ratio} is not one of (0, 4, 128)")
+    """The caches of a layer of compress ratio ``ratio``, in the order they register with vLLM
+    (``AttentionKind.cache_spec_kinds``: window first)."""
+    caches = kind_of(ratio).cache_spec_kinds
     specs = {s.kind: s for s in layer_cache_specs(cfg.with_layers((ratio or 4, 128, 0)),
                                                   main_format, indexer_format)}
     out = []
-    for kind in KINDS_FOR_RATIO[ratio]:
+    for cache, kind in caches.items():
         s = specs[kind]
         stride = s.entry_bytes
-        out.append(LayerKind(kind=kind, cache=_CACHE_FIELD[kind], spec=s,
+        out.append(LayerKind(kind=kind, cache=cache, spec=s,
                              block_size=s.positions_per_page,
                              entries_per_page=s.entries_per_page, entry_stride=stride,
                              sliding_window=s.sliding_window))
