@@ -10,9 +10,9 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from vllm_dsv4_hw.kinds import SUPPORTED_RATIOS
 from vllm_dsv4_hw.quant.scheme import DENSE, WeightScheme, WeightSchemeError
 
-SUPPORTED_RATIOS = (0, 4, 128)
 _LAYER_TYPE_TO_RATIO_KEY = {
     "sliding_attention": None,
     "compressed_sparse_attention": 4,

@@ -23,14 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.kv_cache.paged import logical_to_slot
 
-__all__ = ["CompressorPlan", "compressor_plan", "coff_for_ratio"]
-
-
-def coff_for_ratio(ratio: int) -> int:
-    """2 for the overlapping ratio-4 compressor, 1 otherwise (ratio 128)."""
-    return 2 if ratio == 4 else 1
+__all__ = ["CompressorPlan", "compressor_plan"]
 
 
 @dataclass
@@ -75,8 +71,7 @@ def compressor_plan(query_start_loc: torch.Tensor, seq_start: torch.Tensor,
         raise ValueError(f"seq_start has {seq_start.numel()} entries for {num_reqs} requests")
     query_lens = qsl[1:] - qsl[:-1]
     num_tokens = int(qsl[-1].item()) if num_reqs > 0 else 0
-    coff = coff_for_ratio(ratio)
-    width = coff * ratio
+    width = kind_of(ratio).group_width
 
     token_req = torch.repeat_interleave(torch.arange(num_reqs, device=device), query_lens,
                                         output_size=num_tokens)

@@ -42,8 +42,7 @@ def decode_layout(ratio: int, geometry: PageGeometry, sliding_window: int, max_p
         main_state_stride=main_state_stride or g.main_state_rows_per_page,
         indexer_state_per_page=g.indexer_state_rows_per_page,
         indexer_state_stride=indexer_state_stride or g.indexer_state_rows_per_page,
-        max_comp_entries=(max_positions // ratio if kind.compressed and not kind.has_indexer
-                          else 0),
+        max_comp_entries=max_positions // ratio if kind.attends_all_entries else 0,
         null_page=null_page)
 
 

@@ -29,11 +29,10 @@ from typing import Sequence
 import torch
 
 from vllm_dsv4_hw.attention.compressor_plan import CompressorPlan, compressor_plan
+from vllm_dsv4_hw.kinds import INDEXER_COMPRESSOR, kind_of
 from vllm_dsv4_hw.kv_cache.paged import logical_to_slot
 
 __all__ = ["PageGeometry", "BlockTables", "StepMetadata", "build_step_metadata"]
-
-SUPPORTED_RATIOS = (0, 4, 128)
 
 
 @dataclass(frozen=True)
@@ -123,8 +122,7 @@ def build_step_metadata(seq_starts: torch.Tensor | Sequence[int],
     by default K is the largest number of visible entries in the step. Tensors live on the device
     of ``block_tables.window``.
     """
-    if ratio not in SUPPORTED_RATIOS:
-        raise ValueError(f"compress ratio {ratio} is not one of {SUPPORTED_RATIOS}")
+    kind = kind_of(ratio)
     if sliding_window <= 0:
         raise ValueError(f"sliding_window must be positive, got {sliding_window}")
     wbt = _need(block_tables.window, "window", ratio)
@@ -158,27 +156,27 @@ def build_step_metadata(seq_starts: torch.Tensor | Sequence[int],
     # Positions < 0 give -1 without touching the table; so do released pages (-1 entries).
     window_slots = logical_to_slot(wbt, token_req, win_pos, wpp)
 
-    if ratio == 0:
+    if not kind.compressed:
         comp_entry_end = torch.zeros_like(positions)
     else:
         comp_entry_end = torch.div(positions + 1, ratio, rounding_mode="floor")
     max_visible = int(comp_entry_end.max().item()) if num_tokens else 0
 
     main_plan = indexer_plan = comp_slots = None
-    if ratio > 0:
+    if kind.compressed:
         cbt = _need(block_tables.comp, "compressed KV", ratio)
         sbt = _need(block_tables.main_state, "main compressor state", ratio)
         main_plan = compressor_plan(qsl, seq_starts, sbt, g.main_state_rows_per_page, ratio,
                                     kv_block_table=cbt, entries_per_page=g.comp_entries_per_page)
         _check_plan(main_plan, "main compressor")
-    if ratio == 4:
+    if kind.has_indexer:
         ibt = _need(block_tables.indexer, "indexer key", ratio)
         isbt = _need(block_tables.indexer_state, "indexer compressor state", ratio)
         indexer_plan = compressor_plan(qsl, seq_starts, isbt, g.indexer_state_rows_per_page,
-                                       ratio, kv_block_table=ibt,
+                                       INDEXER_COMPRESSOR.ratio, kv_block_table=ibt,
                                        entries_per_page=g.indexer_entries_per_page)
         _check_plan(indexer_plan, "indexer compressor")
-    if ratio == 128:
+    if kind.attends_all_entries:
         k = max_visible if max_comp_entries is None else int(max_comp_entries)
         if k < max_visible:
             raise ValueError(f"max_comp_entries={k} < {max_visible} entries visible in this step")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vllm_dsv4_hw.kinds import INDEXER_COMPRESSOR, AttentionKind, kind_of
 from vllm_dsv4_hw.quant.formats import FP4_BLOCK, FP8_BLOCK
 from vllm_dsv4_hw.tools import tokenizer_gen
 
@@ -222,13 +223,13 @@ def _hc_head(prefix: str, cfg: dict) -> list[TensorSpec]:
     ]
 
 
-def _compressor(prefix: str, cfg: dict, ratio: int, head_dim: int) -> list[TensorSpec]:
+def _compressor(prefix: str, cfg: dict, kind: AttentionKind, head_dim: int) -> list[TensorSpec]:
     d = cfg["hidden_size"]
-    coff = 2 if ratio == 4 else 1
+    width = kind.coff * head_dim
     return [
-        _linear(prefix + ".wkv.weight", coff * head_dim, d, "bf16"),
-        _linear(prefix + ".wgate.weight", coff * head_dim, d, "bf16"),
-        TensorSpec(prefix + ".ape", (ratio, coff * head_dim), "f32", ("normal", APE_STD)),
+        _linear(prefix + ".wkv.weight", width, d, "bf16"),
+        _linear(prefix + ".wgate.weight", width, d, "bf16"),
+        TensorSpec(prefix + ".ape", (kind.ratio, width), "f32", ("normal", APE_STD)),
         _norm(prefix + ".norm", head_dim),
     ]
 
@@ -246,15 +247,16 @@ def _attention(prefix: str, cfg: dict, ratio: int) -> list[TensorSpec]:
         _linear(prefix + ".wo_b", d, g * ol),
         TensorSpec(prefix + ".attn_sink", (h,), "f32", ("normal", SINK_STD)),
     ]
-    if ratio:
-        specs += _compressor(prefix + ".compressor", cfg, ratio, hd)
-    if ratio == 4:
+    kind = kind_of(ratio)
+    if kind.compressed:
+        specs += _compressor(prefix + ".compressor", cfg, kind, hd)
+    if kind.has_indexer:
         ih, ihd = cfg["index_n_heads"], cfg["index_head_dim"]
         specs += [
             _linear(prefix + ".indexer.wq_b", ih * ihd, ql),
             _linear(prefix + ".indexer.weights_proj.weight", ih, d, "bf16"),
         ]
-        specs += _compressor(prefix + ".indexer.compressor", cfg, 4, ihd)
+        specs += _compressor(prefix + ".indexer.compressor", cfg, INDEXER_COMPRESSOR, ihd)
     return specs
 
 

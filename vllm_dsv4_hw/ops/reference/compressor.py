@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
-
-
-def _coff(ratio: int) -> int:
-    return 2 if ratio == 4 else 1
 
 
 def write_state_rows(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor,
@@ -46,8 +43,8 @@ def write_state_rows(kv: torch.Tensor, score: torch.Tensor, positions: torch.Ten
 
 def pool_groups(state: torch.Tensor, group_rows: torch.Tensor, ratio: int, d: int) -> torch.Tensor:
     """Pool every group from its member rows in ``state`` -> [G, d] fp32."""
-    coff = _coff(ratio)
-    width = coff * ratio
+    kind = kind_of(ratio)
+    coff, width = kind.coff, kind.group_width
     g = group_rows.shape[0]
     if group_rows.dim() != 2 or group_rows.shape[1] != width:
         raise ValueError(f"group_rows must be [G, {width}] for ratio {ratio}, got "
@@ -75,7 +72,7 @@ def pool_groups(state: torch.Tensor, group_rows: torch.Tensor, ratio: int, d: in
 def compressor_pool(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor,
                     ape: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor,
                     group_rows: torch.Tensor, ratio: int) -> torch.Tensor:
-    coff = _coff(ratio)
+    coff = kind_of(ratio).coff
     if kv.shape[-1] % coff:
         raise ValueError(f"kv width {kv.shape[-1]} is not a multiple of coff={coff}")
     d = kv.shape[-1] // coff

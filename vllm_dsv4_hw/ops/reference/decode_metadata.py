@@ -78,7 +78,7 @@ def decode_metadata(seq_lens: torch.Tensor, tables: dict[str, torch.Tensor],
               lay.indexer_state_per_page, lay.indexer_state_stride, tables["indexer"],
               lay.indexer_per_page, lay.null_page)
         out["indexer_table"] = _absent_as_minus_one(tables["indexer"], lay.null_page)
-    if kind.compressed and not kind.has_indexer:
+    if kind.attends_all_entries:
         k = lay.max_comp_entries
         idx = torch.arange(k, device=pos.device).expand(b, k)
         end = torch.div(pos + 1, kind.ratio, rounding_mode="floor")

@@ -17,7 +17,8 @@ import math
 
 import torch
 
-from vllm_dsv4_hw.config import SUPPORTED_RATIOS, DSV4Config, YarnParams
+from vllm_dsv4_hw.config import DSV4Config, YarnParams
+from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops.api import ROPE
 from vllm_dsv4_hw.ops.registry import register_op
 
@@ -70,10 +71,9 @@ def rope_tables_for(cfg: DSV4Config, ratio: int, max_positions: int | None = Non
     """The table of a layer with compress ratio ``ratio``: 0 -> ``rope_theta`` without YaRN;
     4 / 128 -> ``compress_rope_theta`` with YaRN (shared by queries, window keys, compressed
     entries and the indexer of that layer). ``max_positions`` defaults to the model's maximum."""
-    if ratio not in SUPPORTED_RATIOS:
-        raise ValueError(f"compress ratio {ratio} is not one of {SUPPORTED_RATIOS}")
+    compressed = kind_of(ratio).compressed
     n = cfg.max_position_embeddings if max_positions is None else max_positions
-    if ratio == 0:
+    if not compressed:
         return rope_cos_sin(cfg.rope_theta, cfg.rope_dim, n, None, device)
     return rope_cos_sin(cfg.compress_rope_theta, cfg.rope_dim, n, cfg.yarn, device)
 

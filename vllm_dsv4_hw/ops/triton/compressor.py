@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
@@ -37,10 +38,6 @@ from vllm_dsv4_hw.ops.triton.quant import store_entry_pairs
 
 _OUT_CACHE = 0  # compressor_store: norm + rope + quantize + insert
 _OUT_POOLED = 1  # compressor_pool: write the pooled fp32 vector
-
-
-def _coff(ratio: int) -> int:
-    return 2 if ratio == 4 else 1
 
 
 @triton.jit
@@ -198,7 +195,8 @@ def _layout(fmt_code: int, d: int) -> tuple[int, int]:
 
 
 def _check_inputs(kv, score, positions, ape, state, state_slots, group_rows, ratio):
-    coff = _coff(ratio)
+    kind = kind_of(ratio)
+    coff = kind.coff
     if kv.dim() != 2 or kv.shape[-1] % coff:
         raise ValueError(f"kv must be [T, coff*d] with coff={coff}, got {tuple(kv.shape)}")
     d = kv.shape[-1] // coff
@@ -208,14 +206,15 @@ def _check_inputs(kv, score, positions, ape, state, state_slots, group_rows, rat
         raise ValueError(f"score {tuple(score.shape)} must match kv {tuple(kv.shape)}")
     if ape.shape != (ratio, coff * d):
         raise ValueError(f"ape must be [{ratio}, {coff * d}], got {tuple(ape.shape)}")
-    if state.dtype != torch.float32 or state.dim() != 2 or state.shape[-1] != 2 * coff * d:
-        raise ValueError(f"state must be fp32 [S, {2 * coff * d}], got {state.dtype} "
+    width = kind.state_width(d)
+    if state.dtype != torch.float32 or state.dim() != 2 or state.shape[-1] != width:
+        raise ValueError(f"state must be fp32 [S, {width}], got {state.dtype} "
                          f"{tuple(state.shape)}")
     if state.stride(-1) != 1 or state.stride(0) % 2 or state.data_ptr() % 8:
         raise ValueError("triton compressor: state rows must be contiguous, 8-byte aligned, with an "
                          "even row stride")
-    if group_rows.dim() != 2 or group_rows.shape[1] != coff * ratio:
-        raise ValueError(f"group_rows must be [G, {coff * ratio}] for ratio {ratio}, got "
+    if group_rows.dim() != 2 or group_rows.shape[1] != kind.group_width:
+        raise ValueError(f"group_rows must be [G, {kind.group_width}] for ratio {ratio}, got "
                          f"{tuple(group_rows.shape)}")
     return coff, d
 
@@ -261,7 +260,7 @@ _INTERP_TOKENS = 256
 
 def _block_r(ratio: int, d: int, gb: int) -> int:
     # member rows per iteration: 4 tiles of [BLOCK_R, GB * d/2] fp32 live at once
-    w = _coff(ratio) * ratio
+    w = kind_of(ratio).group_width
     budget = POOL_CONFIG["row_budget"] if gb == 1 else 1 << 18
     return max(1, min(w, budget // (gb * d)))
 

@@ -136,7 +136,7 @@ def decode_metadata(seq_lens: torch.Tensor, tables: dict[str, torch.Tensor],
               lay.indexer_per_page, null)
         it = tables["indexer"].to(torch.int64)
         out["indexer_table"] = torch.where(it > null, it, torch.full_like(it, -1))
-    if kind.compressed and not kind.has_indexer:
+    if kind.attends_all_entries:
         k = lay.max_comp_entries
         comp = torch.empty(b, k, dtype=torch.int64, device=dev)
         ct = _table(tables["comp"])
