@@ -20,7 +20,9 @@ import torch
 from vllm_dsv4_hw.attention.compressor_plan import compressor_plan
 from vllm_dsv4_hw.config import YarnParams
 from vllm_dsv4_hw.conformance.tolerances import dense_bound, entry_bound, ratio
+from vllm_dsv4_hw.kinds import C4A, C128A, INDEXER_COMPRESSOR, AttentionKind
 from vllm_dsv4_hw.kv_cache import paged
+from vllm_dsv4_hw.kv_cache.blocks import BLOCK_POSITIONS
 from vllm_dsv4_hw.kv_cache.formats import make_format
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.reference import output_proj as ref_oproj
@@ -429,12 +431,13 @@ def sparse_attention_cases(ctx: Ctx) -> list[Case]:
     out = []
     pos = torch.tensor(d.positions)
     for main in ctx.main_formats:
-        for kind, comp_e, ratio_ in (("c4a", 64, 4), ("c128a", 2, 128)):
-            wf, cf = make_format(main, "main", 64), make_format(main, "main", comp_e)
+        for kind in (C4A, C128A):
+            wf = make_format(main, "main", 64)
+            cf = make_format(main, "main", BLOCK_POSITIONS // kind.ratio)
             nwin = d.window + 8
             wrows = ctx.rows(nwin, dim, torch.float32, -1, 1)
-            visible = (pos + 1) // ratio_
-            k = d.topk if ratio_ == 4 else int(visible.max())
+            visible = (pos + 1) // kind.ratio
+            k = d.topk if kind.has_indexer else int(visible.max())
             ncomp = max(k, 1) + 4
             crows = ctx.rows(ncomp, dim, torch.float32, -1, 1)
             wc, wslot = _garbage_cache(ctx, wf, wrows)
@@ -460,7 +463,7 @@ def sparse_attention_cases(ctx: Ctx) -> list[Case]:
                 return _verdict(ratio(res.to(want.device), want,
                                       dense_bound(want, q.dtype, 1e-2, rtol=2 ** -6)))
 
-            out.append(Case(api.SPARSE_ATTENTION, f"{kind} {wf.name} bf16 T {t} H {h} W "
+            out.append(Case(api.SPARSE_ATTENTION, f"{kind.name} {wf.name} bf16 T {t} H {h} W "
                             f"{d.window} K {k}", args, check, kwargs={"comp_fmt": cf}))
     return out
 
@@ -470,11 +473,12 @@ def indexer_topk_cases(ctx: Ctx) -> list[Case]:
     d = ctx.dims
     t, hi, di, topk = d.tokens, d.index_heads, d.index_dim, d.topk
     out = []
+    ratio_ = INDEXER_COMPRESSOR.ratio
+    e = BLOCK_POSITIONS // ratio_
     for name in ctx.indexer_formats:
-        fmt = make_format(name, "indexer", 64)
-        e = 64
+        fmt = make_format(name, "indexer", e)
         pos = torch.tensor(d.positions)
-        visible = (pos + 1) // 4
+        visible = (pos + 1) // ratio_
         nb = int(visible.max()) // e + 1
         pool = t * nb + 3
         bt = ctx.randperm(pool)[: t * nb].view(t, nb).to(torch.int32)
@@ -524,16 +528,16 @@ def indexer_topk_cases(ctx: Ctx) -> list[Case]:
         out.append(Case(api.INDEXER_TOPK, f"{fmt.name} keys, Hi {hi} x {di}, top-{topk}, visible "
                         f"{int(visible.min())}..{int(visible.max())}",
                         (q, w, cache.to(ctx.device), fmt, bt.to(ctx.device),
-                         torch.arange(t, device=ctx.device), pos.to(ctx.device), topk, 4), check))
+                         torch.arange(t, device=ctx.device), pos.to(ctx.device), topk, ratio_),
+                        check))
     return out
 
 
 # -- compressor ------------------------------------------------------------------------------------
-def _compressor_setup(ctx: Ctx, ratio_: int, dim: int, entry_fmt):
+def _compressor_setup(ctx: Ctx, kind: AttentionKind, dim: int, entry_fmt):
     """A decode batch (one token per request at the dims' positions, moved so that half the tokens
     complete a group) over a paged state holding each request's live history."""
-    coff = 2 if ratio_ == 4 else 1
-    width = coff * ratio_
+    ratio_, coff, width = kind.ratio, kind.coff, kind.group_width
     t = ctx.dims.tokens
     base = torch.tensor(ctx.dims.positions)
     pos = torch.where(torch.arange(t) % 2 == 0, (base // ratio_) * ratio_ + ratio_ - 1, base)
@@ -549,7 +553,7 @@ def _compressor_setup(ctx: Ctx, ratio_: int, dim: int, entry_fmt):
     for r, cols in enumerate(need):
         for c in cols:
             sbt[r, c] = perm.pop()
-    state = torch.full((npages * rpp, 2 * coff * dim), float("nan"))
+    state = torch.full((npages * rpp, kind.state_width(dim)), float("nan"))
     hist_kv = [torch.randn(int(p) + 1, coff * dim, generator=ctx.gen) for p in pos]
     hist_sc = [2.0 * torch.randn(int(p) + 1, coff * dim, generator=ctx.gen) for p in pos]
     ape = torch.randn(ratio_, coff * dim, generator=ctx.gen)
@@ -606,13 +610,14 @@ def _check_state(state_after, state_before, plan, new_rows) -> tuple[bool, str]:
 def compressor_cases(ctx: Ctx) -> list[Case]:
     d = ctx.dims
     out = []
-    for label, ratio_, dim, kind, fmt_name in (
-        ("c4a main", 4, d.head_dim, "main", ctx.main_fmt),
-        ("c128a main", 128, d.head_dim, "main", ctx.main_fmt),
-        ("c4a indexer", 4, d.index_dim, "indexer", ctx.indexer_fmt),
+    for compressor, dim, kind, fmt_name in (
+        (C4A, d.head_dim, "main", ctx.main_fmt),
+        (C128A, d.head_dim, "main", ctx.main_fmt),
+        (INDEXER_COMPRESSOR, d.index_dim, "indexer", ctx.indexer_fmt),
     ):
-        fmt = make_format(fmt_name, kind, 64 if ratio_ == 4 else 2)
-        s = _compressor_setup(ctx, ratio_, dim, fmt)
+        label, ratio_ = f"{compressor.name} {kind}", compressor.ratio
+        fmt = make_format(fmt_name, kind, BLOCK_POSITIONS // ratio_)
+        s = _compressor_setup(ctx, compressor, dim, fmt)
         plan = s["plan"]
         dev = ctx.device
         state = s["state"].to(dev)
