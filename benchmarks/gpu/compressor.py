@@ -55,12 +55,14 @@ def make_step(device, case, fmt_name, reqs, seed=None):
 
     from vllm_dsv4_hw.attention.compressor_plan import compressor_plan
     from vllm_dsv4_hw.config import YarnParams
+    from vllm_dsv4_hw.kinds import kind_of
+    from vllm_dsv4_hw.kv_cache.blocks import BLOCK_POSITIONS
     from vllm_dsv4_hw.kv_cache.formats import make_format
     from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin
 
     kind, d, ratio = CASES[case]
-    coff = 2 if ratio == 4 else 1
-    w = coff * ratio
+    compressor = kind_of(ratio)
+    coff, w = compressor.coff, compressor.group_width
     gen = torch.Generator().manual_seed(int(time.time_ns() % 2**31) if seed is None else seed)
     rpp = ROWS_PER_PAGE
     nreq = len(reqs)
@@ -73,10 +75,10 @@ def make_step(device, case, fmt_name, reqs, seed=None):
         for col in range(max(0, s - w + 1) // rpp, (s + n - 1) // rpp + 1):
             sbt[r, col] = next_page
             next_page += 1
-    state = torch.randn(next_page * rpp, 2 * coff * d, generator=gen)
+    state = torch.randn(next_page * rpp, compressor.state_width(d), generator=gen)
     state[:rpp] = float("nan")
     # entry cache: page 0 poisoned and never written; distinct pages for completed entries
-    e = 64 if ratio == 4 else 2
+    e = BLOCK_POSITIONS // ratio  # one logical block per page
     fmt = make_format(fmt_name, kind, e)
     kwidth = max_pos // ratio // e + 1
     kbt = torch.zeros(nreq, kwidth, dtype=torch.int32)

@@ -14,6 +14,7 @@ Compressor-state reads, cache writes and activations are left out (a few KB per 
 from __future__ import annotations
 
 from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.kinds import INDEXER_COMPRESSOR, kind_of
 from vllm_dsv4_hw.kv_cache.specs import INDEXER_ENTRY_BYTES, MAIN_ENTRY_BYTES, normalize_main_format
 
 HBM_BYTES_PER_S = 4.3e12
@@ -23,24 +24,24 @@ def kv_bytes_per_layer(cfg: DSV4Config, ratio: int, batch: int, context: int,
                        main_format: str = "fp8", indexer_format: str = "mxfp4") -> dict[str, int]:
     main_b = MAIN_ENTRY_BYTES[normalize_main_format(main_format)]
     idx_b = INDEXER_ENTRY_BYTES[indexer_format]
+    kind = kind_of(ratio)
     out = {"window": batch * min(context, cfg.sliding_window) * main_b}
-    if ratio == 4:
-        visible = context // 4
+    if kind.has_indexer:
+        visible = context // INDEXER_COMPRESSOR.ratio
         out["indexer_keys"] = batch * visible * idx_b
         out["selected"] = batch * min(cfg.index_topk, visible) * main_b
-    elif ratio == 128:
-        out["selected"] = batch * (context // 128) * main_b
+    elif kind.attends_all_entries:
+        out["selected"] = batch * (context // ratio) * main_b
     return out
 
 
 def floor_for(cfg: DSV4Config, weight_bytes_by_kind: dict[str, int], batch: int, context: int,
               main_format: str = "fp8", indexer_format: str = "mxfp4") -> dict:
     """Floor of one decode step and of one layer of each kind."""
-    names = {0: "window", 4: "c4a", 128: "c128a"}
     per_kind = {}
     totals = {"weights": 0, "indexer_keys": 0, "selected": 0, "window": 0}
     for r in sorted(set(cfg.compress_ratios)):
-        k = names[r]
+        k = kind_of(r).name
         n = cfg.layers_with_ratio(r)
         kv = kv_bytes_per_layer(cfg, r, batch, context, main_format, indexer_format)
         w = weight_bytes_by_kind[k]

@@ -43,10 +43,6 @@ def shipped(cfg: DSV4Config) -> DSV4Config:
     return replace(cfg, weights=SHIPPED)
 
 
-def kind_name(ratio: int) -> str:
-    return kind_of(ratio).name
-
-
 def resident_bytes(module: nn.Module) -> int:
     """Bytes of the module's parameters: what one decode step reads from its weights."""
     return sum(p.numel() * p.element_size() for p in module.parameters())
@@ -92,14 +88,15 @@ class AttentionStack(nn.Module):
     def kinds(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.ratios:
-            out[kind_name(r)] = out.get(kind_name(r), 0) + 1
+            k = kind_of(r).name
+            out[k] = out.get(k, 0) + 1
         return out
 
     def weight_bytes_by_kind(self) -> dict[str, int]:
         """Per layer kind: the bytes of ONE layer (they are identical within a kind)."""
         out: dict[str, int] = {}
         for i, layer in enumerate(self.layers):
-            k = kind_name(layer.ratio)
+            k = layer.kind.name
             if k not in out:
                 out[k] = resident_bytes(layer) + self.attn_norms[i].numel() * 2
         return out
@@ -144,5 +141,5 @@ def build_network(cfg: DSV4Config, device: torch.device, max_positions: int,
     return net.requires_grad_(False)
 
 
-__all__ = ["AttentionStack", "SHIPPED", "build_layer", "build_network", "kind_name",
-           "resident_bytes", "shipped"]
+__all__ = ["AttentionStack", "SHIPPED", "build_layer", "build_network", "resident_bytes",
+           "shipped"]

@@ -61,9 +61,10 @@ def _graph(fn, timer: Timer, reps: int, cuda: bool) -> tuple[float, object]:
 def run_network_rows(args, device: torch.device, report, model: str, contexts, batch: int = 1):
     from benchmarks.decode_stack import model_config
     from benchmarks.stack.decode_inputs import DecodeInputs
-    from benchmarks.stack.model import build_network, kind_name, resident_bytes
+    from benchmarks.stack.model import build_network, resident_bytes
     from benchmarks.stack.pools import StackCaches
     from vllm_dsv4_hw.attention.layer import running_step
+    from vllm_dsv4_hw.kinds import kind_of
     from vllm_dsv4_hw.platform.streams import aux_streams
 
     full = model_config(model, None)
@@ -75,14 +76,14 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
     timer.sync()
     kinds: dict[str, list[int]] = {}
     for i, r in enumerate(cfg.compress_ratios):
-        kinds.setdefault(kind_name(r), []).append(i)
+        kinds.setdefault(kind_of(r).name, []).append(i)
     layer_bytes = {k: resident_bytes(net.layers[ids[0]]) for k, ids in kinds.items()}
     logger.info("network %s: %d layers %s built in %.1f s, weights %.2f GiB", model,
                 cfg.num_layers, {k: len(v) for k, v in kinds.items()}, time.time() - t0,
                 resident_bytes(net) / GIB)
     full_counts = {}
     for r in full.compress_ratios:
-        full_counts[kind_name(r)] = full_counts.get(kind_name(r), 0) + 1
+        full_counts[kind_of(r).name] = full_counts.get(kind_of(r).name, 0) + 1
     os.environ["VLLM_DSV4_HW_MULTI_STREAM"] = "1"
     aux_streams(device)
     gen = torch.Generator(device=device).manual_seed(3)

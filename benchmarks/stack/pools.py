@@ -37,32 +37,14 @@ from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.attention.caches import LayerCaches, page_geometry, positions_per_page
 from vllm_dsv4_hw.attention.metadata import BlockTables, PageGeometry
 from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.kinds import INDEXER_COMPRESSOR, kind_of
 from vllm_dsv4_hw.kv_cache.blocks import cdiv
 from vllm_dsv4_hw.kv_cache.buckets import KIND_BUCKET
 from vllm_dsv4_hw.kv_cache.formats import make_format
 from vllm_dsv4_hw.kv_cache.sizing import plan_kv
 
-SPEC_KIND = {  # (ratio, cache kind of LayerCaches) -> kv_cache.specs kind
-    "window": lambda r: "window_kv",
-    "comp": lambda r: "c4a_kv" if r == 4 else "c128a_kv",
-    "indexer": lambda r: "indexer_kv",
-    "main_state": lambda r: "c4a_state" if r == 4 else "c128a_state",
-    "indexer_state": lambda r: "indexer_state",
-}
 STATE_KINDS = ("main_state", "indexer_state")
 WINDOWED = ("window", "main_state", "indexer_state")
-
-
-def kinds_for(ratio: int) -> tuple[str, ...]:
-    if ratio == 0:
-        return ("window",)
-    if ratio == 128:
-        return ("window", "comp", "main_state")
-    return ("window", "comp", "indexer", "main_state", "indexer_state")
-
-
-def _coff(ratio: int) -> int:
-    return 2 if ratio == 4 else 1
 
 
 @dataclass
@@ -94,11 +76,11 @@ def ratio_layout(cfg: DSV4Config, ratio: int, context: int, main_format: str,
     positions; windowed kinds sized for ``in_flight`` new positions per step (1: decode)."""
     geom, page_bytes = page_geometry(cfg, ratio, main_format, indexer_format)
     ppp = positions_per_page(geom, ratio)
-    windows = {"window": cfg.sliding_window, "main_state": _coff(ratio) * ratio,
-               "indexer_state": 8}
+    layer_kind = kind_of(ratio)
+    windows = {"window": cfg.sliding_window, "main_state": layer_kind.group_width,
+               "indexer_state": INDEXER_COMPRESSOR.group_width}
     out = RatioLayout(ratio, geom)
-    for kind in kinds_for(ratio):
-        spec_kind = SPEC_KIND[kind](ratio)
+    for kind, spec_kind in layer_kind.cache_spec_kinds.items():
         p = ppp[kind]
         cols = cdiv(context, p)
         w = windows.get(kind)
@@ -192,10 +174,10 @@ class StackCaches:
                 offset[kl.bucket] = o + n
                 if kind == "main_state":
                     views[kind] = _state_view(pages, g.main_state_rows_per_page,
-                                              2 * _coff(r) * cfg.head_dim)
+                                              kind_of(r).state_width(cfg.head_dim))
                 elif kind == "indexer_state":
                     views[kind] = _state_view(pages, g.indexer_state_rows_per_page,
-                                              4 * cfg.index_head_dim)
+                                              INDEXER_COMPRESSOR.state_width(cfg.index_head_dim))
                 else:
                     views[kind] = pages
             lc = LayerCaches(ratio=r, main_format=make_format(main_format, "main",

@@ -327,7 +327,6 @@ class Runner:
     @torch.no_grad()
     def decode_variant(self, model, caches, dm, p0, h_in, graphs: bool, streams: bool):
         from benchmarks.stack.floor import floor_for
-        from benchmarks.stack.model import kind_name
 
         args = self.args
         stack = self.stack
@@ -345,7 +344,7 @@ class Runner:
 
         kinds: dict[str, list[int]] = {}
         for i, layer in enumerate(stack.layers):
-            kinds.setdefault(kind_name(layer.ratio), []).append(i)
+            kinds.setdefault(layer.kind.name, []).append(i)
 
         graphs_held = []
         caches.restore_windows(self.snap)
