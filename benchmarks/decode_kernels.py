@@ -223,13 +223,14 @@ def sweep_topk(dev, batches):
 
 # -- compressor pool ----------------------------------------------------------------------------------
 def sweep_pool(dev, batches):
-    from benchmarks.gpu.compressor import _decode_reqs, make_step
+    from benchmarks.gpu.compressor import CASES, _decode_reqs, make_step
+    from vllm_dsv4_hw.kinds import kind_of
     from vllm_dsv4_hw.ops.triton import compressor as tc
 
     rows = []
     saved = dict(tc.POOL_CONFIG)
-    for case, fmt_name, ratio in (("c128a", "fp8_ds_mla", 128), ("c4a", "fp8_ds_mla", 4),
-                                  ("indexer", "mxfp4", 4)):
+    for case, fmt_name in (("c128a", "fp8_ds_mla"), ("c4a", "fp8_ds_mla"), ("indexer", "mxfp4")):
+        ratio = CASES[case][2]
         for b in batches:
             for complete in (True, False):
                 gen = torch.Generator().manual_seed(1)
@@ -249,8 +250,8 @@ def sweep_pool(dev, batches):
                             lambda i: tc.compressor_store(*sets[i]), 3)
                 tc.POOL_CONFIG.update(saved)
                 d = st["d"]
-                coff = st["coff"]
-                rd = b * coff * ratio * 2 * coff * d * 4 if complete else 0
+                k = kind_of(ratio)  # every group reads its member rows of fp32 state
+                rd = b * k.group_width * k.state_width(d) * 4 if complete else 0
                 floor = rd / HBM * 1e6
                 default = (f"row_budget={saved['row_budget']} "
                            f"warps={saved['warps_large'] if d >= 512 else saved['warps_small']}")

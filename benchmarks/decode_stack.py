@@ -72,6 +72,9 @@ import torch
 
 from benchmarks.stack.runner import Runner, ctx_name
 from benchmarks.stack.timing import Report
+from vllm_dsv4_hw.kinds import KINDS
+
+KIND_NAMES = tuple(k.name for k in KINDS.values())  # window, c4a, c128a
 
 logger = logging.getLogger("decode_stack")
 
@@ -124,7 +127,7 @@ def print_tables(data: dict) -> None:
     rows = data["rows"]
     print("\n== decode steps (ms; median of CUDA-event timed steps) ==")
     cols = ("model", "ctx", "B", "init", "graphs", "streams", "step_ms", "floor_ms", "x_floor",
-            "tok_s", "window", "c4a", "c128a", "meta_ms", "same")
+            "tok_s", *KIND_NAMES, "meta_ms", "same")
     print(" | ".join(cols))
     for r in rows:
         pl = r.get("per_layer_ms", {})
@@ -132,7 +135,7 @@ def print_tables(data: dict) -> None:
             r["model"], ctx_name(r["context"]), r["batch"], r["cache_init"],
             "on" if r["cuda_graphs"] else "off", "on" if r["multi_stream"] else "off",
             r.get("step_ms"), r.get("floor_ms"), r.get("x_floor"), r.get("tokens_per_s"),
-            pl.get("window"), pl.get("c4a"), pl.get("c128a"), r.get("meta_ms"),
+            *(pl.get(k) for k in KIND_NAMES), r.get("meta_ms"),
             r.get("equal_to_first"))))
     if data["prefill"]:
         print("\n== chunked prefill ==")
@@ -153,13 +156,13 @@ def print_tables(data: dict) -> None:
                                                k.get("fit_on_device"))))
     if data.get("network"):
         print("\n== whole network decode step (graphs + streams; ms) ==")
-        print("model | ctx | B | layers | step_ms | window | c4a | c128a | rest | full model ms | "
-              "tokens/s")
+        print(" | ".join(("model", "ctx", "B", "layers", "step_ms", *KIND_NAMES, "rest",
+                          "full model ms", "tokens/s")))
         for r in data["network"]:
             pl = r["per_layer_ms"]
             print(" | ".join(_fmt(v) for v in (
                 r["model"], ctx_name(r["context"]), r["batch"], len(r["layers"]), r["step_ms"],
-                pl.get("window"), pl.get("c4a"), pl.get("c128a"), r["rest_ms"],
+                *(pl.get(k) for k in KIND_NAMES), r["rest_ms"],
                 r["full_model_step_ms"], r["full_model_tokens_per_s"])))
     for v in data["verify"]:
         print(f"verify {v.get('model')} {v.get('what')}: ok={v.get('ok')} "
