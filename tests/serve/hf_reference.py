@@ -16,7 +16,9 @@ import torch
 def _model(path: str):
     from transformers import DeepseekV4ForCausalLM
 
-    return DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    # An FP8 / FP4 checkpoint is dequantized at load (needs accelerate), to bf16 on CPU whatever
+    # dtype is asked for; its values are exact in bf16, so .float() is lossless.
+    return DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).float().eval()
 
 
 @torch.no_grad()
