@@ -227,7 +227,7 @@ def bench(device, smoke: bool = False, sweep: bool = False) -> list[dict]:
 
 def _sweep(device, tsa, smoke: bool) -> list[dict]:
     """Block / warp / prefetch / register-cap / split choices at fp8 decode (cache 128K) and one
-    bf16 batch: which defaults to keep (``ops.triton.sparse_attention.CONFIGS``)."""
+    bf16 batch: which defaults to keep (``ops.triton.sparse_attention_launch.CONFIGS``)."""
     h, d, w, k = (4, 512, 8, 24) if smoke else (64, 512, 128, 512)
     base = dict(block_h=32, block_n=16, num_warps=8)
     configs = [

@@ -21,6 +21,7 @@ from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import e4m3_decode  # noqa: E402
 from vllm_dsv4_hw.kv_cache.paged import insert_rows  # noqa: E402
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION  # noqa: E402
 from vllm_dsv4_hw.ops.triton import sparse_attention as tsa  # noqa: E402
+from vllm_dsv4_hw.ops.triton import sparse_attention_tiles as tiles  # noqa: E402
 
 REF = impl(SPARSE_ATTENTION, "reference")
 
@@ -147,7 +148,7 @@ def test_plan_splits():
 @triton.jit
 def _decode_kernel(code_ptr, out_ptr, FP8_HW: tl.constexpr):
     i = tl.arange(0, 256)
-    tl.store(out_ptr + i, tsa._e4m3_to_f32(tl.load(code_ptr + i), FP8_HW))
+    tl.store(out_ptr + i, tiles._e4m3_to_f32(tl.load(code_ptr + i), FP8_HW))
 
 
 @pytest.mark.parametrize("fp8_hw", [False, True])

@@ -20,8 +20,10 @@ Design (decode: T small, H = 64 / 128 heads sharing one KV vector per candidate,
   unnormalized ``acc [D]`` and ``(m, l)`` per head to an fp32 workspace, and a second kernel (one
   program per (token, head)) merges them and adds the sink to the denominator. With ``S = 1`` the
   first kernel normalizes and writes the output itself (prefill: many tokens, no split).
-* Dtype-specific loads / dequantization live in small ``@triton.jit`` helpers (``_load_raw_tile``,
-  ``_dequant_tile`` and the codecs of ``ops.triton.quant``). Optionally (``prefetch``) the raw
+* Dtype-specific loads / dequantization live in small ``@triton.jit`` helpers
+  (``sparse_attention_tiles``: ``_load_raw_tile``, ``_dequant_tile``, the online-softmax step, and
+  the codecs of ``ops.triton.quant``); the launch plan (tunables per device, split-K) in
+  ``sparse_attention_launch``. Optionally (``prefetch``) the raw
   bytes of the next tile are loaded before the current one is computed. fp8 decoding is integer
   bit manipulation (portable to triton-ascend, which has no fp8 dtypes) unless the GPU converts
   e4m3 in hardware (sm_89+). No inline assembly; grids are 1-D and split into launches of at most
@@ -37,10 +39,6 @@ one entry per page.
 
 from __future__ import annotations
 
-import functools
-import math
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -49,157 +47,20 @@ from vllm_dsv4_hw.kv_cache.paged import gather_rows
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION
 from vllm_dsv4_hw.ops.checks import check_sparse_attention_args
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.quant import (
-    FMT_BF16,
-    FMT_FP8_DS_MLA,
-    FMT_FP32,
-    e4m3_bits_to_f32,
-    round_to_bf16,
-    ue8m0_to_f32,
+from vllm_dsv4_hw.ops.triton.quant import FMT_BF16, FMT_FP8_DS_MLA, FMT_FP32
+from vllm_dsv4_hw.ops.triton.sparse_attention_launch import (
+    _config,
+    _fp8_hw,
+    _interpreting,
+    _max_grid,
+    _num_cores,
+    _plan_splits,
 )
+from vllm_dsv4_hw.ops.triton.sparse_attention_tiles import _attend_range, _store_rows
 
 _LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp(x) = exp2(x * log2(e))
 
-# fp8_ds_mla entry geometry (kv_cache.formats.fp8_ds_mla): 448 e4m3 dims in 7 blocks of 64 with one
-# ue8m0 byte each, then 64 bf16 rope dims at data bytes 448..575; 8 scale bytes (7 + pad).
-_FP8_NOPE = tl.constexpr(448)
-_FP8_QBLOCK = tl.constexpr(64)
-_FP8_NGROUP = tl.constexpr(8)  # 7 scaled e4m3 groups + the rope group
-_FP8_DATA_BYTES = tl.constexpr(576)
-_FP8_SCALE_BYTES = tl.constexpr(8)
-_FP8_ROPE_ELEM = tl.constexpr(224)  # 448 bytes / 2: the rope dims' first bf16 element in an entry
-_FP8_DATA_ELEM = tl.constexpr(288)  # 576 bytes / 2
-
 _KNOWN = {"bf16": FMT_BF16, "fp8_ds_mla": FMT_FP8_DS_MLA, "fp32": FMT_FP32}
-
-
-# ------------------------------------------------------------------------------------------------
-# jit helpers: dtype-specific loads
-# ------------------------------------------------------------------------------------------------
-@triton.jit
-def _e4m3_to_f32(code, FP8_HW: tl.constexpr):
-    """e4m3fn codes (uint8) -> fp32: hardware conversion on sm_89+, else integer bit tricks."""
-    if FP8_HW:
-        v = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    else:
-        v = e4m3_bits_to_f32(code)
-    return v
-
-
-@triton.jit
-def _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, start, hi, E, PAGE_BYTES, PAGE_ELEMS,
-                   FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Issue the loads of candidates ``[start, start + BLOCK_N)`` (those < ``hi``; slot -1 = none,
-    never read) of one token's slot list: the stored bytes, not yet decoded (so the next tile can
-    be in flight while this one is computed). Returns (valid [BLOCK_N], a, b, c):
-
-    * fp8_ds_mla: a = e4m3 codes [BLOCK_N, 8, 64] u8 (group 7, the rope group, is not read),
-      b = ue8m0 bytes [BLOCK_N, 8] (group 7 -> 127, i.e. 1.0), c = the rope dims as bf16 in group 7
-      of a [BLOCK_N, 8, 64] tile (groups 0..6 not read; this shape kept the sm_90 build spill-free);
-    * bf16 / fp32: a = values [BLOCK_N, BLOCK_D] in the stored dtype; b, c unused.
-
-    ``u8_ptr`` is the cache as bytes, ``typed_ptr`` the same cache viewed as bf16 (bf16 entries and
-    the rope dims of fp8_ds_mla) or fp32; ``PAGE_BYTES`` / ``PAGE_ELEMS`` the page stride in bytes /
-    in typed elements; ``DATA_ELEMS`` an entry's data part in typed elements (bf16 / fp32).
-    """
-    idx = start + tl.arange(0, BLOCK_N)
-    slots = tl.load(slots_row_ptr + idx, mask=idx < hi, other=-1)
-    valid = slots >= 0
-    s = tl.where(valid, slots, 0).to(tl.int64)
-    page = s // E
-    off = s - page * E
-    if FMT == 2:  # FMT_FP8_DS_MLA
-        g = tl.arange(0, _FP8_NGROUP)
-        j = tl.arange(0, _FP8_QBLOCK)
-        dims3 = g[None, :, None] * _FP8_QBLOCK + j[None, None, :]
-        data_b = page * PAGE_BYTES + off * _FP8_DATA_BYTES
-        a = tl.load(u8_ptr + data_b[:, None, None] + dims3,
-                    mask=valid[:, None, None] & (dims3 < _FP8_NOPE), other=0)
-        scale_b = page * PAGE_BYTES + E * _FP8_DATA_BYTES + off * _FP8_SCALE_BYTES
-        b = tl.load(u8_ptr + scale_b[:, None] + g[None, :],
-                    mask=valid[:, None] & (g < _FP8_NGROUP - 1)[None, :], other=127)
-        rope_e = page * PAGE_ELEMS + off * _FP8_DATA_ELEM + _FP8_ROPE_ELEM
-        c = tl.load(typed_ptr + rope_e[:, None, None] + (dims3 - _FP8_NOPE),
-                    mask=valid[:, None, None] & (dims3 >= _FP8_NOPE), other=0.0)
-    else:  # FMT_BF16 / FMT_FP32
-        dims = tl.arange(0, BLOCK_D)
-        e_off = page * PAGE_ELEMS + off * DATA_ELEMS
-        a = tl.load(typed_ptr + e_off[:, None] + dims[None, :],
-                    mask=valid[:, None] & (dims < D)[None, :], other=0.0)
-        b = valid
-        c = valid
-    return valid, a, b, c
-
-
-@triton.jit
-def _dequant_tile(a, b, c, FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  FP8_HW: tl.constexpr):
-    """The raw tile of :func:`_load_raw_tile` -> [BLOCK_N, BLOCK_D] fp32 (zeros where not read)."""
-    if FMT == 2:  # e4m3 * 2^(ue8m0 - 127) for dims 0..447, the bf16 rope dims for 448..511
-        g = tl.arange(0, _FP8_NGROUP)
-        nope = _e4m3_to_f32(a, FP8_HW) * ue8m0_to_f32(b)[:, :, None]
-        is_rope = (g == _FP8_NGROUP - 1)[None, :, None]
-        kv = tl.reshape(tl.where(is_rope, c.to(tl.float32), nope), (BLOCK_N, BLOCK_D))
-    else:
-        kv = a.to(tl.float32)
-    return kv
-
-
-@triton.jit
-def _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16: tl.constexpr):
-    """One online-softmax step of a [BLOCK_H] head block over a [BLOCK_N] candidate tile (K = V)."""
-    if DOT_BF16:  # bf16 tensor-core inputs (exact for q and the entries), fp32 accumulation
-        kvd = kv.to(tl.bfloat16)
-        s = tl.dot(q, tl.trans(kvd))
-    else:  # true fp32 products (no tf32)
-        kvd = kv
-        s = tl.dot(q, tl.trans(kvd), input_precision="ieee")
-    s = tl.where(valid[None, :], s * qk_scale2, float("-inf"))  # [BLOCK_H, BLOCK_N], log2 units
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    if DOT_BF16:
-        pv = tl.dot(p.to(tl.bfloat16), kvd)
-    else:
-        pv = tl.dot(p, kvd, input_precision="ieee")
-    acc = acc * alpha[:, None] + pv
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _attend_range(q, m_i, l_i, acc, u8_ptr, typed_ptr, slots_row_ptr, lo, hi,
-                  E, PAGE_BYTES, PAGE_ELEMS, qk_scale2,
-                  FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP8_HW: tl.constexpr,
-                  DOT_BF16: tl.constexpr, PREFETCH: tl.constexpr):
-    """Candidates ``[lo, hi)`` of one token's slot list (one cache) in tiles of BLOCK_N."""
-    if PREFETCH:  # one tile in flight ahead of the compute (register double buffering)
-        valid, a, b, c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, lo, hi, E, PAGE_BYTES,
-                                        PAGE_ELEMS, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D)
-        for start in range(lo, hi, BLOCK_N):
-            n_valid, n_a, n_b, n_c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr,
-                                                    start + BLOCK_N, hi, E, PAGE_BYTES, PAGE_ELEMS,
-                                                    FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D)
-            kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, FP8_HW)
-            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
-            valid, a, b, c = n_valid, n_a, n_b, n_c
-    else:
-        for start in range(lo, hi, BLOCK_N):
-            valid, a, b, c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, start, hi, E,
-                                            PAGE_BYTES, PAGE_ELEMS, FMT, D, DATA_ELEMS, BLOCK_N,
-                                            BLOCK_D)
-            kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, FP8_HW)
-            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _store_rows(ptrs, x, mask, ROUND_BF16: tl.constexpr):
-    if ROUND_BF16:  # the interpreter truncates fp32 -> bf16: round to nearest even first
-        x = round_to_bf16(x)
-    tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -296,86 +157,8 @@ def _sparse_attn_combine(
 
 
 # ------------------------------------------------------------------------------------------------
-# host side
+# host side (launch plan: ``sparse_attention_launch``)
 # ------------------------------------------------------------------------------------------------
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@functools.lru_cache(maxsize=None)
-def _num_cores(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    if device.type == "npu":  # pragma: no cover - Ascend only
-        try:
-            props = torch.npu.get_device_properties(device)  # type: ignore[attr-defined]
-            return int(getattr(props, "vector_core_num", 0) or getattr(props, "cube_core_num", 0)
-                       or 40)
-        except Exception:
-            return 40
-    return 1  # the interpreter runs programs one at a time: never split for occupancy
-
-
-@functools.lru_cache(maxsize=None)
-def _max_grid(device: torch.device) -> int:
-    try:
-        from vllm_dsv4_hw.ops.backends import device_capabilities
-
-        return int(device_capabilities(device.type).max_grid)
-    except Exception:
-        return 65535
-
-
-@functools.lru_cache(maxsize=None)
-def _fp8_hw(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
-
-
-# Tunables per device kind: BLOCK_H cap, BLOCK_N, num_warps, num_stages, candidates per split
-# (min_chunk: the smallest split when splitting for occupancy; max_chunk: the longest one, None =
-# no cap), register prefetch of the next tile, maxnreg (NVIDIA register cap; None = compiler's).
-# BLOCK_H is max(16, next_pow2(H)) capped at ``block_h`` (tl.dot needs M >= 16).
-# CUDA: from the decode sweep on the H200 (benchmarks/decode_kernels.py, 2026-11-29; window 128 +
-# 0 / 512 / 8192 compressed, B 1 / 4 / 32): 16 heads per program, 32-entry tiles, 4 warps, splits
-# of 32..256 candidates. Against the earlier 32 / 16 / 8 warps / >= 64: B=1 window only 19.1 ->
-# 10.8 us, c4a (512) 21.8 -> 13.4 us, c128a at 1M (8192) 42.0 -> 34.2 us; B=32 at 8192:
-# 1129 -> 659 us. Each entry tile is read once per head block (from L2 after the first).
-CONFIGS = {
-    "cuda": dict(block_h=16, block_n=32, num_warps=4, num_stages=1, min_chunk=32, max_chunk=256,
-                 prefetch=True, maxnreg=None),
-    "npu": dict(block_h=16, block_n=32, num_warps=4, num_stages=1, min_chunk=64, max_chunk=None,
-                prefetch=False, maxnreg=None),
-    "interp": dict(block_h=64, block_n=64, num_warps=4, num_stages=1, min_chunk=64,
-                   max_chunk=None, prefetch=True, maxnreg=None),
-}
-
-
-def _config(device: torch.device) -> dict:
-    if _interpreting() or device.type == "cpu":
-        return CONFIGS["interp"]
-    return CONFIGS.get(device.type, CONFIGS["cuda"])
-
-
-def _plan_splits(t: int, num_hb: int, n_cand: int, block_n: int, min_chunk: int, cores: int,
-                 num_splits: int | None, max_chunk: int | None = None) -> tuple[int, int]:
-    """(splits, chunk): chunk is a multiple of block_n and splits * chunk >= n_cand. Splits: at
-    most ``max_chunk`` candidates per program; when the (token, head block) programs fill less
-    than half the device, enough splits of >= ``min_chunk`` for two programs per core."""
-    if n_cand <= 0:
-        return 1, block_n
-    if num_splits is None:
-        base = t * num_hb
-        num_splits = math.ceil(n_cand / max_chunk) if max_chunk else 1
-        if 2 * base <= cores and n_cand > min_chunk:  # less than half the device busy
-            num_splits = max(num_splits, min(math.ceil(2 * cores / base),
-                                             math.ceil(n_cand / min_chunk)))
-    num_splits = max(1, min(int(num_splits), math.ceil(n_cand / block_n)))
-    chunk = math.ceil(math.ceil(n_cand / num_splits) / block_n) * block_n
-    return math.ceil(n_cand / chunk), chunk
-
-
 def _cache_views(cache: torch.Tensor, data_bytes: int, code: int):
     """(u8 view, typed view, page bytes, page elements of the typed view, data elements)."""
     if code == FMT_FP32:

@@ -1,0 +1,89 @@
+"""Launch plan of the Triton ``sparse_attention`` kernels: what the device offers (cores, grid
+limit, hardware fp8 conversion), the tunables per device kind (:data:`CONFIGS`, from decode
+sweeps) and the split-K plan (how many candidate splits, how long each).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _num_cores(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if device.type == "npu":  # pragma: no cover - Ascend only
+        try:
+            props = torch.npu.get_device_properties(device)  # type: ignore[attr-defined]
+            return int(getattr(props, "vector_core_num", 0) or getattr(props, "cube_core_num", 0)
+                       or 40)
+        except Exception:
+            return 40
+    return 1  # the interpreter runs programs one at a time: never split for occupancy
+
+
+@functools.lru_cache(maxsize=None)
+def _max_grid(device: torch.device) -> int:
+    try:
+        from vllm_dsv4_hw.ops.backends import device_capabilities
+
+        return int(device_capabilities(device.type).max_grid)
+    except Exception:
+        return 65535
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_hw(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+# Tunables per device kind: BLOCK_H cap, BLOCK_N, num_warps, num_stages, candidates per split
+# (min_chunk: the smallest split when splitting for occupancy; max_chunk: the longest one, None =
+# no cap), register prefetch of the next tile, maxnreg (NVIDIA register cap; None = compiler's).
+# BLOCK_H is max(16, next_pow2(H)) capped at ``block_h`` (tl.dot needs M >= 16).
+# CUDA: from the decode sweep on the H200 (benchmarks/decode_kernels.py, 2026-11-29; window 128 +
+# 0 / 512 / 8192 compressed, B 1 / 4 / 32): 16 heads per program, 32-entry tiles, 4 warps, splits
+# of 32..256 candidates. Against the earlier 32 / 16 / 8 warps / >= 64: B=1 window only 19.1 ->
+# 10.8 us, c4a (512) 21.8 -> 13.4 us, c128a at 1M (8192) 42.0 -> 34.2 us; B=32 at 8192:
+# 1129 -> 659 us. Each entry tile is read once per head block (from L2 after the first).
+CONFIGS = {
+    "cuda": dict(block_h=16, block_n=32, num_warps=4, num_stages=1, min_chunk=32, max_chunk=256,
+                 prefetch=True, maxnreg=None),
+    "npu": dict(block_h=16, block_n=32, num_warps=4, num_stages=1, min_chunk=64, max_chunk=None,
+                prefetch=False, maxnreg=None),
+    "interp": dict(block_h=64, block_n=64, num_warps=4, num_stages=1, min_chunk=64,
+                   max_chunk=None, prefetch=True, maxnreg=None),
+}
+
+
+def _config(device: torch.device) -> dict:
+    if _interpreting() or device.type == "cpu":
+        return CONFIGS["interp"]
+    return CONFIGS.get(device.type, CONFIGS["cuda"])
+
+
+def _plan_splits(t: int, num_hb: int, n_cand: int, block_n: int, min_chunk: int, cores: int,
+                 num_splits: int | None, max_chunk: int | None = None) -> tuple[int, int]:
+    """(splits, chunk): chunk is a multiple of block_n and splits * chunk >= n_cand. Splits: at
+    most ``max_chunk`` candidates per program; when the (token, head block) programs fill less
+    than half the device, enough splits of >= ``min_chunk`` for two programs per core."""
+    if n_cand <= 0:
+        return 1, block_n
+    if num_splits is None:
+        base = t * num_hb
+        num_splits = math.ceil(n_cand / max_chunk) if max_chunk else 1
+        if 2 * base <= cores and n_cand > min_chunk:  # less than half the device busy
+            num_splits = max(num_splits, min(math.ceil(2 * cores / base),
+                                             math.ceil(n_cand / min_chunk)))
+    num_splits = max(1, min(int(num_splits), math.ceil(n_cand / block_n)))
+    chunk = math.ceil(math.ceil(n_cand / num_splits) / block_n) * block_n
+    return math.ceil(n_cand / chunk), chunk
