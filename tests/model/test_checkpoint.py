@@ -1,15 +1,7 @@
 """``make-checkpoint``: config.json, official tensor names / dtypes / shapes, FP8 and FP4 encodings,
-tokenizer and chat template, and transformers' DeepseekV4ForCausalLM loading the bf16 directory.
-
-What transformers accepts (checked in ``test_transformers_*``, run in a subprocess by hf_check.py):
-the bf16 directory loads into ``DeepseekV4ForCausalLM`` through its official-name conversion mapping
-with no missing, unexpected or mismatched keys (the ``mtp.*`` tensors are ignored by its
-``_keys_to_ignore_on_load_unexpected``); its config reads the legacy ``compress_ratios`` /
-``num_hash_layers`` / ``rope_scaling`` fields. The fp8 directory does not load there: transformers'
-FP8 quantizer requires the ``accelerate`` package, which this environment lacks (and its FP8 path
-has no MXFP4-expert support for this model anyway); ``test_transformers_fp8_directory`` asserts that
-exact failure, so a change in it shows up. The fp8 directory's weights are instead checked to
-dequantize bit for bit to the bf16 directory's.
+the tokenizer and chat template, and the CLI. transformers reading the directories:
+``test_checkpoint_transformers.py``; the official layout the names are checked against:
+``official_layout.py``.
 """
 
 from __future__ import annotations
@@ -17,178 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import struct
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.model.checkpoint_fixtures import PROMPT, SEED, _load_all, _stored_tensors
+from tests.model.checkpoint_fixtures import _one_thread, ckpts  # noqa: F401 (pytest fixtures)
+from tests.model.official_layout import OFFICIAL_FIELDS, official_layout
 from vllm_dsv4_hw.cli.main import main
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.tools import checkpoint as ck
 from vllm_dsv4_hw.tools import tokenizer_gen
-
-SEED = 1234
-PROMPT = ("The quick brown fox jumps over the lazy dog. A long context model reads a whole book "
-          "before it answers a single question about chapter three, and then it writes a summary "
-          "for the committee, which meets on Tuesday at 10:30 to discuss 42 new proposals.")
-NEW_TOKENS = 32
-
-OFFICIAL_FIELDS = (
-    "architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "qk_rope_head_dim", "q_lora_rank", "o_groups", "o_lora_rank",
-    "index_n_heads", "index_head_dim", "index_topk", "sliding_window", "compress_ratios",
-    "compress_rope_theta", "rope_theta", "rope_scaling", "num_hash_layers", "n_routed_experts",
-    "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size", "routed_scaling_factor",
-    "scoring_func", "topk_method", "norm_topk_prob", "swiglu_limit", "hc_mult",
-    "hc_sinkhorn_iters", "hc_eps", "hidden_act", "rms_norm_eps", "vocab_size",
-    "max_position_embeddings", "num_nextn_predict_layers", "bos_token_id", "eos_token_id",
-    "tie_word_embeddings", "torch_dtype",
-)
-
-
-# -- fixtures -----------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Small tensors: one thread is fastest and does not stall when another process holds a core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    out = {}
-    for preset in ck.PRESETS:
-        for dtype in ck.DTYPES:
-            path = root / f"{preset}-{dtype}"
-            summary = ck.make_checkpoint(path, preset, dtype, SEED, progress=lambda _m: None)
-            out[preset, dtype] = summary
-    return out
-
-
-def _read_header(path: Path) -> dict:
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return header
-
-
-def _stored_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], str]]:
-    """name -> (safetensors dtype string, shape, shard file) over all shards, from the headers."""
-    out = {}
-    for shard in sorted(path.glob("model-*.safetensors")):
-        for name, meta in _read_header(shard).items():
-            assert name not in out, f"{name} is stored twice"
-            out[name] = (meta["dtype"], tuple(meta["shape"]), shard.name)
-    return out
-
-
-def _load_all(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out = {}
-    for shard in sorted(path.glob("model-*.safetensors")):
-        out.update(load_file(shard))
-    return out
-
-
-# The official layout, written out here independently of the generator (DeepSeek-V4-Flash/-Pro
-# safetensors: FP8 linears with [N/128, K/128] F8_E8M0 scales; routed experts I8 [N, K/2] with
-# [N, K/32] F8_E8M0 scales; unquantized projections, norms and the router weight in BF16; sinks,
-# ape, mHC parameters and the router bias in F32; tid2eid I64 on the hash-routed layers).
-def official_layout(cfg: dict, quantized: bool) -> dict[str, tuple[str, tuple[int, ...]]]:
-    d, v, hd = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"]
-    h, ql = cfg["num_attention_heads"], cfg["q_lora_rank"]
-    g, ol = cfg["o_groups"], cfg["o_lora_rank"]
-    e, k, inter = cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
-    ih, ihd, hc = cfg["index_n_heads"], cfg["index_head_dim"], cfg["hc_mult"]
-    n = cfg["num_hidden_layers"]
-    out: dict[str, tuple[str, tuple[int, ...]]] = {}
-
-    def lin(name, rows, cols):
-        if quantized:
-            out[name + ".weight"] = ("F8_E4M3", (rows, cols))
-            out[name + ".scale"] = ("F8_E8M0", (math.ceil(rows / 128), math.ceil(cols / 128)))
-        else:
-            out[name + ".weight"] = ("BF16", (rows, cols))
-
-    def expert(name, rows, cols):
-        if quantized:
-            out[name + ".weight"] = ("I8", (rows, cols // 2))
-            out[name + ".scale"] = ("F8_E8M0", (rows, cols // 32))
-        else:
-            out[name + ".weight"] = ("BF16", (rows, cols))
-
-    def hyper(prefix):
-        out[prefix + "_fn"] = ("F32", ((2 + hc) * hc, hc * d))
-        out[prefix + "_base"] = ("F32", ((2 + hc) * hc,))
-        out[prefix + "_scale"] = ("F32", (3,))
-
-    def head_mix(prefix):
-        out[prefix + "hc_head_fn"] = ("F32", (hc, hc * d))
-        out[prefix + "hc_head_base"] = ("F32", (hc,))
-        out[prefix + "hc_head_scale"] = ("F32", (1,))
-
-    def compressor(prefix, ratio, dim):
-        coff = 2 if ratio == 4 else 1
-        out[prefix + ".wkv.weight"] = ("BF16", (coff * dim, d))
-        out[prefix + ".wgate.weight"] = ("BF16", (coff * dim, d))
-        out[prefix + ".ape"] = ("F32", (ratio, coff * dim))
-        out[prefix + ".norm.weight"] = ("BF16", (dim,))
-
-    def block(p, ratio, hashed):
-        a = p + ".attn"
-        lin(a + ".wq_a", ql, d)
-        lin(a + ".wq_b", h * hd, ql)
-        lin(a + ".wkv", hd, d)
-        lin(a + ".wo_a", g * ol, h * hd // g)
-        lin(a + ".wo_b", d, g * ol)
-        out[a + ".q_norm.weight"] = ("BF16", (ql,))
-        out[a + ".kv_norm.weight"] = ("BF16", (hd,))
-        out[a + ".attn_sink"] = ("F32", (h,))
-        if ratio:
-            compressor(a + ".compressor", ratio, hd)
-        if ratio == 4:
-            lin(a + ".indexer.wq_b", ih * ihd, ql)
-            out[a + ".indexer.weights_proj.weight"] = ("BF16", (ih, d))
-            compressor(a + ".indexer.compressor", 4, ihd)
-        out[p + ".attn_norm.weight"] = ("BF16", (d,))
-        out[p + ".ffn_norm.weight"] = ("BF16", (d,))
-        hyper(p + ".hc_attn")
-        hyper(p + ".hc_ffn")
-        f = p + ".ffn"
-        out[f + ".gate.weight"] = ("BF16", (e, d))
-        if hashed:
-            out[f + ".gate.tid2eid"] = ("I64", (v, k))
-        else:
-            out[f + ".gate.bias"] = ("F32", (e,))
-        for i in range(e):
-            expert(f"{f}.experts.{i}.w1", inter, d)
-            expert(f"{f}.experts.{i}.w2", d, inter)
-            expert(f"{f}.experts.{i}.w3", inter, d)
-        lin(f + ".shared_experts.w1", inter, d)
-        lin(f + ".shared_experts.w2", d, inter)
-        lin(f + ".shared_experts.w3", inter, d)
-
-    out["embed.weight"] = ("BF16", (v, d))
-    out["head.weight"] = ("BF16", (v, d))
-    out["norm.weight"] = ("BF16", (d,))
-    head_mix("")
-    for i in range(n):
-        block(f"layers.{i}", cfg["compress_ratios"][i], i < cfg["num_hash_layers"])
-    block("mtp.0", cfg["compress_ratios"][n], False)
-    for name in ("enorm", "hnorm", "norm"):
-        out[f"mtp.0.{name}.weight"] = ("BF16", (d,))
-    lin("mtp.0.e_proj", d, d)
-    lin("mtp.0.h_proj", d, d)
-    head_mix("mtp.0.")
-    return out
 
 
 # -- config.json --------------------------------------------------------------------------------------
@@ -412,96 +243,6 @@ def test_tokenizer_round_trips_and_has_a_chat_template(ckpts, preset):
     assert ids.count(tok.token_to_id(tokenizer_gen.USER)) == 2
     gen = json.loads((path / "generation_config.json").read_text())
     assert (gen["bos_token_id"], gen["eos_token_id"]) == (0, 1)
-
-
-# -- transformers -------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def hf_report(ckpts):
-    bf16 = [str(ckpts[p, "bf16"].path) for p in ck.PRESETS]
-    req = {"bf16": bf16, "fp8": [str(ckpts["tiny-flash", "fp8"].path)], "prompt": PROMPT,
-           "new_tokens": NEW_TOKENS, "nocache_check": [str(ckpts["tiny-flash", "bf16"].path)]}
-    script = Path(__file__).with_name("hf_check.py")
-    proc = subprocess.run([sys.executable, str(script), json.dumps(req)], capture_output=True,
-                          text=True, timeout=300, check=False)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("HF_CHECK_JSON ")), None)
-    assert proc.returncode == 0 and line, (
-        f"hf_check.py failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(line[len("HF_CHECK_JSON "):])
-
-
-@pytest.mark.parametrize("preset", list(ck.PRESETS))
-def test_transformers_reads_the_config(ckpts, hf_report, preset):
-    rep = hf_report["bf16"][str(ckpts[preset, "bf16"].path)]
-    cfg = ck.hf_config(preset, "bf16")
-    n = cfg["num_hidden_layers"]
-    names = {0: "sliding_attention", 4: "compressed_sparse_attention",
-             128: "heavily_compressed_attention"}
-    assert rep["config_class"] == "DeepseekV4Config"
-    assert rep["layer_types"] == [names[r] for r in cfg["compress_ratios"][:n]]
-    assert rep["mlp_layer_types"] == (["hash_moe"] * cfg["num_hash_layers"]
-                                      + ["moe"] * (n - cfg["num_hash_layers"]))
-    comp = rep["rope_parameters"]["compress"]
-    assert comp["rope_type"] == "yarn" and comp["factor"] == 16 and comp["rope_theta"] == 160000
-    assert comp["attention_factor"] == 1.0
-    assert rep["rope_parameters"]["main"]["rope_theta"] == 10000
-    assert rep["qk_rope_head_dim"] == 64
-
-
-@pytest.mark.parametrize("preset", list(ck.PRESETS))
-def test_transformers_loads_every_tensor(ckpts, hf_report, preset):
-    """No missing / unexpected / mismatched keys through transformers' official-name mapping, and
-    the values land on the right parameters (spot checks incl. expert merging, tid2eid, bias)."""
-    rep = hf_report["bf16"][str(ckpts[preset, "bf16"].path)]
-    assert rep["loading_info"] == {"missing_keys": [], "unexpected_keys": [],
-                                   "mismatched_keys": [], "error_msgs": []}
-    assert rep["values"]["mismatched"] == []
-    summary = ckpts[preset, "bf16"]
-    cfg = ck.hf_config(preset, "bf16")
-    # transformers' parameters = ours without the MTP layer and without its buffers
-    # (tid2eid on hash layers, e_score_correction_bias on the others).
-    n, nh = cfg["num_hidden_layers"], cfg["num_hash_layers"]
-    buffers = (nh * cfg["vocab_size"] * cfg["num_experts_per_tok"]
-               + (n - nh) * cfg["n_routed_experts"])
-    assert rep["num_parameters"] == summary.num_params_main - buffers
-
-
-@pytest.mark.parametrize("preset", list(ck.PRESETS))
-def test_transformers_forward_gives_varied_greedy_tokens(ckpts, hf_report, preset):
-    rep = hf_report["bf16"][str(ckpts[preset, "bf16"].path)]
-    assert rep["prompt_len"] >= 40
-    assert rep["logits_finite"]
-    assert 2.0 < rep["logits_std"] < 5.0
-    assert 0.05 < rep["top1_prob_mean"] < 0.9, "neither flat nor collapsed"
-    greedy = rep["greedy"]
-    assert len(greedy) == NEW_TOKENS
-    assert greedy[0] == rep["argmax_per_position"][-1]
-    # "Varied outputs": not one repeated token -- in fact many distinct ones, none of them special.
-    assert len(set(greedy)) >= NEW_TOKENS // 2, greedy
-    assert len(set(rep["argmax_per_position"])) >= 20
-    special = set(tokenizer_gen.special_token_ids(ck.PRESETS[preset]["vocab_size"]))
-    assert not special & set(greedy)
-    # The chat template through AutoTokenizer.
-    assert rep["chat_text"].startswith(tokenizer_gen.BOS)
-    assert rep["chat_text"].endswith(tokenizer_gen.ASSISTANT)
-    assert rep["chat_ids"][0] == 0 and rep["chat_ids"].count(0) == 1
-
-
-def test_transformers_cached_generation_matches_recompute(ckpts, hf_report):
-    rep = hf_report["bf16"][str(ckpts["tiny-flash", "bf16"].path)]
-    assert rep["greedy_nocache"] == rep["greedy"]
-
-
-def test_transformers_fp8_directory(ckpts, hf_report):
-    """transformers cannot load the FP8/FP4 directory here: its FP8 quantizer needs `accelerate`
-    (not installed). If that changes, this test says so (and the report must be updated)."""
-    import importlib.util
-
-    rep = hf_report["fp8"][str(ckpts["tiny-flash", "fp8"].path)]
-    if importlib.util.find_spec("accelerate") is None:
-        assert rep["loaded"] is False
-        assert rep["error_type"] == "ImportError" and "accelerate" in rep["error"], rep
-    else:
-        pytest.fail(f"accelerate is installed now; transformers on the fp8 directory gave {rep}")
 
 
 # -- CLI ----------------------------------------------------------------------------------------------

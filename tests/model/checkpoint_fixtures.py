@@ -1,0 +1,69 @@
+"""The generated checkpoints the ``make-checkpoint`` tests read (one set per test module, built
+once: tiny-flash and tiny-pro, bf16 and fp8, seed :data:`SEED`) and readers of their safetensors
+shards (headers only, or every tensor).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from vllm_dsv4_hw.tools import checkpoint as ck
+
+SEED = 1234
+PROMPT = ("The quick brown fox jumps over the lazy dog. A long context model reads a whole book "
+          "before it answers a single question about chapter three, and then it writes a summary "
+          "for the committee, which meets on Tuesday at 10:30 to discuss 42 new proposals.")
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Small tensors: one thread is fastest and does not stall when another process holds a core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    out = {}
+    for preset in ck.PRESETS:
+        for dtype in ck.DTYPES:
+            path = root / f"{preset}-{dtype}"
+            summary = ck.make_checkpoint(path, preset, dtype, SEED, progress=lambda _m: None)
+            out[preset, dtype] = summary
+    return out
+
+
+def _read_header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header
+
+
+def _stored_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], str]]:
+    """name -> (safetensors dtype string, shape, shard file) over all shards, from the headers."""
+    out = {}
+    for shard in sorted(path.glob("model-*.safetensors")):
+        for name, meta in _read_header(shard).items():
+            assert name not in out, f"{name} is stored twice"
+            out[name] = (meta["dtype"], tuple(meta["shape"]), shard.name)
+    return out
+
+
+def _load_all(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out = {}
+    for shard in sorted(path.glob("model-*.safetensors")):
+        out.update(load_file(shard))
+    return out
