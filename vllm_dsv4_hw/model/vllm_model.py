@@ -10,9 +10,10 @@ Weights stay as the checkpoint ships them (FP8 block linears, FP4 experts, or bf
 are vLLM layers with our quantization methods (``quant``), resolved by vLLM through the
 ``dsv4_hw_fp8`` config that the plugin registers; the resident bytes are logged after loading.
 
-Cache entry formats: ``--kv-cache-dtype auto`` takes ``VLLM_DSV4_HW_KV_FORMAT`` /
-``VLLM_DSV4_HW_INDEXER_FORMAT`` (auto: the most compact the device holds); ``fp8`` /
-``fp8_ds_mla`` and ``bfloat16`` pick the main format explicitly.
+Cache entry formats: ``--kv-cache-dtype auto`` takes ``VLLM_DSV4_HW_KV_FORMAT`` (auto: the most
+compact the device holds); ``fp8`` / ``fp8_ds_mla`` and ``bfloat16`` pick the main format; the
+indexer keys follow ``--attention-config.indexer_kv_dtype`` (mxfp4, fp8, bf16; auto:
+``VLLM_DSV4_HW_INDEXER_FORMAT``). All launch checks: ``serve_checks.py``.
 """
 
 from __future__ import annotations
@@ -25,59 +26,27 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 
 from vllm_dsv4_hw.attention.vllm_layer import VllmDSV4Attention
-from vllm_dsv4_hw.config import DSV4Config
-from vllm_dsv4_hw.kv_cache.format_choice import choose_formats
 from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
-from vllm_dsv4_hw.model.loader import load_weights, validate_hf_config
+from vllm_dsv4_hw.model.loader import load_weights
 from vllm_dsv4_hw.model.network import DSV4Network
 from vllm_dsv4_hw.model.resident import resident_summary
-from vllm_dsv4_hw.platform.device import detect_device_type
+from vllm_dsv4_hw.model.serve_checks import UnsupportedSettingError, check_serve_settings
 from vllm_dsv4_hw.quant.config import model_quant_config
 
 logger = init_logger(__name__)
-
-# vLLM --kv-cache-dtype -> our main entry format (None: from the plugin's settings).
-KV_CACHE_DTYPES = {"auto": None, "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_ds_mla": "fp8",
-                   "bfloat16": "bf16", "bf16": "bf16"}
-
-
-class UnsupportedSettingError(ValueError):
-    """A vLLM setting this model cannot run with."""
-
-
-def kv_formats(vllm_config: VllmConfig) -> tuple[str, str]:
-    cache_dtype = str(vllm_config.cache_config.cache_dtype)
-    if cache_dtype not in KV_CACHE_DTYPES:
-        raise UnsupportedSettingError(
-            f"--kv-cache-dtype {cache_dtype} is not supported by DeepSeek V4 on vllm-dsv4-hw; use "
-            f"auto, fp8_ds_mla (fp8) or bfloat16 (set the indexer format with "
-            f"VLLM_DSV4_HW_INDEXER_FORMAT)")
-    main = KV_CACHE_DTYPES[cache_dtype]
-    choice = choose_formats(detect_device_type(), kv_format=main,
-                            main_source="--kv-cache-dtype" if main else
-                            "VLLM_DSV4_HW_KV_FORMAT")
-    return choice.main, choice.indexer
-
 
 class DSV4ForCausalLM(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         mc = vllm_config.model_config
-        hf = mc.hf_config.to_dict()
-        validate_hf_config(hf)
-        cfg = DSV4Config.from_hf_dict(hf, name=str(mc.model))
-        if vllm_config.parallel_config.tensor_parallel_size != 1:
-            raise UnsupportedSettingError("DeepSeek V4 on vllm-dsv4-hw runs with "
-                                          "--tensor-parallel-size 1 only")
+        settings = check_serve_settings(vllm_config)  # again here: any platform builds the model
+        cfg = settings.cfg
         self.cfg = cfg
         self.dtype = mc.dtype
-        main_fmt, idx_fmt = kv_formats(vllm_config)
+        main_fmt, idx_fmt = settings.main_format, settings.indexer_format
         self.main_format, self.indexer_format = main_fmt, idx_fmt
         max_pos = int(mc.max_model_len)
-        try:
-            qc = model_quant_config(vllm_config.quant_config, cfg.weights)
-        except ValueError as exc:
-            raise UnsupportedSettingError(str(exc)) from None
+        qc = model_quant_config(vllm_config.quant_config, cfg.weights)
 
         def make_attention(layer_id: int, ratio: int) -> nn.Module:
             return VllmDSV4Attention(cfg, layer_id, f"layers.{layer_id}.attn", main_fmt, idx_fmt,

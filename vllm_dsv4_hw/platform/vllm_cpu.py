@@ -8,7 +8,9 @@ what DeepSeek V4 through this plugin needs:
 * 256-position logical blocks (``--block-size 256``; anything else is rejected, naming the fix);
 * the hybrid KV cache manager on (each cache kind is its own KV cache group);
 * chunked prefill and prefix caching stay as the user set them: vLLM's CPU platform turns both off
-  for MLA models because its CPU MLA kernels lack them; our ops support both.
+  for MLA models because its CPU MLA kernels lack them; our ops support both;
+* the checkpoint's config.json and the launch flags are validated here, in the first process
+  (``model.serve_checks``), so a bad setting stops ``vllm serve`` in one line within seconds.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from __future__ import annotations
 from vllm.logger import init_logger
 from vllm.platforms.cpu import CpuPlatform
 
+from vllm_dsv4_hw.model.serve_checks import UnsupportedSettingError, check_serve_settings
+
 logger = init_logger(__name__)
 
 BLOCK_SIZE = 256
+_VALIDATED = "_dsv4_hw_block_size_validated"
 
 
-class PlatformConfigError(ValueError):
+class PlatformConfigError(UnsupportedSettingError):
     """A vLLM setting that cannot work with DeepSeek V4 on this plugin."""
 
 
@@ -38,9 +43,14 @@ class DSV4HwCpuPlatform(CpuPlatform):
         if not is_deepseek_v4(vllm_config):
             super().check_and_update_config(vllm_config)
             return
+        # config.json and the flags, checked here in the first process (one line, within seconds)
+        check_serve_settings(vllm_config)
         sched = vllm_config.scheduler_config
         cache = vllm_config.cache_config
-        if cache.user_specified_block_size and cache.block_size != BLOCK_SIZE:
+        # vLLM re-runs this check in the engine process after the KV cache init has set the block
+        # size from the smallest cache group's page: validate the user's value once.
+        if (cache.user_specified_block_size and cache.block_size != BLOCK_SIZE
+                and not getattr(cache, _VALIDATED, False)):
             raise PlatformConfigError(
                 f"DeepSeek V4 on vllm-dsv4-hw needs --block-size {BLOCK_SIZE} (one logical block of "
                 f"256 token positions for every cache kind); got --block-size {cache.block_size}. "
@@ -56,6 +66,7 @@ class DSV4HwCpuPlatform(CpuPlatform):
         sched.enable_chunked_prefill, cache.enable_prefix_caching, \
             sched.max_num_batched_tokens = saved
         cache.block_size = BLOCK_SIZE
+        setattr(cache, _VALIDATED, True)
         sched.disable_hybrid_kv_cache_manager = False
         logger.info("dsv4-hw: DeepSeek V4 on the plugin's CPU platform: block size %d, hybrid KV "
                     "cache manager, chunked prefill %s, prefix caching %s", BLOCK_SIZE,

@@ -1,0 +1,129 @@
+"""Everything about a DeepSeek V4 launch that config.json and the flags tell, checked once, early.
+
+:func:`check_serve_settings` is called where vLLM verifies a configuration in the first process (the
+plugin's platform ``check_and_update_config``; a vendor platform calls it from its own hook) and
+again when the model is built (any platform). Every problem is one :class:`UnsupportedSettingError`
+line naming the field or flag and what to use instead, so ``vllm serve`` stops within seconds
+instead of inside a worker traceback:
+
+* config.json: ``validate_hf_config`` (``compress_ratios`` values and length, MoE choices, weight
+  formats);
+* flags: parallelism (tensor / pipeline / data / expert parallel: one device per replica for now),
+  speculative decoding (the MTP layer is not served), ``--quantization`` against the checkpoint's,
+  ``--kv-cache-dtype`` and ``--attention-config.indexer_kv_dtype`` against what the device holds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_dsv4_hw.config import ConfigError, DSV4Config, validate_hf_config
+from vllm_dsv4_hw.kv_cache.format_choice import FormatUnsupportedError, choose_formats
+from vllm_dsv4_hw.platform.device import detect_device_type
+
+__all__ = ["KV_CACHE_DTYPES", "INDEXER_KV_DTYPES", "ServeSettings", "UnsupportedSettingError",
+           "check_serve_settings", "raw_hf_config"]
+
+# vLLM --kv-cache-dtype -> our main entry format (None: from the plugin's settings).
+KV_CACHE_DTYPES = {"auto": None, "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_ds_mla": "fp8",
+                   "bfloat16": "bf16", "bf16": "bf16"}
+# vLLM --attention-config.indexer_kv_dtype -> our indexer key format (None: the plugin's settings).
+INDEXER_KV_DTYPES = {"auto": None, "bf16": "bf16", "fp8": "fp8", "mxfp4": "mxfp4"}
+
+
+class UnsupportedSettingError(RuntimeError):
+    """A vLLM setting or checkpoint field this model cannot run with (one line, with the fix).
+
+    Not a ValueError: vLLM's config classes are pydantic dataclasses, which would wrap a ValueError
+    raised while they verify themselves into a multi-line validation error whose last line is a
+    link; this one reaches the user as the last line of the output."""
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    cfg: DSV4Config
+    main_format: str
+    indexer_format: str
+
+
+def raw_hf_config(model_config) -> dict:
+    """The checkpoint's own config.json (official field names) when it is a local directory, else
+    transformers' view of it."""
+    path = Path(str(model_config.model)) / "config.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+    return model_config.hf_config.to_dict()
+
+
+def _check_parallel(vllm_config) -> None:
+    pc = vllm_config.parallel_config
+    refusals = (
+        (pc.tensor_parallel_size, "--tensor-parallel-size", 1),
+        (pc.pipeline_parallel_size, "--pipeline-parallel-size", 1),
+        (pc.data_parallel_size, "--data-parallel-size", 1),
+    )
+    for value, flag, ok in refusals:
+        if value != ok:
+            raise UnsupportedSettingError(
+                f"{flag} {value} is not supported yet by DeepSeek V4 on vllm-dsv4-hw (one device "
+                f"per server); drop the flag (run one server per device)")
+    if pc.enable_expert_parallel:
+        raise UnsupportedSettingError(
+            "--enable-expert-parallel is not supported yet by DeepSeek V4 on vllm-dsv4-hw (one "
+            "device per server: every expert is local); drop the flag")
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        raise UnsupportedSettingError(
+            "speculative decoding (--speculative-config) is not supported by DeepSeek V4 on "
+            "vllm-dsv4-hw: the MTP layer is not served; drop the flag")
+
+
+def _formats(vllm_config) -> tuple[str, str]:
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    if cache_dtype not in KV_CACHE_DTYPES:
+        raise UnsupportedSettingError(
+            f"--kv-cache-dtype {cache_dtype} is not supported by DeepSeek V4 on vllm-dsv4-hw; use "
+            f"auto, fp8 (fp8_ds_mla) or bfloat16 (the indexer keys: "
+            f"--attention-config.indexer_kv_dtype)")
+    att = getattr(vllm_config, "attention_config", None)
+    idx_dtype = str(getattr(att, "indexer_kv_dtype", "auto") or "auto")
+    if idx_dtype == "nvfp4":
+        raise UnsupportedSettingError(
+            "--attention-config.indexer_kv_dtype=nvfp4 is not supported by vllm-dsv4-hw; use "
+            "mxfp4 (4-bit keys with ue8m0 block scales), fp8 or bf16")
+    if idx_dtype not in INDEXER_KV_DTYPES:
+        raise UnsupportedSettingError(
+            f"--attention-config.indexer_kv_dtype={idx_dtype} is not supported by vllm-dsv4-hw; "
+            f"use one of {', '.join(INDEXER_KV_DTYPES)}")
+    main, idx = KV_CACHE_DTYPES[cache_dtype], INDEXER_KV_DTYPES[idx_dtype]
+    try:
+        choice = choose_formats(detect_device_type(), kv_format=main, indexer_format=idx,
+                                main_source="--kv-cache-dtype" if main else
+                                "VLLM_DSV4_HW_KV_FORMAT",
+                                indexer_source="--attention-config.indexer_kv_dtype" if idx else
+                                "VLLM_DSV4_HW_INDEXER_FORMAT")
+    except FormatUnsupportedError as exc:
+        raise UnsupportedSettingError(str(exc)) from None
+    return choice.main, choice.indexer
+
+
+def check_serve_settings(vllm_config) -> ServeSettings:
+    """Validate the launch (see the module docstring); returns the config and cache formats."""
+    mc = vllm_config.model_config
+    try:
+        cfg = validate_hf_config(raw_hf_config(mc), name=f"{mc.model}/config.json")
+    except ConfigError as exc:
+        raise UnsupportedSettingError(str(exc)) from None
+    _check_parallel(vllm_config)
+    from vllm_dsv4_hw.quant.config import model_quant_config
+
+    try:
+        model_quant_config(vllm_config.quant_config, cfg.weights)
+    except ValueError as exc:
+        raise UnsupportedSettingError(str(exc)) from None
+    main, idx = _formats(vllm_config)
+    return ServeSettings(cfg, main, idx)
