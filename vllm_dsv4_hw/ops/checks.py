@@ -26,3 +26,61 @@ def check_sparse_attention_args(q: torch.Tensor, window_slots: torch.Tensor,
         raise ValueError(f"sparse_attention: comp_slots must be [T={t}, K], "
                          f"got {tuple(comp_slots.shape)}")
     return t, h, d, use_comp
+
+
+def check_rope_args(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
+    """Validate ``rope`` inputs: x [T, ..., D], positions [T], cos_sin [P, R] with R even <= D."""
+    r = cos_sin.shape[-1]
+    if cos_sin.dim() != 2 or r % 2:
+        raise ValueError(f"rope: cos_sin must be [P, R] with R even, got {tuple(cos_sin.shape)}")
+    if x.dim() < 2 or x.shape[-1] < r:
+        raise ValueError(f"rope: x {tuple(x.shape)} must be [T, ..., D] with D >= R={r}")
+    if positions.shape != x.shape[:1]:
+        raise ValueError(f"rope: positions {tuple(positions.shape)} must be [T={x.shape[0]}]")
+
+
+def check_fused_rope_args(op: str, positions: torch.Tensor, cos_sin: torch.Tensor, t: int,
+                          d: int) -> None:
+    """The RoPE inputs of a fused op over T tokens of D dims: cos_sin [P, R] with R even <= D,
+    positions [T]."""
+    r = cos_sin.shape[-1]
+    if cos_sin.dim() != 2 or r % 2 or r > d:
+        raise ValueError(f"{op}: cos_sin must be [P, R] with R even <= D, got "
+                         f"{tuple(cos_sin.shape)}")
+    if positions.shape != (t,):
+        raise ValueError(f"{op}: positions {tuple(positions.shape)} must be [T={t}]")
+
+
+def check_qnorm_rope_kv_insert_args(q: torch.Tensor, kv: torch.Tensor, fmt) -> None:
+    """q [T, H, D] and kv [T, D], and a window format of D-vectors."""
+    if q.dim() != 3 or kv.dim() != 2 or kv.shape[0] != q.shape[0] or kv.shape[1] != q.shape[2]:
+        raise ValueError(f"qnorm_rope_kv_insert: q {tuple(q.shape)} and kv {tuple(kv.shape)} must "
+                         f"be [T, H, D] and [T, D]")
+    if fmt.dim != kv.shape[1]:
+        raise ValueError(f"qnorm_rope_kv_insert: format {fmt.name} holds {fmt.dim}-vectors, "
+                         f"kv has D={kv.shape[1]}")
+
+
+def check_inv_rope_fp8_quant_args(o: torch.Tensor, group: int) -> None:
+    """o [T, H, D] with D a multiple of the quantization group."""
+    if o.dim() != 3 or o.shape[-1] % group:
+        raise ValueError(f"inv_rope_fp8_quant: o must be [T, H, D] with D a multiple of "
+                         f"{group}, got {tuple(o.shape)}")
+
+
+def check_qkv_rms_norm_args(q_r: torch.Tensor, kv: torch.Tensor) -> None:
+    """q_r [T, q_lora] and kv [T, D] with the same T."""
+    if q_r.dim() != 2 or kv.dim() != 2 or q_r.shape[0] != kv.shape[0]:
+        raise ValueError(f"qkv_rms_norm: q_r {tuple(q_r.shape)} and kv {tuple(kv.shape)} must be "
+                         f"[T, q_lora] and [T, D] with the same T")
+
+
+def check_decode_metadata_tables(tables: dict, ratio: int):
+    """The layer kind of ``ratio``, after checking that ``tables`` has every block table it needs."""
+    from vllm_dsv4_hw.kinds import kind_of
+
+    kind = kind_of(ratio)
+    missing = [c for c in kind.caches if c not in tables]
+    if missing:
+        raise ValueError(f"decode_metadata: a {kind.name} layer needs the {missing} block tables")
+    return kind

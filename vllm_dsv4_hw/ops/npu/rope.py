@@ -19,22 +19,13 @@ import torch
 
 from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import FP8_E4M3_MAX, ceil_log2, pow2
 from vllm_dsv4_hw.ops.api import INV_ROPE_FP8_QUANT, O_QUANT_AMAX_FLOOR, O_QUANT_GROUP, ROPE
+from vllm_dsv4_hw.ops.checks import check_rope_args
 from vllm_dsv4_hw.ops.npu._vendor import call, call_fn, npu_op, vllm_ascend_op
 from vllm_dsv4_hw.ops.reference import fused as ref_fused
 from vllm_dsv4_hw.ops.reference import rope as ref_rope
 from vllm_dsv4_hw.ops.registry import register_op
 
 _VENDOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _check(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
-    r = cos_sin.shape[-1]
-    if cos_sin.dim() != 2 or r % 2:
-        raise ValueError(f"rope: cos_sin must be [P, R] with R even, got {tuple(cos_sin.shape)}")
-    if x.dim() < 2 or x.shape[-1] < r:
-        raise ValueError(f"rope: x {tuple(x.shape)} must be [T, ..., D] with D >= R={r}")
-    if positions.shape != x.shape[:1]:
-        raise ValueError(f"rope: positions {tuple(positions.shape)} must be [T={x.shape[0]}]")
 
 
 def cos_sin_pairs(cos_sin: torch.Tensor, positions: torch.Tensor, device: torch.device,
@@ -54,7 +45,7 @@ def cos_sin_pairs(cos_sin: torch.Tensor, positions: torch.Tensor, device: torch.
 @npu_op(ROPE, ref_rope.rope)
 def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
          inverse: bool = False) -> torch.Tensor:
-    _check(x, positions, cos_sin)
+    check_rope_args(x, positions, cos_sin)
     if x.dtype not in _VENDOR_DTYPES:
         return ref_rope.rope(x, positions, cos_sin, inverse)
     t, d, r = x.shape[0], x.shape[-1], cos_sin.shape[-1]

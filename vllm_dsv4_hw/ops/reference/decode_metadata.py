@@ -10,6 +10,7 @@ import torch
 
 from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops.api import DECODE_METADATA, DecodeLayout
+from vllm_dsv4_hw.ops.checks import check_decode_metadata_tables
 from vllm_dsv4_hw.ops.registry import register_op
 
 
@@ -54,10 +55,7 @@ def _absent_as_minus_one(table: torch.Tensor, null_page: int) -> torch.Tensor:
 @register_op(DECODE_METADATA, "reference")
 def decode_metadata(seq_lens: torch.Tensor, tables: dict[str, torch.Tensor],
                     layout: DecodeLayout) -> dict[str, torch.Tensor]:
-    kind = kind_of(layout.ratio)
-    missing = [c for c in kind.caches if c not in tables]
-    if missing:
-        raise ValueError(f"decode_metadata: a {kind.name} layer needs the {missing} block tables")
+    kind = check_decode_metadata_tables(tables, layout.ratio)
     lay = layout
     pos = seq_lens.to(torch.int64) - 1
     b = pos.shape[0]

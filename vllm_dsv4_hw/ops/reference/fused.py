@@ -14,6 +14,7 @@ from vllm_dsv4_hw.ops.api import (
     QKV_RMS_NORM,
     QNORM_ROPE_KV_INSERT,
 )
+from vllm_dsv4_hw.ops.checks import check_inv_rope_fp8_quant_args, check_qkv_rms_norm_args, check_qnorm_rope_kv_insert_args
 from vllm_dsv4_hw.ops.reference.rms_norm import rms_norm
 from vllm_dsv4_hw.ops.reference.rope import rope
 from vllm_dsv4_hw.ops.registry import register_op
@@ -27,12 +28,7 @@ def _math_dtype(dtype: torch.dtype) -> torch.dtype:
 def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
                          cos_sin: torch.Tensor, eps: float, window_cache: torch.Tensor,
                          window_slots: torch.Tensor, fmt) -> torch.Tensor:
-    if q.dim() != 3 or kv.dim() != 2 or kv.shape[0] != q.shape[0] or kv.shape[1] != q.shape[2]:
-        raise ValueError(f"qnorm_rope_kv_insert: q {tuple(q.shape)} and kv {tuple(kv.shape)} must "
-                         f"be [T, H, D] and [T, D]")
-    if fmt.dim != kv.shape[1]:
-        raise ValueError(f"qnorm_rope_kv_insert: format {fmt.name} holds {fmt.dim}-vectors, "
-                         f"kv has D={kv.shape[1]}")
+    check_qnorm_rope_kv_insert_args(q, kv, fmt)
     md = _math_dtype(q.dtype)
     q_out = rope(rms_norm(q.to(md), None, eps), positions, cos_sin).to(q.dtype)
     k = rope(kv.to(md), positions, cos_sin)
@@ -43,9 +39,7 @@ def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Ten
 @register_op(INV_ROPE_FP8_QUANT, "reference")
 def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
                        cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if o.dim() != 3 or o.shape[-1] % O_QUANT_GROUP:
-        raise ValueError(f"inv_rope_fp8_quant: o must be [T, H, D] with D a multiple of "
-                         f"{O_QUANT_GROUP}, got {tuple(o.shape)}")
+    check_inv_rope_fp8_quant_args(o, O_QUANT_GROUP)
     t, h, d = o.shape
     x = rope(o.float(), positions, cos_sin, inverse=True)
     xg = x.reshape(t, h, d // O_QUANT_GROUP, O_QUANT_GROUP)
@@ -58,7 +52,5 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
 @register_op(QKV_RMS_NORM, "reference")
 def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if q_r.dim() != 2 or kv.dim() != 2 or q_r.shape[0] != kv.shape[0]:
-        raise ValueError(f"qkv_rms_norm: q_r {tuple(q_r.shape)} and kv {tuple(kv.shape)} must be "
-                         f"[T, q_lora] and [T, D] with the same T")
+    check_qkv_rms_norm_args(q_r, kv)
     return rms_norm(q_r, q_w, eps), rms_norm(kv, kv_w, eps)

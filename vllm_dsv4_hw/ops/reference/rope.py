@@ -20,6 +20,7 @@ import torch
 from vllm_dsv4_hw.config import DSV4Config, YarnParams
 from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops.api import ROPE
+from vllm_dsv4_hw.ops.checks import check_rope_args
 from vllm_dsv4_hw.ops.registry import register_op
 
 _TABLE_CHUNK = 1 << 15
@@ -82,14 +83,9 @@ def rope_tables_for(cfg: DSV4Config, ratio: int, max_positions: int | None = Non
 def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
          inverse: bool = False) -> torch.Tensor:
     """Rotate pairs (2j, 2j+1) of the last R dims of x [T, ..., D] by angle_j(positions[t])."""
+    check_rope_args(x, positions, cos_sin)
     r = cos_sin.shape[-1]
     half = r // 2
-    if cos_sin.dim() != 2 or r % 2:
-        raise ValueError(f"rope: cos_sin must be [P, R] with R even, got {tuple(cos_sin.shape)}")
-    if x.dim() < 2 or x.shape[-1] < r:
-        raise ValueError(f"rope: x {tuple(x.shape)} must be [T, ..., D] with D >= R={r}")
-    if positions.shape != x.shape[:1]:
-        raise ValueError(f"rope: positions {tuple(positions.shape)} must be [T={x.shape[0]}]")
     md = torch.float64 if x.dtype == torch.float64 else torch.float32
     cs = cos_sin[positions.to(device=cos_sin.device, dtype=torch.long)].to(device=x.device, dtype=md)
     bshape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)

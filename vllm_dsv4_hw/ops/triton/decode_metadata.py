@@ -14,6 +14,7 @@ import triton.language as tl
 
 from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops.api import DECODE_METADATA, DecodeLayout
+from vllm_dsv4_hw.ops.checks import check_decode_metadata_tables
 from vllm_dsv4_hw.ops.registry import register_op
 
 
@@ -107,10 +108,7 @@ def _plan(out, name, lens, ratio, state_table, rpp, stride, cache_table, epp, nu
 @register_op(DECODE_METADATA, "triton")
 def decode_metadata(seq_lens: torch.Tensor, tables: dict[str, torch.Tensor],
                     layout: DecodeLayout) -> dict[str, torch.Tensor]:
-    kind = kind_of(layout.ratio)
-    missing = [c for c in kind.caches if c not in tables]
-    if missing:
-        raise ValueError(f"decode_metadata: a {kind.name} layer needs the {missing} block tables")
+    kind = check_decode_metadata_tables(tables, layout.ratio)
     lay = layout
     null = lay.null_page
     lens = seq_lens if seq_lens.stride(0) == 1 else seq_lens.contiguous()

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.ops.api import QNORM_ROPE_KV_INSERT
+from vllm_dsv4_hw.ops.checks import check_fused_rope_args, check_qnorm_rope_kv_insert_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d, is_f64, out_is_bf16, rope_pairs, to_math, to_out
 from vllm_dsv4_hw.ops.triton.kv_insert import (
@@ -70,19 +71,10 @@ def _qnorm_rope_kv_insert_kernel(
 def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
                          cos_sin: torch.Tensor, eps: float, window_cache: torch.Tensor,
                          window_slots: torch.Tensor, fmt) -> torch.Tensor:
-    if q.dim() != 3 or kv.dim() != 2 or kv.shape[0] != q.shape[0] or kv.shape[1] != q.shape[2]:
-        raise ValueError(f"qnorm_rope_kv_insert: q {tuple(q.shape)} and kv {tuple(kv.shape)} must "
-                         f"be [T, H, D] and [T, D]")
+    check_qnorm_rope_kv_insert_args(q, kv, fmt)
     t, h, d = q.shape
-    if fmt.dim != d:
-        raise ValueError(f"qnorm_rope_kv_insert: format {fmt.name} holds {fmt.dim}-vectors, "
-                         f"kv has D={d}")
+    check_fused_rope_args("qnorm_rope_kv_insert", positions, cos_sin, t, d)
     r = cos_sin.shape[-1]
-    if cos_sin.dim() != 2 or r % 2 or r > d:
-        raise ValueError(f"qnorm_rope_kv_insert: cos_sin must be [P, R] with R even <= D, got "
-                         f"{tuple(cos_sin.shape)}")
-    if positions.shape != (t,):
-        raise ValueError(f"qnorm_rope_kv_insert: positions {tuple(positions.shape)} must be [T={t}]")
     code, nb, bp = entry_layout(fmt)
     slots = check_insert_args(window_cache, window_slots, t, fmt)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.ops.api import INV_ROPE_FP8_QUANT, O_QUANT_AMAX_FLOOR, O_QUANT_GROUP
+from vllm_dsv4_hw.ops.checks import check_fused_rope_args, check_inv_rope_fp8_quant_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d, rope_pairs
 from vllm_dsv4_hw.ops.triton.quant import ceil_log2_div, f32_to_e4m3_bits, pow2_f32
@@ -46,16 +47,10 @@ def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_row
 @register_op(INV_ROPE_FP8_QUANT, "triton")
 def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
                        cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if o.dim() != 3 or o.shape[-1] % O_QUANT_GROUP:
-        raise ValueError(f"inv_rope_fp8_quant: o must be [T, H, D] with D a multiple of "
-                         f"{O_QUANT_GROUP}, got {tuple(o.shape)}")
+    check_inv_rope_fp8_quant_args(o, O_QUANT_GROUP)
     t, h, d = o.shape
+    check_fused_rope_args("inv_rope_fp8_quant", positions, cos_sin, t, d)
     r = cos_sin.shape[-1]
-    if cos_sin.dim() != 2 or r % 2 or r > d:
-        raise ValueError(f"inv_rope_fp8_quant: cos_sin must be [P, R] with R even <= D, got "
-                         f"{tuple(cos_sin.shape)}")
-    if positions.shape != (t,):
-        raise ValueError(f"inv_rope_fp8_quant: positions {tuple(positions.shape)} must be [T={t}]")
     ng = d // O_QUANT_GROUP
     out = torch.empty(t, h, d, dtype=torch.float8_e4m3fn, device=o.device)
     scales = torch.empty(t, h, ng, dtype=torch.float32, device=o.device)

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.ops.api import QKV_RMS_NORM, RMS_NORM
+from vllm_dsv4_hw.ops.checks import check_qkv_rms_norm_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d, is_f64, out_is_bf16, row_view, to_math, to_out
 
@@ -93,9 +94,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 @register_op(QKV_RMS_NORM, "triton")
 def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if q_r.dim() != 2 or kv.dim() != 2 or q_r.shape[0] != kv.shape[0]:
-        raise ValueError(f"qkv_rms_norm: q_r {tuple(q_r.shape)} and kv {tuple(kv.shape)} must be "
-                         f"[T, q_lora] and [T, D] with the same T")
+    check_qkv_rms_norm_args(q_r, kv)
     if q_w.shape != q_r.shape[-1:] or kv_w.shape != kv.shape[-1:]:
         raise ValueError(f"qkv_rms_norm: weights {tuple(q_w.shape)}, {tuple(kv_w.shape)} do not "
                          f"match q_r {tuple(q_r.shape)} / kv {tuple(kv.shape)}")

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.ops.api import ROPE
+from vllm_dsv4_hw.ops.checks import check_rope_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d, is_f64, out_is_bf16, rope_pairs, to_math, to_out
 
@@ -36,13 +37,8 @@ def _rope_kernel(x_ptr, pos_ptr, cs_ptr, out_ptr, n_rows, rows_per_tok, x_tok_st
 @register_op(ROPE, "triton")
 def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
          inverse: bool = False) -> torch.Tensor:
+    check_rope_args(x, positions, cos_sin)
     r = cos_sin.shape[-1]
-    if cos_sin.dim() != 2 or r % 2:
-        raise ValueError(f"rope: cos_sin must be [P, R] with R even, got {tuple(cos_sin.shape)}")
-    if x.dim() < 2 or x.shape[-1] < r:
-        raise ValueError(f"rope: x {tuple(x.shape)} must be [T, ..., D] with D >= R={r}")
-    if positions.shape != x.shape[:1]:
-        raise ValueError(f"rope: positions {tuple(positions.shape)} must be [T={x.shape[0]}]")
     d = x.shape[-1]
     if d % 2:  # pairs would straddle the rope boundary: not a layout any model uses
         from vllm_dsv4_hw.ops.reference.rope import rope as ref_rope
