@@ -28,12 +28,12 @@ from vllm_dsv4_hw.ops.triton.quant import (
     ceil_log2_div,
     e4m3_bits_to_f32,
     f32_to_bf16_bits,
-    f32_to_e2m1,
     f32_to_e4m3_bits,
     format_code,
     fp8_ds_mla_quantize_pairs,
     load_f32_bytewise,
     mxfp4_dequant,
+    mxfp4_quantize_pairs,
     pow2_f32,
     round_to_bf16,
     store_bytes_u32,
@@ -177,14 +177,8 @@ def store_entry(cache_ptr, data_off, scale_off, xe, xo, pidx, blk, ok, FMT: tl.c
         tl.store(cache_ptr + data_off + de + 1, f32_to_e4m3_bits(xo * inv), mask=mask)
         store_bytes_u32(cache_ptr, scale_off, pow2_f32(ex).to(tl.uint32, bitcast=True), ok)
     else:  # MXFP4: e2m1 pairs (2j low nibble) + one ue8m0 byte per 32-dim block
-        xe = round_to_bf16(xe)
-        xo = round_to_bf16(xo)
-        amax = tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1))  # [NB]
-        amax = tl.maximum(amax, 6.0 * 1.1754943508222875e-38)
-        ex = tl.minimum(tl.maximum(ceil_log2_div(amax, 0x400000, 2), -127), 127)
-        inv = pow2_f32(-ex)[:, None]
-        byte = f32_to_e2m1(xe * inv) | (f32_to_e2m1(xo * inv) << 4)
-        tl.store(cache_ptr + data_off + pidx, byte.to(tl.uint8), mask=mask)
+        byte, ex = mxfp4_quantize_pairs(xe, xo)
+        tl.store(cache_ptr + data_off + pidx, byte, mask=mask)
         tl.store(cache_ptr + scale_off + blk, (ex + 127).to(tl.uint8), mask=bmask)
 
 

@@ -420,14 +420,8 @@ def store_entry_pairs(cache_ptr, data_off, scale_off, xe, xo, pidx, blk, ok, FMT
         store_bytes_u32(cache_ptr, scale_off + blk * 0, pow2_f32(ex).to(tl.uint32, bitcast=True),
                         bmask)
     else:  # FMT_MXFP4
-        xe = round_to_bf16(xe)
-        xo = round_to_bf16(xo)
-        amax = tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1))  # [NB]
-        amax = tl.maximum(amax, 6.0 * 1.1754943508222875e-38)
-        ex = tl.minimum(tl.maximum(ceil_log2_div(amax, 0x400000, 2), -127), 127)
-        inv = pow2_f32(-ex)[:, None]
-        byte = f32_to_e2m1(xe * inv) | (f32_to_e2m1(xo * inv) << 4)
-        tl.store(cache_ptr + data_off + pidx, byte.to(tl.uint8), mask=mask)
+        byte, ex = mxfp4_quantize_pairs(xe, xo)
+        tl.store(cache_ptr + data_off + pidx, byte, mask=mask)
         tl.store(cache_ptr + scale_off + blk, (ex + 127).to(tl.uint8), mask=bmask)
 
 
@@ -444,3 +438,20 @@ def fp8_ds_mla_quantize_pairs(xe, xo):
     ex = ceil_log2_div(tl.maximum(amax, 1e-4), 0x600000, 8)
     inv = pow2_f32(-ex)[:, None]
     return f32_to_e4m3_bits(xe * inv), f32_to_e4m3_bits(xo * inv), ex, xe, xo
+
+
+@triton.jit
+def mxfp4_quantize_pairs(xe, xo):
+    """The MXFP4 codec on pairs ``xe`` / ``xo`` [NB, BP=16] (a row = one 32-dim block), without
+    storing: returns (packed e2m1 bytes, element 2j in the low nibble (uint8 [NB, BP]), block
+    exponents ex (int32 [NB], scale byte ex + 127)). Bf16 rounding first, amax floor 6 * 2^-126,
+    ex = clamp(ceil(log2(amax / 6)), -127, 127); shared by :func:`store_entry_pairs` and the
+    bytewise insert path."""
+    xe = round_to_bf16(xe)
+    xo = round_to_bf16(xo)
+    amax = tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1))  # [NB]
+    amax = tl.maximum(amax, 6.0 * 1.1754943508222875e-38)
+    ex = tl.minimum(tl.maximum(ceil_log2_div(amax, 0x400000, 2), -127), 127)
+    inv = pow2_f32(-ex)[:, None]
+    byte = f32_to_e2m1(xe * inv) | (f32_to_e2m1(xo * inv) << 4)
+    return byte.to(tl.uint8), ex
