@@ -11,7 +11,7 @@ import torch
 
 from vllm_dsv4_hw.kv_cache.formats.base import EntryFormat
 
-__all__ = ["logical_to_slot", "insert_rows", "gather_rows", "insert", "gather"]
+__all__ = ["logical_to_slot", "encoded_rows", "insert_rows", "gather_rows", "insert", "gather"]
 
 
 def _check_int(name: str, t: torch.Tensor) -> None:
@@ -73,12 +73,10 @@ def _check_slots(slots: torch.Tensor, cache: torch.Tensor, fmt: EntryFormat) -> 
     return slots
 
 
-def insert_rows(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt: EntryFormat) -> None:
-    """Quantize ``x [N, fmt.dim]`` with ``fmt`` and write row i at ``slots[i]`` (-1 skipped), in place.
-
-    Only the entry's data bytes and scale bytes are written; neighbours and page padding are left
-    untouched. Duplicate slots: one of the rows wins (unspecified which).
-    """
+def encoded_rows(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt: EntryFormat):
+    """What an insert of ``x [N, fmt.dim]`` at ``slots`` writes, validated and encoded: (data page
+    view [P, E, data_bytes], scale page view, slots, data, scales) of the rows with a slot (-1
+    dropped); None when no row has one. Every backend's insert writes these bytes."""
     data_v, scale_v = fmt.page_views(cache)  # validates the cache
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"{fmt.name}: x must be [N, {fmt.dim}], got "
@@ -87,12 +85,25 @@ def insert_rows(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt: 
     if slots.dim() != 1 or slots.shape[0] != x.shape[0]:
         raise ValueError(f"{fmt.name}: slots must be [N] with N = {x.shape[0]} rows of x, got "
                          f"{tuple(slots.shape)}")
-    data, scales = fmt.quantize(x.to(cache.device))
+    data, scales = fmt.quantize(x.to(cache.device))  # validates x
     keep = slots >= 0
     if not bool(keep.any()):
-        return
+        return None
     if not bool(keep.all()):
         slots, data, scales = slots[keep], data[keep], scales[keep]
+    return data_v, scale_v, slots, data, scales
+
+
+def insert_rows(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt: EntryFormat) -> None:
+    """Quantize ``x [N, fmt.dim]`` with ``fmt`` and write row i at ``slots[i]`` (-1 skipped), in place.
+
+    Only the entry's data bytes and scale bytes are written; neighbours and page padding are left
+    untouched. Duplicate slots: one of the rows wins (unspecified which).
+    """
+    rows = encoded_rows(cache, slots, x, fmt)
+    if rows is None:
+        return
+    data_v, scale_v, slots, data, scales = rows
     e = fmt.entries_per_page
     page, off = slots // e, slots % e
     data_v[page, off] = data

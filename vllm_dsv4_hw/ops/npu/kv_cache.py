@@ -32,20 +32,10 @@ from vllm_dsv4_hw.ops.registry import register_op
 @register_op(KV_INSERT, "npu")
 @npu_op(KV_INSERT, ref_kv.kv_insert)
 def kv_insert(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt) -> None:
-    data_v, scale_v = fmt.page_views(cache)  # validates the cache
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise ValueError(f"{fmt.name}: x must be [N, {fmt.dim}], got "
-                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    slots = paged._check_slots(slots, cache, fmt)
-    if slots.dim() != 1 or slots.shape[0] != x.shape[0]:
-        raise ValueError(f"{fmt.name}: slots must be [N] with N = {x.shape[0]} rows of x, got "
-                         f"{tuple(slots.shape)}")
-    data, scales = fmt.quantize(x.to(cache.device))  # validates x
-    keep = slots >= 0
-    if not bool(keep.any()):
+    rows = paged.encoded_rows(cache, slots, x, fmt)
+    if rows is None:
         return
-    if not bool(keep.all()):
-        slots, data, scales = slots[keep], data[keep], scales[keep]
+    data_v, scale_v, slots, data, scales = rows
     e = fmt.entries_per_page
     index = torch.stack([slots // e, slots % e], dim=-1)  # [N, 2]: (page, offset)
     call("npu_scatter_nd_update_", data_v.view(torch.int8), index,
