@@ -26,6 +26,7 @@ for _name in ("torchvision", "torchaudio", "torchcodec"):
     sys.modules[_name] = None  # see the module docstring
 
 import torch
+from pathlib import Path
 
 torch.set_num_threads(1)
 
@@ -167,17 +168,26 @@ def check_bf16(path: str, prompt: str, new_tokens: int, nocache: bool) -> dict:
     return rep
 
 
-def check_fp8(path: str) -> dict:
+def check_fp8(path: str, bf16_path: str | None = None) -> dict:
+    """transformers on the FP8 / FP4 directory: it dequantizes at load (with accelerate); the
+    values must be the bf16 twin's (``differs``: tensors that are not)."""
     from transformers import DeepseekV4ForCausalLM
 
     try:
-        DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32)
     except Exception as exc:  # noqa: BLE001 -- the outcome is the report
         return {"loaded": False, "error_type": type(exc).__name__,
                 "error": " ".join(str(exc).split())[:500],
                 "where": traceback.extract_tb(exc.__traceback__)[-1].filename.split(
                     "site-packages/")[-1]}
-    return {"loaded": True}
+    rep = {"loaded": True}
+    if bf16_path is not None:
+        twin = DeepseekV4ForCausalLM.from_pretrained(bf16_path, dtype=torch.float32).state_dict()
+        mine = model.state_dict()
+        rep["compared"] = len(twin)
+        rep["differs"] = sorted(k for k in twin if k not in mine
+                                or not torch.equal(twin[k].float(), mine[k].float()))[:20]
+    return rep
 
 
 def main() -> None:
@@ -189,8 +199,9 @@ def main() -> None:
     for path in req.get("bf16", []):
         out["bf16"][path] = check_bf16(path, req["prompt"], req["new_tokens"],
                                        path in req.get("nocache_check", []))
+    twins = {Path(p).name.replace("-bf16", ""): p for p in req.get("bf16", [])}
     for path in req.get("fp8", []):
-        out["fp8"][path] = check_fp8(path)
+        out["fp8"][path] = check_fp8(path, twins.get(Path(path).name.replace("-fp8", "")))
     print("HF_CHECK_JSON " + json.dumps(out))
 
 
