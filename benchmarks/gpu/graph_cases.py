@@ -167,18 +167,11 @@ def _bit_equal(torch, a, b) -> bool:
 
 
 def run_case(torch, make) -> tuple[bool, str]:
+    from benchmarks.stack.timing import capture_cuda_graph
+
     gen = torch.Generator(device="cuda").manual_seed(20261129)
     fn, mutated, refresh = make(torch, gen)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up (compile, autotune) outside the capture
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = fn()
+    graph, static_out = capture_cuda_graph(fn)  # warmed up (compile, autotune) outside the capture
     refresh()  # new step: fresh inputs written into the captured buffers
     before = [m.clone() for m in mutated]
     graph.replay()

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from benchmarks.stack.timing import Timer, median
+from benchmarks.stack.timing import Timer, capture_cuda_graph, median
 
 logger = logging.getLogger("decode_stack")
 GIB = 1 << 30
@@ -42,16 +42,7 @@ def _graph(fn, timer: Timer, reps: int, cuda: bool) -> tuple[float, object]:
         def call():
             out["v"] = fn()
         return median(timer.loop(call, reps)), out["v"]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
+    g, out = capture_cuda_graph(fn)
     ms = median(timer.loop(g.replay, reps))
     torch.cuda.synchronize()
     return ms, (g, out)

@@ -11,7 +11,7 @@ import traceback
 
 import torch
 
-from benchmarks.stack.timing import Report, Timer, median
+from benchmarks.stack.timing import Report, Timer, capture_cuda_graph, median
 
 logger = logging.getLogger("decode_stack")
 GIB = 1 << 30
@@ -350,16 +350,7 @@ class Runner:
         caches.restore_windows(self.snap)
         dm.set_position(p0)
         if graphs:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    step()
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                static_out = step()
+            g, static_out = capture_cuda_graph(step)
             graphs_held.append(g)
             dm.set_position(p0)
             caches.restore_windows(self.snap)
@@ -393,14 +384,8 @@ class Runner:
         row_profile: dict = {}
         for k, ids in kinds.items():
             if graphs:
-                gk = torch.cuda.CUDAGraph()
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    stack.run(h_in, metas, layers, ids)
-                torch.cuda.current_stream().wait_stream(side)
-                with torch.cuda.graph(gk):
-                    stack.run(h_in, metas, layers, ids)
+                gk, _ = capture_cuda_graph(lambda ids=ids: stack.run(h_in, metas, layers, ids),
+                                           warmups=1)
                 graphs_held.append(gk)
                 t = self.timer.loop(gk.replay, args.reps)
                 if args.profile:

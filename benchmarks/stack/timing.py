@@ -38,6 +38,22 @@ class Timer:
         return out
 
 
+def capture_cuda_graph(fn, warmups: int = 2):
+    """(graph, output of the captured call): ``fn`` runs ``warmups`` times on a side stream first
+    (compile, autotune and allocations outside the capture), then once under capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def median(xs):
     s = sorted(xs)
     n = len(s)
