@@ -28,6 +28,7 @@ flops ~ 6 per member-row channel + 30 per entry channel. Medians of ``triton.tes
 from __future__ import annotations
 
 from benchmarks.gpu.table import prepare_smoke_env, run_cli
+from benchmarks.gpu.timing import time_ms
 
 import contextlib
 import os
@@ -271,12 +272,6 @@ def check(device, smoke: bool = False) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # bench
 # ------------------------------------------------------------------------------------------------
-def _time_ms(fn, device) -> float:
-    from benchmarks.gpu.timing import time_ms
-
-    return time_ms(fn, device)
-
-
 def _floor_ms(step) -> float:
     import torch
 
@@ -310,9 +305,9 @@ def bench(device, smoke: bool = False) -> list[dict]:
         for label, reqs in shapes:
             step = make_step(device, case, fmt_name, reqs)
             args = step["args"]
-            ours = _time_ms(lambda: tri_store(*args), device)
+            ours = time_ms(lambda: tri_store(*args), device)
             with _pure_reference():
-                ref = _time_ms(lambda: ref_store(*args), device)
+                ref = time_ms(lambda: ref_store(*args), device)
             floor = _floor_ms(step)
             rows.append(dict(op="compressor_store", case=f"{case} {step['fmt'].name} {label} "
                              f"G={step['plan'].num_groups}", ref_ms=ref, ours_ms=ours,

@@ -23,6 +23,8 @@ import json
 import os
 import sys
 
+from benchmarks.gpu.timing import time_ms
+
 HBM_BYTES_PER_S = 4.3e12
 H, D, R, Q_LORA, HIDDEN, EPS = 64, 512, 64, 1024, 4096, 1e-6
 E = 64  # entries per page of the window cache
@@ -57,12 +59,6 @@ def _poison_allocator(device, nbytes: int) -> None:
 def _sync(device) -> None:
     if device.type == "cuda":
         _torch().cuda.synchronize()
-
-
-def _time_ms(fn, device) -> float:
-    from benchmarks.gpu.timing import time_ms
-
-    return time_ms(fn, device)
 
 
 def _table(device):
@@ -279,8 +275,8 @@ def bench(device, smoke: bool | None = None) -> list[dict]:
     from vllm_dsv4_hw.ops.triton import common
 
     def add(op, case, ref_fn, ours_fn, nbytes):
-        ref_ms = _time_ms(ref_fn, device)
-        ours_ms = _time_ms(ours_fn, device)
+        ref_ms = time_ms(ref_fn, device)
+        ours_ms = time_ms(ours_fn, device)
         floor_ms = nbytes / HBM_BYTES_PER_S * 1e3
         row = dict(op=op, case=case, ref_ms=round(ref_ms, 5), ours_ms=round(ours_ms, 5),
                    speedup=round(ref_ms / ours_ms, 3),
@@ -292,7 +288,7 @@ def bench(device, smoke: bool | None = None) -> list[dict]:
             try:
                 for k in (None, 8, 32, 128):
                     common.CUDA_PROGRAMS_PER_SM = k
-                    sweep[str(k)] = round(_time_ms(ours_fn, device), 5)
+                    sweep[str(k)] = round(time_ms(ours_fn, device), 5)
             finally:
                 common.CUDA_PROGRAMS_PER_SM = default
             row["ours_ms_by_programs_per_sm"] = sweep

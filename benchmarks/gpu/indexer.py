@@ -24,7 +24,8 @@ bytes) + q (bf16) + w (fp32) read + scores written (4 B per token and entry) and
 
 from __future__ import annotations
 
-from benchmarks.gpu.table import prepare_smoke_env, run_cli
+from benchmarks.gpu.table import prepare_smoke_env, run_cli, size_label
+from benchmarks.gpu.timing import time_ms
 
 import sys
 import time
@@ -170,11 +171,11 @@ def check(device, smoke: bool = False) -> list[dict]:
         for ctx in contexts:
             args, _ = make_inputs(device, fmt_name, _decode_reqs(1, ctx), h=h)
             rows.append(_check_case(device, ref_fn, ref, ti,
-                                    f"decode {fmt_name} B=1 ctx={_label(ctx)}", args, topk))
+                                    f"decode {fmt_name} B=1 ctx={size_label(ctx)}", args, topk))
     ctx = contexts[1]
     args, _ = make_inputs(device, "mxfp4", _decode_reqs(2, ctx), h=h, q_dtype=torch.float32)
-    rows.append(_check_case(device, ref_fn, ref, ti, f"decode mxfp4 q=fp32 B=2 ctx={_label(ctx)}",
-                            args, topk))
+    rows.append(_check_case(device, ref_fn, ref, ti,
+                            f"decode mxfp4 q=fp32 B=2 ctx={size_label(ctx)}", args, topk))
     # ragged: a decode token with < topk visible, two long decodes, a prefill chunk, padding
     small = 4 * (topk // 2)
     reqs = [(small - 1, 1, small // 4 + 3), (ctx - 1, 1, ctx // 4), (ctx - 2, 1, ctx // 4),
@@ -195,20 +196,6 @@ def check(device, smoke: bool = False) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # bench
 # ------------------------------------------------------------------------------------------------
-def _time_ms(fn, device) -> float:
-    from benchmarks.gpu.timing import time_ms
-
-    return time_ms(fn, device)
-
-
-def _label(n: int) -> str:
-    if n >= 1 << 20 and n % (1 << 20) == 0:
-        return f"{n >> 20}M"
-    if n >= 1024 and n % 1024 == 0:
-        return f"{n >> 10}K"
-    return str(n)
-
-
 def _floor_ms(t, h, di, n_per_tok, n_keys_read, entry_bytes, q_bytes):
     bytes_moved = (n_keys_read * entry_bytes + t * h * di * q_bytes + t * h * 4
                    + t * n_per_tok * 4)
@@ -221,11 +208,11 @@ def _bench_case(device, ref_fn, ti, case, args, topk, n_keys_read, n_per_tok, **
 
     q, w, cache, fmt, bt, token_req, token_pos = args
     n_max = bt.shape[1] * fmt.entries_per_page
-    ours = _time_ms(lambda: ti.indexer_topk(*args, topk), device)
-    ref_ms = _time_ms(lambda: ref_fn(*args, topk), device) if kw.get("with_ref", True) else None
+    ours = time_ms(lambda: ti.indexer_topk(*args, topk), device)
+    ref_ms = time_ms(lambda: ref_fn(*args, topk), device) if kw.get("with_ref", True) else None
     buf = torch.empty(q.shape[0], n_max, device=device)
-    score_ms = _time_ms(lambda: ti.indexer_scores(*args, 4, out=buf), device)
-    topk_ms = _time_ms(lambda: torch.topk(buf, min(topk, n_max), dim=-1), device)
+    score_ms = time_ms(lambda: ti.indexer_scores(*args, 4, out=buf), device)
+    topk_ms = time_ms(lambda: torch.topk(buf, min(topk, n_max), dim=-1), device)
     floor = _floor_ms(q.shape[0], q.shape[1], q.shape[2], n_per_tok, n_keys_read, fmt.entry_bytes,
                       q.element_size())
     return dict(op="indexer_topk", case=case, ref_ms=ref_ms, ours_ms=ours,
@@ -248,8 +235,8 @@ def bench(device, smoke: bool = False, sweep: bool = False) -> list[dict]:
                 args, _ = make_inputs(device, fmt_name, _decode_reqs(b, ctx), h=h)
                 n = ctx // 4
                 rows.append(_bench_case(device, ref_fn, ti,
-                                        f"decode {fmt_name} B={b} ctx={_label(ctx)}", args, topk,
-                                        n_keys_read=b * n, n_per_tok=n))
+                                        f"decode {fmt_name} B={b} ctx={size_label(ctx)}", args,
+                                        topk, n_keys_read=b * n, n_per_tok=n))
         # prefill: the first T tokens of one request in one chunk (causal over its T/4 entries)
         for t in ((16,) if smoke else (4096, 16384)):
             args, _ = make_inputs(device, fmt_name, [(0, t, t // 4)], h=h)
@@ -277,9 +264,9 @@ def _sweep(device, ti, smoke: bool) -> list[dict]:
                 for warps in ((4,) if smoke else (4, 8)):
                     for iters in ((1, 2) if smoke else (1, 4, 16)):
                         kw = dict(block_s=block_s, num_warps=warps, iters=iters)
-                        case = f"sweep {fmt_name} ctx={_label(ctx)}"
+                        case = f"sweep {fmt_name} ctx={size_label(ctx)}"
                         try:
-                            ms = _time_ms(lambda: ti.indexer_scores(*args, 4, out=buf, **kw),
+                            ms = time_ms(lambda: ti.indexer_scores(*args, 4, out=buf, **kw),
                                           device)
                         except Exception as exc:  # e.g. out of resources for a config
                             rows.append(dict(op="indexer_scores", case=case, config=str(kw),

@@ -24,7 +24,8 @@ Medians of ``triton.testing.do_bench(..., return_mode="median")`` (which flushes
 
 from __future__ import annotations
 
-from benchmarks.gpu.table import prepare_smoke_env, run_cli
+from benchmarks.gpu.table import prepare_smoke_env, run_cli, size_label
+from benchmarks.gpu.timing import time_ms
 
 import sys
 import time
@@ -155,20 +156,6 @@ def check(device, smoke: bool = False) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # bench
 # ------------------------------------------------------------------------------------------------
-def _time_ms(fn, device) -> float:
-    from benchmarks.gpu.timing import time_ms
-
-    return time_ms(fn, device)
-
-
-def _entries_label(n: int) -> str:
-    if n >= 1 << 20 and n % (1 << 20) == 0:
-        return f"{n >> 20}M"
-    if n >= 1024 and n % 1024 == 0:
-        return f"{n >> 10}K"
-    return str(n)
-
-
 def _floor_ms(t, h, d, n_cand, entry_bytes, q_bytes):
     bytes_moved = 2 * t * h * d * q_bytes + t * n_cand * entry_bytes
     flops = 4 * t * h * n_cand * d
@@ -201,24 +188,24 @@ def bench(device, smoke: bool = False, sweep: bool = False) -> list[dict]:
             for t in batches:
                 args, fmt = make_inputs(device, fmt_name, t, h=h, d=d, window=w, topk=k,
                                         cache_entries=n_entries)
-                ours = _time_ms(lambda: tsa.sparse_attention_triton(*args), device)
-                ref = _time_ms(lambda: ref_fn(*args), device)
-                case = f"decode {fmt_name} B={t} cache={_entries_label(n_entries)}"
+                ours = time_ms(lambda: tsa.sparse_attention_triton(*args), device)
+                ref = time_ms(lambda: ref_fn(*args), device)
+                case = f"decode {fmt_name} B={t} cache={size_label(n_entries)}"
                 rows.append(_row(case, t, h, d, w + k, fmt, args[0], ref, ours))
         for prefill in prefills:
             args, fmt = make_inputs(device, fmt_name, prefill, h=h, d=d, window=w, topk=k,
                                     cache_entries=contexts[1])
-            ours = _time_ms(lambda: tsa.sparse_attention_triton(*args), device)
-            ref = _time_ms(lambda: ref_fn(*args), device)
-            case = f"prefill {fmt_name} T={prefill} cache={_entries_label(contexts[1])}"
+            ours = time_ms(lambda: tsa.sparse_attention_triton(*args), device)
+            ref = time_ms(lambda: ref_fn(*args), device)
+            case = f"prefill {fmt_name} T={prefill} cache={size_label(contexts[1])}"
             rows.append(_row(case, prefill, h, d, w + k, fmt, args[0], ref, ours))
         # V4-Pro decode: 128 heads, top-1024
         hp, kp, tp = (8, 40, 2) if smoke else (128, 1024, 8)
         args, fmt = make_inputs(device, fmt_name, tp, h=hp, d=d, window=w, topk=kp,
                                 cache_entries=contexts[1])
-        ours = _time_ms(lambda: tsa.sparse_attention_triton(*args), device)
-        ref = _time_ms(lambda: ref_fn(*args), device)
-        case = f"decode-pro {fmt_name} B={tp} H={hp} K={kp} cache={_entries_label(contexts[1])}"
+        ours = time_ms(lambda: tsa.sparse_attention_triton(*args), device)
+        ref = time_ms(lambda: ref_fn(*args), device)
+        case = f"decode-pro {fmt_name} B={tp} H={hp} K={kp} cache={size_label(contexts[1])}"
         rows.append(_row(case, tp, hp, d, w + kp, fmt, args[0], ref, ours))
     if sweep:
         rows += _sweep(device, tsa, smoke)
@@ -251,7 +238,7 @@ def _sweep(device, tsa, smoke: bool) -> list[dict]:
                     continue
                 kw = dict(cfg, num_splits=splits)
                 try:
-                    ours = _time_ms(lambda: tsa.sparse_attention_triton(*args, **kw), device)
+                    ours = time_ms(lambda: tsa.sparse_attention_triton(*args, **kw), device)
                 except Exception as exc:  # e.g. out of shared memory / registers for a config
                     rows.append(dict(op="sparse_attention", case=f"sweep {fmt_name} B={t}",
                                      config=str(kw), error=f"{type(exc).__name__}: {exc}"[:200]))

@@ -9,6 +9,15 @@ def fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def size_label(n: int) -> str:
+    """A count for a table cell: 4096 -> 4K, 1048576 -> 1M (exact multiples only), else as is."""
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n >> 10}K"
+    return str(n)
+
+
 def print_table(rows: list[dict], file=sys.stdout) -> None:
     if not rows:
         return
