@@ -17,7 +17,6 @@ absolute values (the scale of any summation's error, whatever its order or split
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.aot_compile import HAS_PTXAS, compile_results
 from tests.backends import cpu_backends, impl
 from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
 from vllm_dsv4_hw.quant.formats import quantize_fp8_block
@@ -345,23 +345,9 @@ for cap in (90, 80):
 print("RESULTS" + json.dumps(results))
 '''
 
-_PTXAS = None
-try:
-    import triton as _triton
-
-    _PTXAS = Path(_triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-except ImportError:
-    pass
-
-
-@pytest.mark.skipif(_PTXAS is None or not _PTXAS.exists(), reason="no Triton with bundled ptxas")
+@pytest.mark.skipif(not HAS_PTXAS, reason="no Triton with bundled ptxas")
 def test_triton_kernels_compile_for_sm90_and_sm80():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=_ROOT)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")]
-    assert line, f"compile script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    results = json.loads(line[-1][len("RESULTS"):])
+    results = compile_results(_COMPILE_SCRIPT)
     failed = [f"{name}: {err}" for name, err, _ in results if err]
     assert len(results) == 10
     assert not failed, "\n".join(failed)

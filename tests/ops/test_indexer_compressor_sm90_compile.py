@@ -8,17 +8,11 @@ JIT functions). Uses Triton's bundled ptxas; skipped when it is absent.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-triton = pytest.importorskip("triton")
+from tests.aot_compile import HAS_PTXAS, compile_results
 
-_PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+pytest.importorskip("triton")
 
 _SCRIPT = r'''
 import json
@@ -95,14 +89,9 @@ print("RESULTS" + json.dumps(results))
 '''
 
 
-@pytest.mark.skipif(not _PTXAS.exists(), reason="Triton's bundled ptxas is not installed")
+@pytest.mark.skipif(not HAS_PTXAS, reason="Triton's bundled ptxas is not installed")
 def test_kernels_compile_for_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=Path(__file__).resolve().parents[2])
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")]
-    assert line, f"compile script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    results = json.loads(line[-1][len("RESULTS"):])
+    results = compile_results(_SCRIPT)
     failed = [f"{name}: {err}" for name, err in results if err]
     assert len(results) == 19
     assert not failed, "\n".join(failed)

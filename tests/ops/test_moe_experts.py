@@ -11,7 +11,6 @@ bound. Tokens whose slots are all -1 must be exactly zero.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.aot_compile import HAS_PTXAS, compile_results
 from tests.backends import cpu_backends, impl
 from vllm_dsv4_hw.ops.api import MOE_EXPERTS
 from vllm_dsv4_hw.quant.formats import dequantize_fp4_experts
@@ -280,12 +280,6 @@ def test_conformance_kit_cases_pass(backend, gen):
 
 
 # -- ahead-of-time compile for NVIDIA sm_90 and sm_80 (no GPU needed) ------------------------------
-try:
-    import triton
-    _PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-except ImportError:
-    _PTXAS = Path("/nonexistent/ptxas")
-
 _SCRIPT = r'''
 import json
 import triton
@@ -334,14 +328,9 @@ print("RESULTS" + json.dumps(results))
 '''
 
 
-@pytest.mark.skipif(not _PTXAS.exists(), reason="Triton or its bundled ptxas is not installed")
+@pytest.mark.skipif(not HAS_PTXAS, reason="Triton or its bundled ptxas is not installed")
 def test_triton_kernels_compile_for_sm90_and_sm80():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=Path(__file__).resolve().parents[2])
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")]
-    assert line, f"compile script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    results = json.loads(line[-1][len("RESULTS"):])
+    results = compile_results(_SCRIPT)
     failed = [f"{name}: {err}" for name, err in results if err]
     assert len(results) == 16
     assert not failed, "\n".join(failed)
