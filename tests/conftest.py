@@ -65,6 +65,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"dsv4 test seed: DSV4_TEST_SEED={SESSION_SEED} replays this run")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of small-tensor tests (``pytestmark =
+    pytest.mark.usefixtures("one_thread")``): more threads only add spin-wait overhead, and two
+    OpenMP threads on a 2-core machine stall whenever another process holds a core."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def vllm_single_rank():
     """vLLM's parallel state for this process (world size 1), as a worker sets it up: the model's

@@ -8,13 +8,7 @@ import torch
 from vllm_dsv4_hw.attention.compressor_plan import compressor_plan
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small-tensor loops: intra-op threads only add spin-wait overhead (worse on a busy host)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _random_block_table(gen, num_reqs, num_blocks, pool):

@@ -13,13 +13,14 @@ import math
 import pytest
 import torch
 
-from tests.model.checkpoint_fixtures import PROMPT, SEED, _load_all, _stored_tensors
-from tests.model.checkpoint_fixtures import _one_thread, ckpts  # noqa: F401 (pytest fixtures)
+from tests.model.checkpoints import PROMPT, SEED, _load_all, _stored_tensors
 from tests.model.official_layout import OFFICIAL_FIELDS, official_layout
 from vllm_dsv4_hw.cli.main import main
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.tools import checkpoint as ck
 from vllm_dsv4_hw.tools import tokenizer_gen
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- config.json --------------------------------------------------------------------------------------

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.model.checkpoint_fixtures import NEW_TOKENS, PROMPT
-from tests.model.checkpoint_fixtures import _one_thread, ckpts  # noqa: F401 (pytest fixtures)
+from tests.model.checkpoints import NEW_TOKENS, PROMPT
 from vllm_dsv4_hw.tools import checkpoint as ck
 from vllm_dsv4_hw.tools import tokenizer_gen
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

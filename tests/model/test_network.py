@@ -71,17 +71,7 @@ BF16_TOP1_MIN = 0.9      # bf16 network: argmax agreement with transformers (obs
 CKPT_SEED = SESSION_SEED % 100_000
 assert sum(CHUNKS) == MAX_LEN and sum(DECODE) == MAX_LEN
 
-pytestmark = pytest.mark.usefixtures("vllm_single_rank")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Small tensors: one thread is fastest, and two OpenMP threads on a 2-core machine stall badly
-    whenever another process holds a core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("vllm_single_rank", "one_thread")
 
 
 @pytest.fixture(autouse=True)

@@ -29,13 +29,7 @@ SHORT_LENGTHS = [3, 4, 5, 8, 9, 129, 257]
 EPS = 1e-6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small-tensor loops: intra-op threads only add spin-wait overhead (worse on a busy host)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def lengths_for(backend, full=LENGTHS, short=SHORT_LENGTHS):

@@ -18,13 +18,7 @@ from vllm_dsv4_hw.ops.api import COMPRESSOR_STORE, INDEXER_TOPK
 from vllm_dsv4_hw.ops.reference.indexer import indexer_head_weights
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small-tensor loops: intra-op threads only add spin-wait overhead (worse on a busy host)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build_key_cache(gen, keys_per_req, fmt, spare_pages=3):

@@ -1,5 +1,6 @@
-"""The generated checkpoints the ``make-checkpoint`` tests read (one set per test module, built
-once: tiny-flash and tiny-pro, bf16 and fp8, seed :data:`SEED`) and readers of their safetensors
+"""What the ``make-checkpoint`` tests know of their generated checkpoints: the seed (:data:`SEED`;
+the ``ckpts`` fixture of ``conftest.py`` builds tiny-flash and tiny-pro in bf16 and fp8 once per
+test module), the prompt the transformers checks generate from, and readers of the safetensors
 shards (headers only, or every tensor).
 """
 
@@ -9,37 +10,13 @@ import json
 import struct
 from pathlib import Path
 
-import pytest
 import torch
-
-from vllm_dsv4_hw.tools import checkpoint as ck
 
 SEED = 1234
 PROMPT = ("The quick brown fox jumps over the lazy dog. A long context model reads a whole book "
           "before it answers a single question about chapter three, and then it writes a summary "
           "for the committee, which meets on Tuesday at 10:30 to discuss 42 new proposals.")
 NEW_TOKENS = 32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Small tensors: one thread is fastest and does not stall when another process holds a core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    out = {}
-    for preset in ck.PRESETS:
-        for dtype in ck.DTYPES:
-            path = root / f"{preset}-{dtype}"
-            summary = ck.make_checkpoint(path, preset, dtype, SEED, progress=lambda _m: None)
-            out[preset, dtype] = summary
-    return out
 
 
 def _read_header(path: Path) -> dict:
