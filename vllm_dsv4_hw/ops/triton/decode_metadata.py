@@ -26,20 +26,24 @@ def _page(bt_ptr, row_off, col, ncols, mask, NULL: tl.constexpr):
 
 
 @triton.jit
+def _slot(bt_ptr, row_off, idx, ncols, ok, PER: tl.constexpr, STRIDE: tl.constexpr,
+          NULL: tl.constexpr):
+    """Slot of logical index ``idx`` (position / entry) through one block-table row, ``PER`` per
+    page: page * STRIDE + idx % PER; -1 where not ``ok`` or where the page is absent."""
+    idxc = tl.where(ok, idx, 0)
+    pg = _page(bt_ptr, row_off, idxc // PER, ncols, ok, NULL)
+    return tl.where(ok & (pg >= 0), pg * STRIDE + idxc % PER, -1)
+
+
+@triton.jit
 def _window_kernel(len_ptr, bt_ptr, bt_stride, bt_cols, ins_ptr, win_ptr,
                    PPP: tl.constexpr, W: tl.constexpr, NULL: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     pos = tl.load(len_ptr + r).to(tl.int64) - 1
-    ok = pos >= 0
-    posc = tl.where(ok, pos, 0)
-    pg = _page(bt_ptr, r * bt_stride, posc // PPP, bt_cols, ok, NULL)
-    tl.store(ins_ptr + r, tl.where(ok & (pg >= 0), pg * PPP + posc % PPP, -1))
+    tl.store(ins_ptr + r, _slot(bt_ptr, r * bt_stride, pos, bt_cols, pos >= 0, PPP, PPP, NULL))
     wp = pos - (W - 1) + tl.arange(0, W)
-    okw = wp >= 0
-    wpc = tl.where(okw, wp, 0)
-    pgw = _page(bt_ptr, r * bt_stride, wpc // PPP, bt_cols, okw, NULL)
-    tl.store(win_ptr + r * W + tl.arange(0, W), tl.where(okw & (pgw >= 0), pgw * PPP + wpc % PPP,
-                                                          -1))
+    tl.store(win_ptr + r * W + tl.arange(0, W),
+             _slot(bt_ptr, r * bt_stride, wp, bt_cols, wp >= 0, PPP, PPP, NULL))
 
 
 @triton.jit
@@ -50,23 +54,18 @@ def _plan_kernel(len_ptr, sbt_ptr, sbt_stride, sbt_cols, cbt_ptr, cbt_stride, cb
     r = tl.program_id(0).to(tl.int64)
     pos = tl.load(len_ptr + r).to(tl.int64) - 1
     ok = pos >= 0
-    posc = tl.where(ok, pos, 0)
-    pg = _page(sbt_ptr, r * sbt_stride, posc // RPP, sbt_cols, ok, NULL)
-    tl.store(state_ptr + r, tl.where(ok & (pg >= 0), pg * STRIDE + posc % RPP, -1))
+    tl.store(state_ptr + r, _slot(sbt_ptr, r * sbt_stride, pos, sbt_cols, ok, RPP, STRIDE, NULL))
     completes = ok & (((pos + 1) % RATIO) == 0)
     k = tl.arange(0, BW)
     mp = pos - (WIDTH - 1) + k
     pos_v = pos + k * 0                                      # pos as a vector
     done_v = (pos_v >= 0) & (((pos_v + 1) % RATIO) == 0)     # `completes` as a vector
     okm = (k < WIDTH) & (mp >= 0) & done_v
-    mpc = tl.where(okm, mp, 0)
-    pgm = _page(sbt_ptr, r * sbt_stride, mpc // RPP, sbt_cols, okm, NULL)
-    tl.store(rows_ptr + r * WIDTH + k, tl.where(okm & (pgm >= 0), pgm * STRIDE + mpc % RPP, -1),
-             mask=k < WIDTH)
+    tl.store(rows_ptr + r * WIDTH + k, _slot(sbt_ptr, r * sbt_stride, mp, sbt_cols, okm, RPP,
+                                             STRIDE, NULL), mask=k < WIDTH)
     entry = tl.where(completes, (pos + 1) // RATIO - 1, 0)
     tl.store(entry_ptr + r, entry)
-    cp = _page(cbt_ptr, r * cbt_stride, entry // E, cbt_cols, completes, NULL)
-    tl.store(cslot_ptr + r, tl.where(completes & (cp >= 0), cp * E + entry % E, -1))
+    tl.store(cslot_ptr + r, _slot(cbt_ptr, r * cbt_stride, entry, cbt_cols, completes, E, E, NULL))
 
 
 @triton.jit
@@ -78,9 +77,8 @@ def _c128_kernel(len_ptr, bt_ptr, bt_stride, bt_cols, out_ptr, K,
     k = blk * BK + tl.arange(0, BK)
     inside = k < K
     vis = inside & (k < end)
-    kc = tl.where(vis, k, 0)
-    pg = _page(bt_ptr, r * bt_stride, kc // E, bt_cols, vis, NULL)
-    tl.store(out_ptr + r * K + k, tl.where(vis & (pg >= 0), pg * E + kc % E, -1), mask=inside)
+    tl.store(out_ptr + r * K + k, _slot(bt_ptr, r * bt_stride, k, bt_cols, vis, E, E, NULL),
+             mask=inside)
 
 
 def _table(t: torch.Tensor) -> torch.Tensor:
