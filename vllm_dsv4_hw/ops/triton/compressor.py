@@ -34,7 +34,7 @@ from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
-from vllm_dsv4_hw.ops.triton.quant import store_entry_pairs
+from vllm_dsv4_hw.ops.triton.quant import entry_offsets, store_entry_pairs
 
 _OUT_CACHE = 0  # compressor_store: norm + rope + quantize + insert
 _OUT_POOLED = 1  # compressor_pool: write the pooled fp32 vector
@@ -172,11 +172,8 @@ def _pool_kernel(state_ptr, rows_ptr, n_groups, n_gblocks, stride_state_pairs, s
             # quantize + insert (one entry per group; its rows carry their own offsets)
             cslot = tl.load(cache_slot_ptr + g64).to(tl.int64)                 # [QR]
             ok = (cslot >= 0) & gv
-            cs = tl.maximum(cslot, 0)
-            page = cs // E
-            off = cs % E
-            data_off = page * page_stride + off * DATA_BYTES
-            scale_off = page * page_stride + E * DATA_BYTES + off * SCALE_BYTES
+            data_off, scale_off = entry_offsets(tl.maximum(cslot, 0), E, page_stride,
+                                                DATA_BYTES, SCALE_BYTES)
             store_entry_pairs(cache_ptr, data_off[:, None], scale_off, xe, xo, pidx, blk, ok,
                               FMT)
 

@@ -27,6 +27,7 @@ from vllm_dsv4_hw.ops.triton.quant import (
     bf16_bits_to_f32,
     ceil_log2_div,
     e4m3_bits_to_f32,
+    entry_offsets,
     f32_to_bf16_bits,
     f32_to_e4m3_bits,
     format_code,
@@ -213,11 +214,8 @@ def insert_entry(cache_ptr, slot, capacity, E, page_stride, xe, xo, pidx, blk,
                  ALIGNED: tl.constexpr):
     """Write one entry held as fp32 pairs [NB, BP] at ``slot`` (skipped unless 0 <= slot < cap)."""
     valid = (slot >= 0) & (slot < capacity)
-    s = tl.where(valid, slot, 0)
-    page = s // E
-    off = s % E
-    data_off = page * page_stride + off * DATA_BYTES
-    scale_off = page * page_stride + E * DATA_BYTES + off * SCALE_BYTES
+    data_off, scale_off = entry_offsets(tl.where(valid, slot, 0), E, page_stride, DATA_BYTES,
+                                        SCALE_BYTES)
     store_entry(cache_ptr, data_off, scale_off, xe, xo, pidx, blk, valid, FMT, ALIGNED)
 
 
@@ -252,11 +250,8 @@ def _kv_gather_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, page_stride, capaci
         r = tl.cast(row, tl.int64)
         slot = tl.load(slots_ptr + r).to(tl.int64)
         valid = (slot >= 0) & (slot < capacity)
-        s = tl.where(valid, slot, 0)
-        page = s // E
-        off = s % E
-        data_off = page * page_stride + off * DATA_BYTES
-        scale_off = page * page_stride + E * DATA_BYTES + off * SCALE_BYTES
+        data_off, scale_off = entry_offsets(tl.where(valid, slot, 0), E, page_stride, DATA_BYTES,
+                                            SCALE_BYTES)
         m = dm & ((d * 0 + valid.to(tl.int32)) != 0)
         v = load_entry(cache_ptr, data_off, scale_off, d, m, FMT, ALIGNED)
         tl.store(out_ptr + r * DIM + d, tl.where(m, v, 0.0), mask=dm)

@@ -346,6 +346,17 @@ def fp8_indexer_scale(cache_ptr, scale_off, mask):
 
 # -- entry-level stores (quantize + write one entry from pair-split registers) ---------------------
 @triton.jit
+def entry_offsets(slot, E, page_stride, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
+    """(data byte offset, scale byte offset) of entry ``slot`` (>= 0) in a paged cache of ``E``
+    entries per page and ``page_stride`` bytes per page (a page: every entry's data part, then
+    every entry's scale part)."""
+    page = slot // E
+    off = slot % E
+    return (page * page_stride + off * DATA_BYTES,
+            page * page_stride + E * DATA_BYTES + off * SCALE_BYTES)
+
+
+@triton.jit
 def store_bytes_u32(cache_ptr, byte_off, bits, mask):
     """Store a uint32 / int32 (little-endian) as 4 single bytes at any byte offset."""
     b = bits.to(tl.uint32)
