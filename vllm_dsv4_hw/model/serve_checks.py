@@ -7,7 +7,8 @@ line naming the field or flag and what to use instead, so ``vllm serve`` stops w
 instead of inside a worker traceback:
 
 * config.json: ``validate_hf_config`` (``compress_ratios`` values and length, MoE choices, weight
-  formats);
+  formats); a local checkpoint's ``model.safetensors.index.json`` must name every tensor of the
+  official layout (``model/layout.py``; shapes and dtypes are checked when the weights load);
 * flags: parallelism (tensor / pipeline / data / expert parallel: one device per replica for now),
   speculative decoding (the MTP layer is not served), ``--quantization`` against the checkpoint's,
   ``--kv-cache-dtype`` and ``--attention-config.indexer_kv_dtype`` against what the device holds.
@@ -111,13 +112,37 @@ def _formats(vllm_config) -> tuple[str, str]:
     return choice.main, choice.indexer
 
 
+_MAX_LISTED = 10
+
+
+def _check_tensor_index(model_config, raw: dict, cfg: DSV4Config) -> None:
+    from vllm_dsv4_hw.model.layout import stored_layout
+
+    index = Path(str(model_config.model)) / "model.safetensors.index.json"
+    if "compress_ratios" not in raw or not index.is_file():
+        return  # not a local checkpoint in the official layout: the loader checks at load
+    try:
+        names = set(json.loads(index.read_text())["weight_map"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise UnsupportedSettingError(f"{index}: unreadable ({exc})") from None
+    want = stored_layout(raw, "fp8" if cfg.weights.fp8_linears else "bf16", include_mtp=False)
+    missing = sorted(n for n in want if n not in names)
+    if missing:
+        more = len(missing) - _MAX_LISTED
+        raise UnsupportedSettingError(
+            f"{index}: {len(missing)} tensor(s) missing from the checkpoint: "
+            f"{', '.join(missing[:_MAX_LISTED])}" + (f" ... and {more} more" if more > 0 else ""))
+
+
 def check_serve_settings(vllm_config) -> ServeSettings:
     """Validate the launch (see the module docstring); returns the config and cache formats."""
     mc = vllm_config.model_config
+    raw = raw_hf_config(mc)
     try:
-        cfg = validate_hf_config(raw_hf_config(mc), name=f"{mc.model}/config.json")
+        cfg = validate_hf_config(raw, name=f"{mc.model}/config.json")
     except ConfigError as exc:
         raise UnsupportedSettingError(str(exc)) from None
+    _check_tensor_index(mc, raw, cfg)
     _check_parallel(vllm_config)
     from vllm_dsv4_hw.quant.config import model_quant_config
 
