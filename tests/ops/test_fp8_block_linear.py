@@ -17,23 +17,17 @@ absolute values (the scale of any summation's error, whatever its order or split
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from tests.aot_compile import HAS_PTXAS, compile_results
 from tests.backends import cpu_backends, impl
+from tests.subprocess_scripts import HAS_PTXAS, compile_results, memory_mib
 from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
 from vllm_dsv4_hw.quant.formats import quantize_fp8_block
 
 BACKENDS = cpu_backends(FP8_BLOCK_LINEAR)
 _HALF_ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24,
              torch.float64: 2.0 ** -53}
-_ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- oracle and inputs -----------------------------------------------------------------------------
@@ -249,11 +243,7 @@ print("MEM", before, after, peak_mib())
 
 
 def test_reference_memory_is_bounded():
-    proc = subprocess.run([sys.executable, "-c", _MEM_SCRIPT], capture_output=True, text=True,
-                          timeout=300, cwd=_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("MEM")]
-    assert line, f"memory script failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    before, after, copy = (float(v) for v in line[-1].split()[1:])
+    before, after, copy = memory_mib(_MEM_SCRIPT)
     # a bf16 copy of the weight would be 128 MiB, fp32 256 MiB; the reference holds one 16 MiB tile
     assert after - before < 48, (before, after)
     assert copy - after > 200, (after, copy)  # the measurement does see a whole copy

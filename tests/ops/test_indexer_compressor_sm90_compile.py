@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.aot_compile import HAS_PTXAS, compile_results
+from tests.subprocess_scripts import HAS_PTXAS, compile_results
 
 pytest.importorskip("triton")
 

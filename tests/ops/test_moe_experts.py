@@ -11,16 +11,13 @@ bound. Tokens whose slots are all -1 must be exactly zero.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.aot_compile import HAS_PTXAS, compile_results
 from tests.backends import cpu_backends, impl
+from tests.subprocess_scripts import HAS_PTXAS, compile_results, memory_mib
 from vllm_dsv4_hw.ops.api import MOE_EXPERTS
 from vllm_dsv4_hw.quant.formats import dequantize_fp4_experts
 
@@ -367,11 +364,6 @@ print("MEM", before, after, peak_mib())
 def test_reference_memory_is_bounded():
     """One expert dequantized at a time: the peak grows by a few experts' tiles, not by a
     dequantized copy of the experts (16 experts hit: 16 x 12 MiB in bf16)."""
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-c", _MEM_SCRIPT], capture_output=True, text=True,
-                          timeout=300, cwd=root, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("MEM")]
-    assert line, f"memory script failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    before, after, copy = (float(v) for v in line[-1].split()[1:])
+    before, after, copy = memory_mib(_MEM_SCRIPT)
     assert after - before < 64, (before, after)
     assert copy - after > 300, (after, copy)  # the measurement does see a whole copy
