@@ -111,7 +111,7 @@ class OpRegistry:
             self._cache[key] = res
         return res
 
-    def _resolve_uncached(self, op: str, device_type: str) -> Resolution:
+    def _resolve_uncached(self, op: str, device_type: str, warn: bool = True) -> Resolution:
         impls = self.implementations(op)
         per_op = envs.op_backends()
         unknown = sorted(set(per_op) - set(self._impls))
@@ -150,7 +150,8 @@ class OpRegistry:
                 reason = "best available on this device"
                 if skipped:
                     reason = f"fallback ({'; '.join(skipped)})"
-                    self._warn_once(op, device_type, backend, skipped)
+                    if warn:
+                        self._warn_once(op, device_type, backend, skipped)
                 return Resolution(impl, reason)
             skipped.append(f"{backend}: {why}")
         raise BackendUnavailableError(
@@ -169,11 +170,12 @@ class OpRegistry:
         )
 
     def explain(self, device: torch.device | str) -> list[tuple[str, str, str]]:
-        """(op, backend, reason) for every registered op on ``device``; errors become reasons."""
+        """(op, backend, reason) for every registered op on ``device``; errors become reasons.
+        A report, not a dispatch: fallbacks are said in the reasons, not also as warnings."""
         rows = []
         for op in self.ops():
             try:
-                res = self.resolve(op, device)
+                res = self._resolve_uncached(op, device_type_of(device), warn=False)
                 rows.append((op, res.impl.backend, res.reason))
             except (BackendUnavailableError, UnknownOpError) as exc:
                 rows.append((op, "-", f"error: {exc}"))

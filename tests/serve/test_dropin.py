@@ -1,0 +1,138 @@
+"""Upstream's DeepSeek V4 command line works unchanged, and what cannot work stops early.
+
+* ``recipe``: the FP8 tiny checkpoint with the flags users copy from vLLM's DeepSeek V4 recipe and
+  blog that mean something on one CPU device: ``--kv-cache-dtype fp8 --block-size 256
+  --attention-config.indexer_kv_dtype=mxfp4 --tokenizer-mode deepseek_v4 --reasoning-parser
+  deepseek_v4 --tool-call-parser deepseek_v4 --enable-auto-tool-choice --compilation-config
+  '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'`` (no ``--enforce-eager``). Completions and chat
+  answer; a chat request with tools whose output is scripted through vLLM's structured outputs
+  (random weights never emit DeepSeek V4's DSML tool syntax by themselves) comes back with the
+  reasoning and the parsed tool call in the fields of vLLM's OpenAI API (``message.reasoning``,
+  ``message.tool_calls``, ``finish_reason: tool_calls``).
+* Refusals: a bad ``compress_ratios``, a missing tensor and flags that need several devices or
+  formats we do not have each make ``vllm serve`` exit non-zero within ``EARLY_S`` seconds, the
+  last line of its output naming the problem (checked in the first process by
+  ``model/serve_checks.py``). These run first in the serve suite (no other server starting).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from tests.serve.server import ServerSpec
+
+pytestmark = pytest.mark.slow
+
+EARLY_S = 15.0
+RECIPE = ("--kv-cache-dtype", "fp8", "--block-size", "256",
+          "--attention-config.indexer_kv_dtype=mxfp4", "--tokenizer-mode", "deepseek_v4",
+          "--reasoning-parser", "deepseek_v4", "--tool-call-parser", "deepseek_v4",
+          "--enable-auto-tool-choice", "--structured-outputs-config.enable_in_reasoning=True",
+          "--compilation-config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}')
+SERVERS = {"recipe_server": ServerSpec("recipe", checkpoint="fp8", args=RECIPE,
+                                       extra={"enforce_eager": False})}
+DSML = "｜DSML｜"
+SCRIPT = ("I should look up the weather.</think>\n\n"
+          f"<{DSML}tool_calls>\n<{DSML}invoke name=\"get_weather\">\n"
+          f"<{DSML}parameter name=\"city\" string=\"true\">Paris</{DSML}parameter>\n"
+          f"</{DSML}invoke>\n</{DSML}tool_calls>")
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def recipe_server(vllm_servers):
+    yield vllm_servers.get(SERVERS["recipe_server"])
+    vllm_servers.stop("recipe")
+
+
+def test_recipe_flags_serve_completions_and_chat(recipe_server):
+    out = recipe_server.complete("The quick brown fox", max_tokens=8, temperature=0)
+    assert out["usage"]["completion_tokens"] == 8
+    chat = recipe_server.chat([{"role": "user", "content": "Hello!"}], max_tokens=8)
+    msg = chat["choices"][0]["message"]
+    assert msg["role"] == "assistant" and chat["usage"]["completion_tokens"] == 8
+    assert recipe_server.log_lines("indexer mxfp4"), "the indexer format flag was not honoured"
+
+
+def test_reasoning_and_tool_call_fields(recipe_server):
+    chat = recipe_server.chat([{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS,
+                              max_tokens=200, structured_outputs={"choice": [SCRIPT]})
+    choice = chat["choices"][0]
+    msg = choice["message"]
+    assert choice["finish_reason"] == "tool_calls", choice
+    assert msg["reasoning"] == "I should look up the weather.", msg
+    (call,) = msg["tool_calls"]
+    assert call["type"] == "function" and call["id"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert not msg["content"]
+    assert chat["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+
+
+# -- early refusals --------------------------------------------------------------------------------
+def _serve_fails(tmp_path, ckpt, *args) -> tuple[float, str]:
+    from tests.serve.process import VllmServer, free_port
+
+    server = VllmServer(ckpt, args=args, max_model_len=1024, log_path=tmp_path / "server.log",
+                        name="refused", enforce_eager=False, port=free_port())
+    t0 = time.monotonic()
+    p = subprocess.run(server.command(), capture_output=True, text=True, timeout=120,
+                       env=server.environment())
+    seconds = time.monotonic() - t0
+    lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
+    assert p.returncode != 0, lines[-20:]
+    return seconds, lines[-1]
+
+
+def _bad_ratio(tmp_path, ckpt):
+    bad = shutil.copytree(ckpt, tmp_path / "bad-ratio")
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["compress_ratios"][2] = 8
+    (bad / "config.json").write_text(json.dumps(cfg))
+    return bad
+
+
+def _missing_tensor(tmp_path, ckpt):
+    from safetensors.torch import load_file, save_file
+
+    bad = shutil.copytree(ckpt, tmp_path / "missing-tensor")
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    name = "layers.3.attn.compressor.wkv.weight"
+    shard = bad / index["weight_map"].pop(name)
+    tensors = load_file(shard)
+    del tensors[name]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    return bad
+
+
+CASES = {
+    "bad compress_ratios": (_bad_ratio, (), ("compress_ratios[2] = 8", "layer 2", "0, 4, 128")),
+    "missing tensor": (_missing_tensor, (), ("layers.3.attn.compressor.wkv.weight", "missing")),
+    "tensor parallel": (None, ("--tensor-parallel-size", "2"), ("--tensor-parallel-size 2",)),
+    "expert parallel": (None, ("--enable-expert-parallel",), ("--enable-expert-parallel",)),
+    "data parallel": (None, ("--data-parallel-size", "2"), ("--data-parallel-size 2",)),
+    "nvfp4 indexer keys": (None, ("--attention-config.indexer_kv_dtype=nvfp4",), ("nvfp4",
+                                                                                "mxfp4")),
+    "kv cache dtype": (None, ("--kv-cache-dtype", "fp8_e5m2"), ("--kv-cache-dtype fp8_e5m2",)),
+}
+
+
+@pytest.mark.serve_first
+@pytest.mark.parametrize("case", list(CASES))
+def test_refused_early_in_one_line(case, tmp_path, ckpt_fp8):
+    make, args, needles = CASES[case]
+    ckpt = make(tmp_path, ckpt_fp8) if make else ckpt_fp8
+    seconds, last = _serve_fails(tmp_path, ckpt, *args)
+    assert "dsv4" in last.lower() or "DeepSeek V4" in last or "config.json" in last, last
+    for needle in needles:
+        assert needle in last, (needle, last)
+    assert seconds <= EARLY_S, f"{case}: exited after {seconds:.1f} s ({last})"
