@@ -86,21 +86,35 @@ def test_pool_rejects_nonsense():
 
 
 # -- metadata builder ----------------------------------------------------------------------------
-def test_builder_maps_null_block_and_lengths():
+def test_builder_hands_over_vllms_buffers_and_marks_decode_steps(monkeypatch):
+    """The builder copies nothing (its tensors are views of vLLM's persistent buffers, so a
+    captured decode step reads the refreshed values on replay) and marks uniform decode steps;
+    the null block stays vLLM's 0 (the layer's derivations treat pages <= 0 as absent)."""
+    from vllm.v1.attention.backend import AttentionCGSupport
+
     from vllm_dsv4_hw.attention.vllm_backend import DSV4CacheMetadataBuilder
 
     spec = vllm_spec(layer_kinds(V4_FLASH, 0, "fp8", "mxfp4")[0])
     b = DSV4CacheMetadataBuilder(spec, ["layers.0.attn.window_kv"], None, torch.device("cpu"))
-    m = SimpleNamespace(
-        num_reqs=2, num_actual_tokens=5,
-        block_table_tensor=torch.tensor([[3, 0, 7, 9], [0, 0, 4, 2], [1, 1, 1, 1]],
-                                        dtype=torch.int32),
-        query_start_loc_cpu=torch.tensor([0, 4, 5, 5], dtype=torch.int32),
-        seq_lens=torch.tensor([4, 200, 0], dtype=torch.int32))
+    table = torch.tensor([[3, 0, 7, 9], [0, 0, 4, 2], [1, 1, 1, 1]], dtype=torch.int32)
+    seq_lens = torch.tensor([4, 200, 0], dtype=torch.int32)
+    m = SimpleNamespace(num_reqs=2, num_actual_tokens=5, max_query_len=4,
+                        block_table_tensor=table,
+                        query_start_loc_cpu=torch.tensor([0, 4, 5, 5], dtype=torch.int32),
+                        seq_lens=seq_lens)
     md = b.build(0, m)
-    assert md.block_table.tolist() == [[3, -1, 7, 9], [-1, -1, 4, 2]]
-    assert md.seq_starts.tolist() == [0, 199]
-    assert (md.num_reqs, md.num_tokens, md.block_size) == (2, 5, 64)
+    assert md.block_table.data_ptr() == table.data_ptr() and md.block_table.shape == (2, 4)
+    assert md.seq_lens.data_ptr() == seq_lens.data_ptr() and md.null_page == 0
+    starts, new = md.host_layout()
+    assert starts.tolist() == [0, 199] and new.tolist() == [4, 1]
+    assert (md.num_reqs, md.num_tokens, md.block_size, md.decode) == (2, 5, 64, False)
+    decode_step = m.__dict__ | {"num_actual_tokens": 2, "max_query_len": 1}
+    assert b.build(0, SimpleNamespace(**decode_step)).decode
+    sup = DSV4CacheMetadataBuilder.get_cudagraph_support(None, spec)
+    assert sup == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    monkeypatch.setenv("VLLM_DSV4_HW_CUDA_GRAPHS", "0")
+    assert not b.build(0, SimpleNamespace(**decode_step)).decode
+    assert DSV4CacheMetadataBuilder.get_cudagraph_support(None, spec) == AttentionCGSupport.NEVER
 
 
 # -- custom-op boundary ----------------------------------------------------------------------------
@@ -136,9 +150,12 @@ def _vllm_config(block_size=256, user_block=False, disable_hybrid=False):
         scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=disable_hybrid))
 
 
-def test_platform_rejects_unworkable_settings():
+def test_platform_rejects_unworkable_settings(monkeypatch):
+    from vllm_dsv4_hw.platform import vllm_cpu
     from vllm_dsv4_hw.platform.vllm_cpu import DSV4HwCpuPlatform, PlatformConfigError
 
+    # the launch checks have their own tests (tests/model/test_serve_checks.py)
+    monkeypatch.setattr(vllm_cpu, "check_serve_settings", lambda vllm_config: None)
     with pytest.raises(PlatformConfigError, match="--block-size 256"):
         DSV4HwCpuPlatform.check_and_update_config(_vllm_config(128, user_block=True))
     with pytest.raises(PlatformConfigError, match="hybrid KV cache manager"):

@@ -1,0 +1,85 @@
+"""The launch checks (``model/serve_checks.py``) on stand-in vLLM configs: every refusal is one
+line naming the field or flag and the fix; honoured flags map to our cache formats. (Through a real
+``vllm serve`` and timed: ``tests/serve/test_dropin.py``.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_dsv4_hw.model.serve_checks import UnsupportedSettingError, check_serve_settings
+from vllm_dsv4_hw.tools import checkpoint as ck
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("serve_checks") / "tiny-flash-fp8"
+    ck.make_checkpoint(path, "tiny-flash", "fp8", 0, progress=lambda _m: None)
+    return path
+
+
+def _config(path, *, tp=1, pp=1, dp=1, ep=False, spec=None, quant="ours", cache_dtype="auto",
+            indexer="auto"):
+    from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
+    from vllm_dsv4_hw.quant.scheme import WeightScheme
+
+    cfg = json.loads((path / "config.json").read_text())
+    qc = {"ours": DSV4HwQuantConfig(WeightScheme.from_hf_config(cfg)), "none": None,
+          "other": SimpleNamespace(get_name=lambda: "awq")}[quant]
+    return SimpleNamespace(
+        model_config=SimpleNamespace(model=str(path), hf_config=None),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                        data_parallel_size=dp, enable_expert_parallel=ep),
+        speculative_config=spec, quant_config=qc,
+        cache_config=SimpleNamespace(cache_dtype=cache_dtype),
+        attention_config=SimpleNamespace(indexer_kv_dtype=indexer))
+
+
+def test_honoured_flags_map_to_our_formats(ckpt):
+    s = check_serve_settings(_config(ckpt))
+    assert s.cfg.weights.fp8_linears and (s.main_format, s.indexer_format) == ("fp8", "mxfp4")
+    s = check_serve_settings(_config(ckpt, cache_dtype="bfloat16", indexer="bf16"))
+    assert (s.main_format, s.indexer_format) == ("bf16", "bf16")
+    s = check_serve_settings(_config(ckpt, cache_dtype="fp8", indexer="fp8"))
+    assert (s.main_format, s.indexer_format) == ("fp8", "fp8")
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"tp": 2}, "--tensor-parallel-size 2 is not supported yet"),
+    ({"pp": 2}, "--pipeline-parallel-size 2"),
+    ({"dp": 4}, "--data-parallel-size 4"),
+    ({"ep": True}, "--enable-expert-parallel"),
+    ({"spec": object()}, "--speculative-config"),
+    ({"quant": "other"}, "--quantization awq"),
+    ({"cache_dtype": "fp8_e5m2"}, "--kv-cache-dtype fp8_e5m2"),
+    ({"indexer": "nvfp4"}, "indexer_kv_dtype=nvfp4 is not supported by vllm-dsv4-hw; use mxfp4"),
+])
+def test_refusals_are_one_line_with_the_fix(ckpt, kw, needle):
+    with pytest.raises(UnsupportedSettingError) as exc:
+        check_serve_settings(_config(ckpt, **kw))
+    msg = str(exc.value)
+    assert needle in msg and "\n" not in msg, msg
+    assert not isinstance(exc.value, ValueError)  # pydantic would wrap it into several lines
+
+
+def test_checkpoint_problems_are_named(ckpt, tmp_path):
+    bad = shutil.copytree(ckpt, tmp_path / "bad")
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["compress_ratios"][3] = 64
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedSettingError, match=r"compress_ratios\[3\] = 64 \(layer 3\)"):
+        check_serve_settings(_config(bad))
+    cfg["compress_ratios"][3] = 128
+    (bad / "config.json").write_text(json.dumps(cfg))
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    for name in ("layers.1.attn.wq_a.scale", "layers.2.ffn.experts.3.w2.weight"):
+        del index["weight_map"][name]
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(UnsupportedSettingError) as exc:
+        check_serve_settings(_config(bad))
+    msg = str(exc.value)
+    assert "2 tensor(s) missing" in msg and "layers.1.attn.wq_a.scale" in msg
+    assert "layers.2.ffn.experts.3.w2.weight" in msg
