@@ -138,10 +138,10 @@ class VllmDSV4Attention(DSV4Attention):
         self._formats = {
             "main": make_format(main_format, "main", self.geometry.window_positions_per_page),
             "comp": (make_format(main_format, "main", self.geometry.comp_entries_per_page)
-                     if self.ratio else None),
+                     if self.kind.compressed else None),
             "indexer": (make_format(indexer_format, "indexer",
                                     self.geometry.indexer_entries_per_page)
-                        if self.ratio == 4 else None),
+                        if self.kind.has_indexer else None),
         }
         if prefix in _LAYERS:
             logger.debug("re-registering attention layer %s", prefix)

@@ -22,14 +22,21 @@ from pathlib import Path
 
 from vllm_dsv4_hw.config import ConfigError, DSV4Config, validate_hf_config
 from vllm_dsv4_hw.kv_cache.format_choice import FormatUnsupportedError, choose_formats
+from vllm_dsv4_hw.kv_cache.specs import (
+    MAIN_FORMAT_ALIASES,
+    MAIN_FORMAT_NAMES,
+    normalize_main_format,
+)
 from vllm_dsv4_hw.platform.device import detect_device_type
 
 __all__ = ["KV_CACHE_DTYPES", "INDEXER_KV_DTYPES", "ServeSettings", "UnsupportedSettingError",
            "check_serve_settings", "raw_hf_config"]
 
-# vLLM --kv-cache-dtype -> our main entry format (None: from the plugin's settings).
-KV_CACHE_DTYPES = {"auto": None, "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_ds_mla": "fp8",
-                   "bfloat16": "bf16", "bf16": "bf16"}
+# vLLM --kv-cache-dtype -> our main entry format (None: from the plugin's settings): our format
+# names and their aliases (kv_cache.specs), plus vLLM's spellings of the same formats.
+KV_CACHE_DTYPES = {"auto": None, "fp8_e4m3": "fp8", "bfloat16": "bf16",
+                   **{n: normalize_main_format(n) for n in (*MAIN_FORMAT_NAMES,
+                                                             *MAIN_FORMAT_ALIASES)}}
 # vLLM --attention-config.indexer_kv_dtype -> our indexer key format (None: the plugin's settings).
 INDEXER_KV_DTYPES = {"auto": None, "bf16": "bf16", "fp8": "fp8", "mxfp4": "mxfp4"}
 
