@@ -6,7 +6,6 @@ implementations against these on fresh random inputs.
 
 from tests.oracles.dense import (  # noqa: F401
     dense_attention_with_sink,
-    grouped_o_proj_oracle,
     rms_norm_oracle,
     rope_angles_oracle,
     rope_oracle,

@@ -1,4 +1,4 @@
-"""Float64 oracles for RMSNorm, RoPE (complex multiplication), YaRN, sink attention, grouped o-proj."""
+"""Float64 oracles for RMSNorm, RoPE (complex multiplication), YaRN, sink attention."""
 
 from __future__ import annotations
 
@@ -86,18 +86,3 @@ def dense_attention_with_sink(q: torch.Tensor, keys: torch.Tensor, valid_mask: t
             w = torch.softmax(all_logits, dim=0)[:-1]
             out[t, h] = w @ kt
     return out
-
-
-def grouped_o_proj_oracle(o: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor) -> torch.Tensor:
-    t_n, h_n, d = o.shape
-    g_n, r, _ = wo_a.shape
-    hpg = h_n // g_n
-    o64, a64, b64 = o.double(), wo_a.double(), wo_b.double()
-    ys = []
-    for g in range(g_n):
-        y = torch.zeros(t_n, r, dtype=torch.float64)
-        for j in range(hpg):
-            head = g * hpg + j
-            y += o64[:, head, :] @ a64[g, :, j * d:(j + 1) * d].t()
-        ys.append(y)
-    return torch.cat(ys, dim=1) @ b64.t()

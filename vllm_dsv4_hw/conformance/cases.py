@@ -186,7 +186,6 @@ BUILDERS: dict[str, Callable[[Ctx], list[Case]]] = {}
 def _register_builders() -> None:
     from vllm_dsv4_hw.conformance.cases_compressor import compressor_cases
     from vllm_dsv4_hw.conformance.cases_dense import (
-        grouped_o_proj_cases,
         inv_rope_fp8_quant_cases,
         qkv_rms_norm_cases,
         qnorm_rope_kv_insert_cases,
@@ -207,7 +206,6 @@ def _register_builders() -> None:
         "layouts": layout_cases,  # kv_insert + kv_gather
         api.QNORM_ROPE_KV_INSERT: qnorm_rope_kv_insert_cases,
         api.INV_ROPE_FP8_QUANT: inv_rope_fp8_quant_cases,
-        api.GROUPED_O_PROJ: grouped_o_proj_cases,
         api.SPARSE_ATTENTION: sparse_attention_cases,
         api.INDEXER_TOPK: indexer_topk_cases,
         "compressor": compressor_cases,  # compressor_pool + compressor_store

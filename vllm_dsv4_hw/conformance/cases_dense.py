@@ -1,6 +1,6 @@
 """Conformance cases of the dense per-token ops: RMSNorm (weighted, weightless per head, and the
 fused q / kv pair), RoPE (forward and inverse), the fused q-norm + RoPE + window-insert prologue,
-and the epilogue ops (inverse RoPE + fp8 quantization, grouped o-projection).
+and the epilogue op (inverse RoPE + fp8 quantization).
 
 Same conventions as :mod:`vllm_dsv4_hw.conformance.cases`: the oracle is the reference
 implementation on float64 copies of the inputs.
@@ -22,7 +22,6 @@ from vllm_dsv4_hw.conformance.cases import (
 from vllm_dsv4_hw.conformance.tolerances import dense_bound, ratio
 from vllm_dsv4_hw.kv_cache.formats import make_format
 from vllm_dsv4_hw.ops import api
-from vllm_dsv4_hw.ops.reference import output_proj as ref_oproj
 from vllm_dsv4_hw.ops.reference import rms_norm as ref_norm
 from vllm_dsv4_hw.ops.reference import rope as ref_rope
 
@@ -163,20 +162,3 @@ def inv_rope_fp8_quant_cases(ctx: Ctx) -> list[Case]:
                  (o, pos, ctx.table), check)]
 
 
-def grouped_o_proj_cases(ctx: Ctx) -> list[Case]:
-    d = ctx.dims
-    k = (d.heads // d.o_groups) * d.head_dim
-    o = ctx.randn(d.tokens, d.heads, d.head_dim, dtype=torch.bfloat16)
-    wo_a = ctx.randn(d.o_groups, d.o_lora, k, dtype=torch.bfloat16, scale=k ** -0.5)
-    wo_b = ctx.randn(d.hidden, d.o_groups * d.o_lora, dtype=torch.bfloat16,
-                     scale=(d.o_groups * d.o_lora) ** -0.5)
-    want = ref_oproj.grouped_o_proj(ctx.to_oracle(o), ctx.to_oracle(wo_a), ctx.to_oracle(wo_b))
-
-    def check(res, args):
-        bad = _same(res, (d.tokens, d.hidden), torch.bfloat16)
-        if bad:
-            return False, bad, float("inf")
-        return _verdict(ratio(res.to(want.device), want, dense_bound(want, torch.bfloat16, 2e-2)))
-
-    return [Case(api.GROUPED_O_PROJ, f"bf16 H {d.heads}, G {d.o_groups} x {d.o_lora}, hidden "
-                 f"{d.hidden}", (o, wo_a, wo_b), check)]

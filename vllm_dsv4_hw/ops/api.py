@@ -24,12 +24,11 @@ COMPRESSOR_POOL = "compressor_pool"
 COMPRESSOR_STORE = "compressor_store"
 INDEXER_TOPK = "indexer_topk"
 SPARSE_ATTENTION = "sparse_attention"
-GROUPED_O_PROJ = "grouped_o_proj"
 KV_INSERT = "kv_insert"
 KV_GATHER = "kv_gather"
 
 ALL_OPS = (RMS_NORM, ROPE, COMPRESSOR_POOL, COMPRESSOR_STORE, INDEXER_TOPK, SPARSE_ATTENTION,
-           GROUPED_O_PROJ, KV_INSERT, KV_GATHER)
+           KV_INSERT, KV_GATHER)
 
 
 def _impl(op: str, t: torch.Tensor):
@@ -105,12 +104,6 @@ def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: 
     """
     return _impl(SPARSE_ATTENTION, q)(q, window_cache, window_slots, comp_cache, comp_slots, fmt,
                                       sink, scale, comp_fmt=comp_fmt)
-
-
-def grouped_o_proj(o: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor) -> torch.Tensor:
-    """Grouped low-rank output: o [T, H, D] -> G groups of H/G heads; y_g = wo_a[g] @ o_g
-    (wo_a [G, r, (H/G)*D]); out = wo_b @ concat_g y_g (wo_b [hidden, G*r]). Returns [T, hidden]."""
-    return _impl(GROUPED_O_PROJ, o)(o, wo_a, wo_b)
 
 
 def kv_insert(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt) -> None:

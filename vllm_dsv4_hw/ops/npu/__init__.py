@@ -20,7 +20,7 @@ indexer_topk              npu_lightning_indexer (bf16 keys)
 inv_rope_fp8_quant        npu_rotary_mul + fp8 quant; requires fp8 (not A2/A3)
 ========================= ===========================================================
 
-``compressor_pool`` and ``grouped_o_proj`` have no torch_npu operator: the dispatcher
+``compressor_pool`` (and the weight / metadata ops) have no torch_npu operator: the dispatcher
 serves them on an NPU with the next backends in its order (the Triton kernels through
 triton-ascend where that is installed, else the PyTorch reference, whose tensor ops run on the NPU).
 

@@ -8,7 +8,6 @@ from vllm_dsv4_hw.ops.reference import (  # noqa: F401  (each module registers i
     indexer,
     kv_cache_ops,
     moe,
-    output_proj,
     rms_norm,
     rope,
     sparse_attention,
