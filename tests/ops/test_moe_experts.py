@@ -335,12 +335,13 @@ def test_triton_kernels_compile_for_sm90_and_sm80():
 
 # -- the reference's bounded memory ----------------------------------------------------------------
 _MEM_SCRIPT = r'''
-import resource
 import torch
 from vllm_dsv4_hw.ops.reference.moe import moe_experts
 
 def peak_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    # VmHWM: this process's own peak (ru_maxrss keeps the parent's peak across fork + exec)
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
 
 torch.manual_seed(0)
 e, d, i = 32, 2048, 1024                 # 32 FP4 experts: 96 MiB of packed codes

