@@ -39,6 +39,7 @@ from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.quant import (
     bf16_bits_to_f32,
     e4m3_bits_to_f32,
+    f32_to_bf16_bits,
     round_to_bf16,
     ue8m0_to_f32,
 )
@@ -64,10 +65,15 @@ def _e4m3_tile(wq, DT: tl.constexpr, HW_CVT: tl.constexpr):
 
 @triton.jit
 def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
-    """Store ``v`` converted to ptr's dtype; bf16 is rounded (nearest even) in fp32 first."""
-    if OUT_BF16:
-        v = round_to_bf16(v.to(tl.float32))
-    tl.store(ptr, v.to(ptr.dtype.element_ty), mask=mask)
+    """Store ``v`` converted to ptr's dtype; bf16 is rounded (nearest even) in fp32 first.
+    OUT_BF16 == 2 (the interpreter): ``ptr`` is an int16 view and the bf16 bits are stored as
+    such, because the interpreter's conversion to bf16 garbles subnormal values."""
+    if OUT_BF16 == 2:
+        tl.store(ptr, f32_to_bf16_bits(v.to(tl.float32)).to(tl.int16, bitcast=True), mask=mask)
+    elif OUT_BF16 == 1:
+        tl.store(ptr, round_to_bf16(v.to(tl.float32)).to(ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ptr, v.to(ptr.dtype.element_ty), mask=mask)
 
 
 # M (the batch) varies per call: no recompile per batch size for it (strides and N / K stay
@@ -233,18 +239,21 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     else:
         out = torch.empty(split_k, m, g, n, dtype=acc_dtype, device=dev)
         sos = out.stride(0)
-    direct_bf16 = split_k == 1 and a.out_dtype == torch.bfloat16
+    bf16_mode = (2 if interp else 1) if a.out_dtype == torch.bfloat16 else 0
+    direct_bf16 = bf16_mode if split_k == 1 else 0
+    out_arg = out.view(torch.int16) if direct_bf16 == 2 else out
     _fp8_block_linear_kernel[(base, split_k)](
-        xv, wb, sc, out, m, n, k, kb, kps, n_nblk, n_mblk,
+        xv, wb, sc, out_arg, m, n, k, kb, kps, n_nblk, n_mblk,
         xv.stride(1), xv.stride(0), wb.stride(0), wb.stride(1), sc.stride(0), sc.stride(1),
         sos, out.stride(-2), out.stride(-3),
         SBN=a.bn, SBK=a.bk, BM=bm, BN=bn_tile, BK=bk_tile, MATH=math, HW_CVT=hw_cvt,
         OUT_BF16=direct_bf16, num_warps=num_warps, num_stages=num_stages)
     if split_k > 1:
         red = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
+        red_arg = red.view(torch.int16) if bf16_mode == 2 else red
         ne = red.numel()
         _splitk_sum_kernel[(triton.cdiv(ne, 1024),)](
-            out, red, split_k, ne, out.stride(0), BLOCK=1024,
-            OUT_BF16=a.out_dtype == torch.bfloat16, num_warps=4)
+            out, red_arg, split_k, ne, out.stride(0), BLOCK=1024,
+            OUT_BF16=bf16_mode, num_warps=4)
         out = red
     return out if a.grouped else out.view(m, n)
