@@ -46,6 +46,7 @@ from vllm_dsv4_hw.attention.caches import (
     static_block_tables,
 )
 from vllm_dsv4_hw.attention.layer import DSV4Attention, running_step
+from vllm_dsv4_hw.parallel import ParallelLayout
 from vllm_dsv4_hw.attention.metadata import build_step_metadata
 from vllm_dsv4_hw.config import DSV4Config, validate_hf_config
 from vllm_dsv4_hw.tools import checkpoint as ck
@@ -123,21 +124,23 @@ def _hf_model(preset: str, ckpt_dtype: str = "bf16"):
     return model.float().eval()
 
 
-def _network(cfg_dict: dict, dtype: torch.dtype, max_positions: int = MAX_LEN) -> DSV4Network:
+def _network(cfg_dict: dict, dtype: torch.dtype, max_positions: int = MAX_LEN,
+             layout: ParallelLayout = ParallelLayout()) -> DSV4Network:
     acfg = DSV4Config.from_hf_dict(cfg_dict)
 
     def make_attention(layer_id: int, ratio: int):
         return DSV4Attention(acfg, layer_id, ratio=ratio, dtype=dtype,
-                             max_positions=max_positions)
+                             max_positions=max_positions, layout=layout)
 
-    return DSV4Network(cfg_dict, make_attention, dtype=dtype)
+    return DSV4Network(cfg_dict, make_attention, dtype=dtype, layout=layout)
 
 
 class SingleSequenceRunner:
     """One request over paged caches (every position has its page), driven step by step."""
 
-    def __init__(self, path: Path, dtype: torch.dtype, main_format: str, indexer_format: str):
-        self.net = _network(json.loads((path / "config.json").read_text()), dtype)
+    def __init__(self, path: Path, dtype: torch.dtype, main_format: str, indexer_format: str,
+                 layout: ParallelLayout = ParallelLayout()):
+        self.net = _network(json.loads((path / "config.json").read_text()), dtype, layout=layout)
         self.cfg = self.net.cfg
         load_weights(self.net, safetensors_weights(path), self.cfg)
         self.formats = (main_format, indexer_format)

@@ -39,6 +39,8 @@ def _config(path, *, tp=1, pp=1, dp=1, ep=False, spec=None, quant="ours", cache_
 
 
 def test_honoured_flags_map_to_our_formats(ckpt):
+    for tp, ep in ((2, False), (2, True), (1, True)):
+        check_serve_settings(_config(ckpt, tp=tp, ep=ep))  # splits the checkpoint allows
     s = check_serve_settings(_config(ckpt))
     assert s.cfg.weights.fp8_linears and (s.main_format, s.indexer_format) == ("fp8", "mxfp4")
     s = check_serve_settings(_config(ckpt, cache_dtype="bfloat16", indexer="bf16"))
@@ -48,10 +50,12 @@ def test_honoured_flags_map_to_our_formats(ckpt):
 
 
 @pytest.mark.parametrize("kw,needle", [
-    ({"tp": 2}, "--tensor-parallel-size 2 is not supported yet"),
+    ({"tp": 4}, "--tensor-parallel-size 4: o_groups 2 is not divisible by 4 (each rank takes "
+                "whole output groups); sizes that split this checkpoint: 1, 2"),
+    ({"tp": 3, "ep": True}, "--tensor-parallel-size 3 with --enable-expert-parallel: "
+                            "num_attention_heads 4 is not divisible by 3"),
     ({"pp": 2}, "--pipeline-parallel-size 2"),
     ({"dp": 4}, "--data-parallel-size 4"),
-    ({"ep": True}, "--enable-expert-parallel"),
     ({"spec": object()}, "--speculative-config"),
     ({"quant": "other"}, "--quantization awq"),
     ({"cache_dtype": "fp8_e5m2"}, "--kv-cache-dtype fp8_e5m2"),

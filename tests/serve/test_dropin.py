@@ -121,8 +121,9 @@ def _missing_tensor(tmp_path, ckpt):
 CASES = {
     "bad compress_ratios": (_bad_ratio, (), ("compress_ratios[2] = 8", "layer 2", "0, 4, 128")),
     "missing tensor": (_missing_tensor, (), ("layers.3.attn.compressor.wkv.weight", "missing")),
-    "tensor parallel": (None, ("--tensor-parallel-size", "2"), ("--tensor-parallel-size 2",)),
-    "expert parallel": (None, ("--enable-expert-parallel",), ("--enable-expert-parallel",)),
+    "tensor parallel split": (None, ("--tensor-parallel-size", "4"),
+                              ("--tensor-parallel-size 4", "o_groups 2", "sizes that split this "
+                               "checkpoint: 1, 2")),
     "data parallel": (None, ("--data-parallel-size", "2"), ("--data-parallel-size 2",)),
     "nvfp4 indexer keys": (None, ("--attention-config.indexer_kv_dtype=nvfp4",), ("nvfp4",
                                                                                 "mxfp4")),
@@ -135,7 +136,7 @@ def run_dir(tmp_path_factory, ckpt_fp8):
     """The refusals' shared run directory, its vLLM cache warmed by one untimed refusal (what a
     second start on a machine sees)."""
     d = tmp_path_factory.mktemp("refusals")
-    _serve_fails(d, ckpt_fp8, "--tensor-parallel-size", "2")
+    _serve_fails(d, ckpt_fp8, "--tensor-parallel-size", "4")
     return d
 
 

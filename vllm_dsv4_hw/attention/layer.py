@@ -49,10 +49,12 @@ from vllm_dsv4_hw.attention.caches import LayerCaches
 from vllm_dsv4_hw.attention.metadata import StepMetadata
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kinds import INDEXER_COMPRESSOR, AttentionKind, kind_of
+from vllm_dsv4_hw.parallel import ParallelLayout, shard_rows
 from vllm_dsv4_hw.ops.reference.rope import rope_tables_for
 from vllm_dsv4_hw.platform.streams import aux_streams
 from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
-from vllm_dsv4_hw.quant.linear import grouped_linear, merged_linear, replicated_linear
+from vllm_dsv4_hw.quant.linear import column_linear, grouped_linear, merged_linear, \
+    replicated_linear, row_linear
 
 __all__ = ["DSV4Attention", "DSV4Compressor", "DSV4Indexer", "RMSNormWeight", "running_step"]
 
@@ -153,12 +155,17 @@ def _entry_slots(block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.
 class DSV4Attention(nn.Module):
     """One attention layer. ``quant_config``: the method of the linears the checkpoint quantizes
     (``quant.config.DSV4HwQuantConfig``; default: the formats ``cfg.weights`` declares);
-    ``prefix`` names the layer in the checkpoint (``layers.N.attn``)."""
+    ``prefix`` names the layer in the checkpoint (``layers.N.attn``). ``layout`` (``parallel``):
+    split over tensor-parallel ranks, this rank holds ``num_heads`` of the query heads (their
+    ``wq_b`` rows and sinks) and the ``o_groups`` output groups they feed (``wo_a`` rows, ``wo_b``
+    input, all-reduced); ``wq_a``, the KV vector, the compressors and the indexer are replicated,
+    so the caches and the selected entries are the same on every rank."""
 
     def __init__(self, cfg: DSV4Config, layer_id: int | None = None, *, ratio: int | None = None,
                  dtype: torch.dtype = torch.bfloat16, max_positions: int | None = None,
                  device: torch.device | str | None = None, act_quant_o: bool = False,
-                 quant_config: DSV4HwQuantConfig | None = None, prefix: str = "") -> None:
+                 quant_config: DSV4HwQuantConfig | None = None, prefix: str = "",
+                 layout: ParallelLayout = ParallelLayout()) -> None:
         super().__init__()
         if ratio is None:
             if layer_id is None:
@@ -172,28 +179,29 @@ class DSV4Attention(nn.Module):
         # FP8 activation quantization of the o-projection input (as the official FP8 x FP8 wo_a
         # does): the fused inverse-RoPE + quantize op, then its dequantized values feed wo_a.
         self.act_quant_o = act_quant_o
-        self.num_heads = cfg.num_heads
+        self.layout = layout
+        self.num_heads = layout.local_heads(cfg)
         self.head_dim = cfg.head_dim
-        self.o_groups = cfg.o_groups
+        self.o_groups = layout.local_groups(cfg)
         self.o_lora_rank = cfg.o_lora_rank
         self.eps = cfg.rms_norm_eps
         self.scale = cfg.head_dim ** -0.5
-        h, d = cfg.num_heads, cfg.head_dim
+        h, d, split = cfg.num_heads, cfg.head_dim, layout.sharded
         qc = quant_config if quant_config is not None else DSV4HwQuantConfig(cfg.weights)
         p = f"{prefix}." if prefix else ""
 
         with torch.device(device) if device is not None else contextlib.nullcontext():
             self.wq_a = replicated_linear(cfg.hidden_size, cfg.q_lora_rank, qc, p + "wq_a", dtype)
             self.q_norm = RMSNormWeight(cfg.q_lora_rank, dtype)
-            self.wq_b = replicated_linear(cfg.q_lora_rank, h * d, qc, p + "wq_b", dtype)
+            self.wq_b = column_linear(cfg.q_lora_rank, h * d, qc, p + "wq_b", dtype, split)
             self.wkv = replicated_linear(cfg.hidden_size, d, qc, p + "wkv", dtype)
             self.kv_norm = RMSNormWeight(d, dtype)
-            self.wo_a = replicated_linear(h * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank,
-                                          qc, p + "wo_a", dtype)
-            self.wo_b = replicated_linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, qc,
-                                          p + "wo_b", dtype)
-            self.attn_sink = nn.Parameter(torch.zeros(h, dtype=torch.float32),
-                                          requires_grad=False)
+            self.wo_a = column_linear(h * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank,
+                                      qc, p + "wo_a", dtype, split)
+            self.wo_b = row_linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, qc,
+                                   p + "wo_b", dtype, split)
+            self.attn_sink = shard_rows(nn.Parameter(
+                torch.zeros(self.num_heads, dtype=torch.float32), requires_grad=False), layout, h)
             self.compressor = (DSV4Compressor(cfg.hidden_size, d, self.kind, dtype,
                                               p + "compressor")
                                if self.kind.compressed else None)

@@ -37,6 +37,7 @@ from vllm_dsv4_hw.attention.vllm_backend import DSV4CacheBackend, DSV4CacheMetad
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kv_cache.formats import make_format
 from vllm_dsv4_hw.kv_cache.vllm_specs import LayerKind, layer_kinds, vllm_spec
+from vllm_dsv4_hw.parallel import ParallelLayout
 
 logger = init_logger(__name__)
 
@@ -122,9 +123,9 @@ _LAYERS: dict[str, "VllmDSV4Attention"] = {}
 class VllmDSV4Attention(DSV4Attention):
     def __init__(self, cfg: DSV4Config, layer_id: int, prefix: str, main_format: str,
                  indexer_format: str, dtype: torch.dtype, max_positions: int,
-                 quant_config=None) -> None:
+                 quant_config=None, layout: ParallelLayout = ParallelLayout()) -> None:
         super().__init__(cfg, layer_id, dtype=dtype, max_positions=max_positions,
-                         quant_config=quant_config, prefix=prefix)
+                         quant_config=quant_config, prefix=prefix, layout=layout)
         self.max_positions = max_positions
         self._decode_layout = None
         self.prefix = prefix

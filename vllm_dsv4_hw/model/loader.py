@@ -12,7 +12,9 @@ Each official tensor goes to its own destination, never through a dequantized co
 Destinations come from :func:`checkpoint_targets`: vLLM linear layers load through their own
 weight loaders (merged layers take the checkpoint names in ``checkpoint_shards``), modules with a
 ``checkpoint_slices()`` method map tensors onto slices of their parameters, and every other tensor's
-checkpoint name is its state_dict key. ``mtp.*`` tensors (the MTP layer, not served here) are skipped
+checkpoint name is its state_dict key (loaded by its ``weight_loader`` where vLLM shards it). Split
+over tensor-parallel ranks (``parallel``), shapes are checked against the whole checkpoint
+tensor, each rank keeps its shard, and another rank's experts are read and dropped. ``mtp.*`` tensors (the MTP layer, not served here) are skipped
 with one log line.
 
 Errors are :class:`CheckpointLoadError` (a ``ValueError``) subclasses whose message names the tensor:
@@ -86,8 +88,23 @@ class QuantFormatError(CheckpointLoadError):
 @dataclass
 class _Target:
     param_name: str                  # state_dict key of the destination parameter / buffer
-    dest: torch.Tensor               # where the tensor lands (a view for slices and shards)
+    dest: torch.Tensor | None        # where the tensor lands (this rank's view); None: another
+                                     # tensor-parallel rank holds it (loaded as a no-op)
     store: Callable[[torch.Tensor], None]
+    shape: tuple                     # the checkpoint tensor's shape (whole, before sharding)
+
+
+def _held_elsewhere(t: torch.Tensor) -> None:
+    return None
+
+
+def _full_linear_shape(layer: nn.Module, attr: str, rows: int) -> tuple:
+    """The checkpoint shape of a vLLM linear's ``weight`` / ``scale`` with ``rows`` output rows
+    (whole: vLLM's weight loaders take this rank's shard of it)."""
+    if attr == "weight":
+        return (rows, layer.input_size)
+    bn, bk = layer.quant_method.block
+    return (-(-rows // bn), -(-layer.input_size // bk))
 
 
 def _linear_targets(prefix: str, layer: nn.Module, state: dict) -> dict[str, _Target]:
@@ -104,21 +121,28 @@ def _linear_targets(prefix: str, layer: nn.Module, state: dict) -> dict[str, _Ta
         if shards is None:
             out[pname] = _Target(pname, param.data,
                                  (lambda t, p=param, f=loader: f(p, t)) if loader else
-                                 (lambda t, p=param: p.data.copy_(t)))
+                                 (lambda t, p=param: p.data.copy_(t)),
+                                 _full_linear_shape(layer, attr, layer.output_size))
             continue
-        rows = layer.output_sizes
         block = 1 if attr == "weight" else layer.quant_method.block[0]
         start = 0
-        for i, (name, n) in enumerate(zip(shards, rows)):
-            lo, hi = start // block, -(-(start + n) // block)
+        for i, (name, n) in enumerate(zip(shards, layer.output_sizes)):
+            local = n // layer.tp_size  # this rank's rows of shard i
+            lo, hi = start // block, -(-(start + local) // block)
             out[f"{parent}{name}.{attr}"] = _Target(
-                pname, param.data[lo:hi], lambda t, p=param, f=loader, i=i: f(p, t, i))
-            start += n
+                pname, param.data[lo:hi], lambda t, p=param, f=loader, i=i: f(p, t, i),
+                _full_linear_shape(layer, attr, n))
+            start += local
     return out
 
 
+def _slice_store(view: torch.Tensor, src: tuple) -> Callable[[torch.Tensor], None]:
+    return lambda t: view.copy_(t[src])
+
+
 def checkpoint_targets(model: nn.Module) -> dict[str, _Target]:
-    """Official checkpoint name -> destination, for every parameter and persistent buffer."""
+    """Official checkpoint name -> destination, for every parameter and persistent buffer (and,
+    split over ranks, for the tensors another rank holds)."""
     from vllm.model_executor.layers.linear import LinearBase
 
     state = model.state_dict(keep_vars=True)
@@ -134,21 +158,31 @@ def checkpoint_targets(model: nn.Module) -> dict[str, _Target]:
         slices = getattr(mod, "checkpoint_slices", None)
         if not callable(slices):
             continue
-        for rel, attr, index in slices():
-            pname = prefix + attr
-            view = state[pname].data[index]
-            targets[prefix + rel] = _Target(pname, view, view.copy_)
+        for sl in slices():
+            if sl.attr is None:
+                targets[prefix + sl.name] = _Target("", None, _held_elsewhere, tuple(sl.shape))
+                continue
+            pname = prefix + sl.attr
+            view = state[pname].data[sl.dest]
+            targets[prefix + sl.name] = _Target(pname, view, _slice_store(view, sl.src),
+                                                tuple(sl.shape))
             covered.add(pname)
     for key, t in state.items():
-        if key not in covered:
-            targets[key] = _Target(key, t.data, t.data.copy_)
+        if key in covered:
+            continue
+        loader = getattr(t, "weight_loader", None)  # vLLM's sharded parameters (vocabulary, ...)
+        store = (lambda x, p=t, f=loader: f(p, x)) if loader else t.data.copy_
+        targets[key] = _Target(key, t.data, store,
+                               tuple(getattr(t, "checkpoint_shape", t.shape)))
     return targets
 
 
 def checkpoint_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Official name -> the model's tensor (views for stacked / merged parameters): what
-    :func:`load_weights` would overwrite, e.g. to copy one model's weights into another."""
-    return {name: t.dest for name, t in checkpoint_targets(model).items()}
+    :func:`load_weights` would overwrite, e.g. to copy one model's weights into another (only the
+    tensors this rank holds whole)."""
+    return {name: t.dest for name, t in checkpoint_targets(model).items()
+            if t.dest is not None and tuple(t.dest.shape) == t.shape}
 
 
 def _listed(names: Iterable[str]) -> str:
@@ -229,10 +263,14 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                                         f"of that name; shape {tuple(t.shape)}, {t.dtype})")
         if name in done:
             raise CheckpointLoadError(f"{name}: appears twice in the checkpoint")
-        if tuple(t.shape) != tuple(tgt.dest.shape):
-            packed = " (packed fp4: two codes per byte)" if tgt.dest.dtype == torch.uint8 else ""
-            raise ShapeMismatchError(f"{name}: expected shape {tuple(tgt.dest.shape)}{packed}, "
+        if tuple(t.shape) != tgt.shape:
+            packed = (" (packed fp4: two codes per byte)"
+                      if tgt.dest is not None and tgt.dest.dtype == torch.uint8 else "")
+            raise ShapeMismatchError(f"{name}: expected shape {tgt.shape}{packed}, "
                                      f"got {tuple(t.shape)}")
+        if tgt.dest is None:  # another rank's expert
+            done.add(name)
+            continue
         t = _converted(name, t, tgt.dest)
         if name.endswith("gate.tid2eid") and cfg is not None and t.numel():
             lo, hi = int(t.min()), int(t.max())
@@ -255,7 +293,7 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
     if skipped:
         logger.info("skipped %d %s tensors (the MTP layer is not loaded)", skipped,
                     "/".join(p + "*" for p in SKIPPED_PREFIXES))
-    return {targets[n].param_name for n in done}
+    return {targets[n].param_name for n in done if targets[n].dest is not None}
 
 
 def safetensors_weights(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:

@@ -26,6 +26,7 @@ dequantizes one expert at a time; the Triton kernel decodes FP4 in registers).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -33,13 +34,14 @@ from torch import nn
 
 from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.parallel import ParallelLayout
 from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
 from vllm_dsv4_hw.quant.formats import FP4_BLOCK
-from vllm_dsv4_hw.quant.linear import merged_linear, replicated_linear
+from vllm_dsv4_hw.quant.linear import merged_linear, row_linear
 
 __all__ = [
+    "CheckpointSlice",
     "DSV4MoE",
-    "LinearWeight",
     "MoEGate",
     "RoutedExperts",
     "SharedExpert",
@@ -106,18 +108,39 @@ class MoEGate(nn.Module):
         return sqrtsoftplus(F.linear(x.to(md), self.weight.to(md)))
 
 
+class CheckpointSlice(NamedTuple):
+    """Where one checkpoint tensor (``name``, relative to the module; shape ``shape``) lands:
+    ``tensor[src]`` into ``getattr(module, attr)[dest]``; ``attr`` None: another rank holds it."""
+
+    name: str
+    attr: str | None
+    dest: tuple
+    src: tuple
+    shape: tuple
+
+
 class RoutedExperts(nn.Module):
-    """The routed experts, stacked: ``w13 [E, 2I, *]`` (w1 rows, then w3 rows), ``w2 [E, D, *]``.
+    """This rank's routed experts, stacked: ``w13 [E, 2I, *]`` (w1 rows, then w3 rows),
+    ``w2 [E, D, *]``, for the ``E = len(layout.local_experts)`` experts and the ``I`` rows of
+    their intermediate dimension that the layout gives this rank (``parallel``; one rank:
+    all of them).
 
     FP4 (``fp4=True``, as the FP4 checkpoints ship them): ``w13`` uint8 ``[E, 2I, D/2]`` packed
     e2m1 codes + ``w13_scale`` float8_e8m0fnu ``[E, 2I, D/32]``, ``w2`` ``[E, D, I/2]`` +
     ``w2_scale`` ``[E, D, I/32]``; dense: ``w13 [E, 2I, D]`` and ``w2 [E, D, I]`` in ``dtype``.
     Loaded from the per-expert official tensors through :meth:`checkpoint_slices`."""
 
-    def __init__(self, cfg: DSV4Config, dtype: torch.dtype, fp4: bool = False) -> None:
+    def __init__(self, cfg: DSV4Config, dtype: torch.dtype, fp4: bool = False,
+                 layout: ParallelLayout = ParallelLayout()) -> None:
         super().__init__()
-        e, d, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        self.num_experts = e
+        d, full_i = cfg.hidden_size, cfg.moe_intermediate_size
+        self.experts = layout.local_experts(cfg)
+        self.expert_parallel = layout.ep_size > 1
+        self.inter_rows = layout.expert_inter_slice(cfg)
+        self.num_experts = cfg.n_routed_experts
+        self.hidden = d
+        self.full_inter = full_i
+        e, i = len(self.experts), self.inter_rows.stop - self.inter_rows.start
         self.inter = i
         self.limit = cfg.swiglu_limit
         self.fp4 = fp4
@@ -126,8 +149,8 @@ class RoutedExperts(nn.Module):
             return nn.Parameter(torch.empty(*shape, dtype=dt), requires_grad=False)
         if fp4:
             if d % FP4_BLOCK or i % FP4_BLOCK:
-                raise ValueError(f"FP4 experts need hidden_size ({d}) and moe_intermediate_size "
-                                 f"({i}) to be multiples of {FP4_BLOCK}")
+                raise ValueError(f"FP4 experts need hidden_size ({d}) and the intermediate rows "
+                                 f"per rank ({i}) to be multiples of {FP4_BLOCK}")
             self.w13 = param(e, 2 * i, d // 2, dt=torch.uint8)
             self.w13_scale = param(e, 2 * i, d // FP4_BLOCK, dt=torch.float8_e8m0fnu)
             self.w2 = param(e, d, i // 2, dt=torch.uint8)
@@ -138,49 +161,59 @@ class RoutedExperts(nn.Module):
             self.register_parameter("w13_scale", None)
             self.register_parameter("w2_scale", None)
 
-    def checkpoint_slices(self) -> Iterator[tuple[str, str, tuple]]:
-        """(checkpoint name relative to this module, parameter attribute, index into it)."""
-        i = self.inter
-        suffixes = ((".weight", ""), (".scale", "_scale")) if self.fp4 else ((".weight", ""),)
+    def checkpoint_slices(self) -> Iterator[CheckpointSlice]:
+        """Every routed expert's checkpoint tensors and where this rank keeps them."""
+        i, d, full_i = self.inter, self.hidden, self.full_inter
+        rows = self.inter_rows
+        kinds = ((".weight", "", 2 if self.fp4 else 1),)
+        if self.fp4:
+            kinds += ((".scale", "_scale", FP4_BLOCK),)
         for e in range(self.num_experts):
-            for suffix, attr in suffixes:
-                yield f"{e}.w1{suffix}", "w13" + attr, (e, slice(0, i))
-                yield f"{e}.w3{suffix}", "w13" + attr, (e, slice(i, 2 * i))
-                yield f"{e}.w2{suffix}", "w2" + attr, (e,)
+            local = e - self.experts.start if e in self.experts else None
+            for suffix, attr, per in kinds:
+                cols = slice(rows.start // per, rows.stop // per)
+                w13_shape, w2_shape = (full_i, d // per), (d, full_i // per)
+                w13, w2 = ("w13" + attr, "w2" + attr) if local is not None else (None, None)
+                yield CheckpointSlice(f"{e}.w1{suffix}", w13, (local, slice(0, i)), (rows,),
+                                      w13_shape)
+                yield CheckpointSlice(f"{e}.w3{suffix}", w13, (local, slice(i, 2 * i)), (rows,),
+                                      w13_shape)
+                yield CheckpointSlice(f"{e}.w2{suffix}", w2, (local,), (slice(None), cols),
+                                      w2_shape)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """``sum_k weights[t, k] * expert_{idx[t, k]}(x[t])`` -> [T, D] in the math dtype."""
+        """``sum_k weights[t, k] * expert_{idx[t, k]}(x[t])`` over this rank's experts (and
+        intermediate rows) -> [T, D] in the math dtype; a partial sum when the model is split."""
+        if self.expert_parallel:  # global ids -> this rank's, -1 for the other ranks' experts
+            local = idx - self.experts.start
+            idx = torch.where((local >= 0) & (local < len(self.experts)), local,
+                              torch.full_like(local, -1))
         return ops.moe_experts(x, weights, idx, self.w13, self.w13_scale, self.w2, self.w2_scale,
                                self.limit)
 
     def extra_repr(self) -> str:
-        return (f"experts={self.num_experts}, inter={self.inter}, "
+        return (f"experts={self.experts.start}..{self.experts.stop - 1} of {self.num_experts}, "
+                f"inter={self.inter} of {self.full_inter}, "
                 f"format={'fp4' if self.fp4 else self.w13.dtype}")
 
 
-class LinearWeight(nn.Module):
-    """A bias-free linear layer's ``weight [out, in]`` (uninitialised: the loader fills it)."""
-
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype),
-                                   requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
-
-
 class SharedExpert(nn.Module):
-    """``shared_experts.{w1, w2, w3}`` (a clamped SwiGLU MLP; w1 | w3 one merged GEMM)."""
+    """``shared_experts.{w1, w2, w3}`` (a clamped SwiGLU MLP; w1 | w3 one merged GEMM; split
+    over tensor-parallel ranks by the intermediate dimension: a partial sum per rank)."""
 
     def __init__(self, cfg: DSV4Config, dtype: torch.dtype, quant_config,
-                 prefix: str = "shared_experts") -> None:
+                 prefix: str = "shared_experts",
+                 layout: ParallelLayout = ParallelLayout()) -> None:
         super().__init__()
         d, i = cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts
         self.limit = cfg.swiglu_limit
-        self.inter = i
-        self.w13 = merged_linear(d, {"w1": i, "w3": i}, quant_config, f"{prefix}.w13", dtype)
-        self.w2 = replicated_linear(i, d, quant_config, f"{prefix}.w2", dtype)
+        self.inter = i // layout.tp_size
+        split = layout.sharded
+        self.w13 = merged_linear(d, {"w1": i, "w3": i}, quant_config, f"{prefix}.w13", dtype,
+                                 sharded=split)
+        # Not reduced here: the MoE block reduces routed + shared partial sums once.
+        self.w2 = row_linear(i, d, quant_config, f"{prefix}.w2", dtype, sharded=split,
+                             reduce_results=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         md = moe_math_dtype(x.dtype)
@@ -191,11 +224,15 @@ class SharedExpert(nn.Module):
 
 class DSV4MoE(nn.Module):
     """``layers.N.ffn``: router, routed experts, shared expert. ``forward(x [T, D], input_ids [T])``
-    (input_ids only matter for hash-routed layers) -> [T, D] in x's dtype."""
+    (input_ids only matter for hash-routed layers) -> [T, D] in x's dtype. Split over ranks
+    (``layout``), every rank routes every token (the router is replicated) and the ranks' partial
+    sums are all-reduced once, in the math dtype, through vLLM's communicator."""
 
     def __init__(self, cfg: DSV4Config, layer_id: int, dtype: torch.dtype = torch.bfloat16,
-                 quant_config: DSV4HwQuantConfig | None = None, prefix: str = "") -> None:
+                 quant_config: DSV4HwQuantConfig | None = None, prefix: str = "",
+                 layout: ParallelLayout = ParallelLayout()) -> None:
         super().__init__()
+        self.layout = layout
         qc = quant_config if quant_config is not None else DSV4HwQuantConfig(cfg.weights)
         self.layer_id = layer_id
         self.top_k = cfg.num_experts_per_tok
@@ -203,9 +240,9 @@ class DSV4MoE(nn.Module):
         self.norm_topk_prob = cfg.norm_topk_prob
         self.hash_routed = layer_id < cfg.num_hash_layers
         self.gate = MoEGate(cfg, self.hash_routed, moe_math_dtype(dtype))
-        self.experts = RoutedExperts(cfg, dtype, fp4=cfg.weights.fp4_experts)
+        self.experts = RoutedExperts(cfg, dtype, fp4=cfg.weights.fp4_experts, layout=layout)
         p = f"{prefix}." if prefix else ""
-        self.shared_experts = (SharedExpert(cfg, dtype, qc, p + "shared_experts")
+        self.shared_experts = (SharedExpert(cfg, dtype, qc, p + "shared_experts", layout)
                                if cfg.n_shared_experts > 0 else None)
 
     def route(self, x: torch.Tensor,
@@ -227,6 +264,10 @@ class DSV4MoE(nn.Module):
         out = self.experts(x, weights, idx)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
+        if self.layout.sharded:
+            from vllm.distributed import tensor_model_parallel_all_reduce
+
+            out = tensor_model_parallel_all_reduce(out)
         return out.to(x.dtype)
 
     def extra_repr(self) -> str:

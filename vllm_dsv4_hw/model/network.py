@@ -28,13 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.config import DSV4Config, validate_hf_config
 from vllm_dsv4_hw.model.mhc import hc_head, hc_math_dtype, hc_post, hc_pre
-from vllm_dsv4_hw.model.moe import DSV4MoE, LinearWeight
+from vllm_dsv4_hw.model.moe import DSV4MoE
+from vllm_dsv4_hw.parallel import ParallelLayout
+from vllm_dsv4_hw.model.vocab import DSV4Embedding, DSV4Head
 from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
 
 __all__ = ["DSV4DecoderLayer", "DSV4Network", "MakeAttention", "RMSNormParam"]
@@ -70,7 +71,8 @@ class DSV4DecoderLayer(nn.Module):
     """``layers.N``: mHC around attention and around the MoE block."""
 
     def __init__(self, cfg: DSV4Config, layer_id: int, attn: nn.Module,
-                 dtype: torch.dtype, quant_config: DSV4HwQuantConfig | None = None) -> None:
+                 dtype: torch.dtype, quant_config: DSV4HwQuantConfig | None = None,
+                 layout: ParallelLayout = ParallelLayout()) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.ratio = cfg.compress_ratios[layer_id]
@@ -80,7 +82,7 @@ class DSV4DecoderLayer(nn.Module):
         self.norm_eps = cfg.rms_norm_eps
         self.attn = attn
         self.attn_norm = RMSNormParam(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.ffn = DSV4MoE(cfg, layer_id, dtype, quant_config, f"layers.{layer_id}.ffn")
+        self.ffn = DSV4MoE(cfg, layer_id, dtype, quant_config, f"layers.{layer_id}.ffn", layout)
         self.ffn_norm = RMSNormParam(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         hc_dtype = hc_math_dtype(dtype)
         n_mix = (2 + cfg.hc_mult) * cfg.hc_mult
@@ -114,12 +116,15 @@ class DSV4Network(nn.Module):
     (the mHC mixes, the router weight and bias stay fp32, or fp64 for an fp64 network).
     ``quant_config``: the method of the linears the checkpoint quantizes (default: from
     ``cfg.weights``, the formats its config.json declares); routed experts follow ``cfg.weights``.
+    ``layout``: this rank's share (``parallel``; default: vLLM's tensor-parallel state, no
+    expert parallelism); ``make_attention`` must build its layers for the same layout.
     """
 
     def __init__(self, cfg: DSV4Config | dict, make_attention: MakeAttention, *,
                  dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str | None = None,
-                 quant_config: DSV4HwQuantConfig | None = None) -> None:
+                 quant_config: DSV4HwQuantConfig | None = None,
+                 layout: ParallelLayout | None = None) -> None:
         super().__init__()
         if isinstance(cfg, dict):
             cfg = validate_hf_config(cfg)
@@ -132,18 +137,20 @@ class DSV4Network(nn.Module):
         if quant_config is None:
             quant_config = DSV4HwQuantConfig(cfg.weights)
         self.quant_config = quant_config
-        self.embed = nn.Embedding(v, d, _weight=torch.empty(v, d, dtype=dtype), _freeze=True)
+        self.layout = layout if layout is not None else ParallelLayout()
+        self.layout.check_matches_vllm()
+        self.embed = DSV4Embedding(v, d, dtype, self.layout.sharded)
         layers = []
         for i, ratio in enumerate(cfg.compress_ratios):
             attn = make_attention(i, ratio)
             if not isinstance(attn, nn.Module):
                 raise TypeError(f"make_attention({i}, {ratio}) returned {type(attn).__name__}, "
                                 f"not an nn.Module")
-            layers.append(DSV4DecoderLayer(cfg, i, attn, dtype, quant_config))
+            layers.append(DSV4DecoderLayer(cfg, i, attn, dtype, quant_config, self.layout))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNormParam(d, cfg.rms_norm_eps, dtype)
         _hc_params(self, "hc_head", cfg, cfg.hc_mult, 1, hc_math_dtype(dtype))
-        self.head = LinearWeight(d, v, dtype)
+        self.head = DSV4Head(v, d, dtype, self.layout.sharded)
         if device is not None:
             self.to(device)
 
@@ -170,8 +177,8 @@ class DSV4Network(nn.Module):
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[T, D]`` -> ``[T, V]`` float32 logits."""
-        return F.linear(hidden.to(self.head.weight.dtype), self.head.weight).float()
+        """``[T, D]`` -> ``[T, V]`` float32 logits (the whole vocabulary on every rank)."""
+        return self.head.logits(hidden)
 
     # -- weights ------------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

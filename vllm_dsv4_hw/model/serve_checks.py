@@ -9,7 +9,9 @@ instead of inside a worker traceback:
 * config.json: ``validate_hf_config`` (``compress_ratios`` values and length, MoE choices, weight
   formats); a local checkpoint's ``model.safetensors.index.json`` must name every tensor of the
   official layout (``model/layout.py``; shapes and dtypes are checked when the weights load);
-* flags: parallelism (tensor / pipeline / data / expert parallel: one device per replica for now),
+* flags: parallelism (``--tensor-parallel-size`` must split the heads, groups and FP8 / FP4 blocks:
+  ``parallel.check_split``; ``--enable-expert-parallel`` needs whole experts per rank; pipeline
+  and data parallelism are refused),
   speculative decoding (the MTP layer is not served), ``--quantization`` against the checkpoint's,
   ``--kv-cache-dtype`` and ``--attention-config.indexer_kv_dtype`` against what the device holds.
 """
@@ -27,6 +29,7 @@ from vllm_dsv4_hw.kv_cache.specs import (
     MAIN_FORMAT_NAMES,
     normalize_main_format,
 )
+from vllm_dsv4_hw.parallel import SplitError, check_split
 from vllm_dsv4_hw.platform.device import detect_device_type
 
 __all__ = ["KV_CACHE_DTYPES", "INDEXER_KV_DTYPES", "ServeSettings", "UnsupportedSettingError",
@@ -68,22 +71,22 @@ def raw_hf_config(model_config) -> dict:
     return model_config.hf_config.to_dict()
 
 
-def _check_parallel(vllm_config) -> None:
+def _check_parallel(vllm_config, cfg: DSV4Config) -> None:
     pc = vllm_config.parallel_config
-    refusals = (
-        (pc.tensor_parallel_size, "--tensor-parallel-size", 1),
-        (pc.pipeline_parallel_size, "--pipeline-parallel-size", 1),
-        (pc.data_parallel_size, "--data-parallel-size", 1),
-    )
-    for value, flag, ok in refusals:
-        if value != ok:
-            raise UnsupportedSettingError(
-                f"{flag} {value} is not supported yet by DeepSeek V4 on vllm-dsv4-hw (one device "
-                f"per server); drop the flag (run one server per device)")
-    if pc.enable_expert_parallel:
+    if pc.pipeline_parallel_size != 1:
         raise UnsupportedSettingError(
-            "--enable-expert-parallel is not supported yet by DeepSeek V4 on vllm-dsv4-hw (one "
-            "device per server: every expert is local); drop the flag")
+            f"--pipeline-parallel-size {pc.pipeline_parallel_size} is not supported by DeepSeek V4 "
+            f"on vllm-dsv4-hw; split the model with --tensor-parallel-size (with "
+            f"--enable-expert-parallel for the experts) instead")
+    if pc.data_parallel_size != 1:
+        raise UnsupportedSettingError(
+            f"--data-parallel-size {pc.data_parallel_size} is not supported yet by DeepSeek V4 on "
+            f"vllm-dsv4-hw (its MoE does not dispatch tokens across data-parallel ranks); use "
+            f"--tensor-parallel-size N --enable-expert-parallel, or one server per replica")
+    try:
+        check_split(cfg, pc.tensor_parallel_size, bool(pc.enable_expert_parallel))
+    except SplitError as exc:
+        raise UnsupportedSettingError(str(exc)) from None
     if getattr(vllm_config, "speculative_config", None) is not None:
         raise UnsupportedSettingError(
             "speculative decoding (--speculative-config) is not supported by DeepSeek V4 on "
@@ -150,7 +153,7 @@ def check_serve_settings(vllm_config) -> ServeSettings:
     except ConfigError as exc:
         raise UnsupportedSettingError(str(exc)) from None
     _check_tensor_index(mc, raw, cfg)
-    _check_parallel(vllm_config)
+    _check_parallel(vllm_config, cfg)
     from vllm_dsv4_hw.quant.config import model_quant_config
 
     try:

@@ -31,6 +31,7 @@ from vllm_dsv4_hw.model.loader import load_weights
 from vllm_dsv4_hw.model.network import DSV4Network
 from vllm_dsv4_hw.model.resident import resident_summary
 from vllm_dsv4_hw.model.serve_checks import UnsupportedSettingError, check_serve_settings
+from vllm_dsv4_hw.parallel import current_layout
 from vllm_dsv4_hw.quant.config import model_quant_config
 
 logger = init_logger(__name__)
@@ -47,17 +48,22 @@ class DSV4ForCausalLM(nn.Module):
         self.main_format, self.indexer_format = main_fmt, idx_fmt
         max_pos = int(mc.max_model_len)
         qc = model_quant_config(vllm_config.quant_config, cfg.weights)
+        # vLLM's workers set up the tensor-parallel group; serve_checks validated the split.
+        layout = current_layout(vllm_config.parallel_config.enable_expert_parallel)
+        self.layout = layout
 
         def make_attention(layer_id: int, ratio: int) -> nn.Module:
             return VllmDSV4Attention(cfg, layer_id, f"layers.{layer_id}.attn", main_fmt, idx_fmt,
-                                     mc.dtype, max_pos, quant_config=qc)
+                                     mc.dtype, max_pos, quant_config=qc, layout=layout)
 
-        self.model = DSV4Network(cfg, make_attention, dtype=mc.dtype, quant_config=qc)
-        layout = ", ".join(f"{s.kind} {s.format} {s.entries_per_page}x{s.entry_bytes}B/"
+        self.model = DSV4Network(cfg, make_attention, dtype=mc.dtype, quant_config=qc,
+                                 layout=layout)
+        kv_layout = ", ".join(f"{s.kind} {s.format} {s.entries_per_page}x{s.entry_bytes}B/"
                            f"{s.page_bytes}B page ({s.bucket})"
                            for s in layer_cache_specs(cfg, main_fmt, idx_fmt))
-        logger.info("dsv4-hw: %s (vllm_dsv4_hw) with %d layers, compress ratios %s; KV layout: %s",
-                    type(self).__name__, cfg.num_layers, list(cfg.compress_ratios), layout)
+        logger.info("dsv4-hw: %s (vllm_dsv4_hw) with %d layers, compress ratios %s, %s; KV "
+                    "layout: %s", type(self).__name__, cfg.num_layers, list(cfg.compress_ratios),
+                    layout.describe(), kv_layout)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
@@ -77,7 +83,8 @@ class DSV4ForCausalLM(nn.Module):
         shipped = _CountedTensors(weights)
         loaded = load_weights(self.model, shipped, self.cfg)
         self.resident = resident_summary(self.model, shipped.nbytes)
-        logger.info("dsv4-hw: %s", self.resident.line())
+        logger.info("dsv4-hw: %s%s", self.resident.line(),
+                    f" ({self.layout.describe()})" if self.layout.sharded else "")
         return {f"model.{name}" for name in loaded}
 
 

@@ -30,8 +30,8 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_dsv4_hw import ops
 
-__all__ = ["DenseLinearMethod", "Fp8BlockLinearMethod", "grouped_linear", "linear_f32",
-           "merged_linear", "replicated_linear"]
+__all__ = ["DenseLinearMethod", "Fp8BlockLinearMethod", "column_linear", "grouped_linear",
+           "linear_f32", "merged_linear", "replicated_linear", "row_linear"]
 
 _MM_OUT_DTYPE: dict[str, bool] = {}
 
@@ -143,16 +143,41 @@ def replicated_linear(in_features: int, out_features: int, quant_config, prefix:
                             quant_config=quant_config, prefix=prefix, return_bias=False)
 
 
+def column_linear(in_features: int, out_features: int, quant_config, prefix: str,
+                  dtype: torch.dtype, sharded: bool):
+    """vLLM's ``ColumnParallelLinear``: each tensor-parallel rank holds a contiguous slice of the
+    output rows (``sharded=False``: the whole weight, as ``ReplicatedLinear``)."""
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+
+    return ColumnParallelLinear(in_features, out_features, bias=False, params_dtype=dtype,
+                                quant_config=quant_config, prefix=prefix, return_bias=False,
+                                disable_tp=not sharded)
+
+
+def row_linear(in_features: int, out_features: int, quant_config, prefix: str,
+               dtype: torch.dtype, sharded: bool, reduce_results: bool = True):
+    """vLLM's ``RowParallelLinear``: each rank holds a slice of the input columns and multiplies
+    its slice of the input; ``reduce_results`` all-reduces the partial outputs through vLLM's
+    communicator (False: the caller reduces once after adding other partial sums)."""
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    return RowParallelLinear(in_features, out_features, bias=False, params_dtype=dtype,
+                             quant_config=quant_config, prefix=prefix, return_bias=False,
+                             input_is_parallel=True, reduce_results=reduce_results,
+                             disable_tp=not sharded)
+
+
 def merged_linear(in_features: int, shards: dict[str, int], quant_config, prefix: str,
-                  dtype: torch.dtype):
+                  dtype: torch.dtype, sharded: bool = False):
     """Several checkpoint linears over the same input as one GEMM (vLLM's
-    ``MergedColumnParallelLinear``, replicated): ``shards`` maps each checkpoint name (relative to
-    the parent module, e.g. ``wkv``) to its output rows, in order. The loader maps
-    ``<parent>.<name>.weight`` / ``.scale`` onto shard i through ``checkpoint_shards``."""
+    ``MergedColumnParallelLinear``; ``sharded``: each rank holds its slice of every shard's rows):
+    ``shards`` maps each checkpoint name (relative to the parent module, e.g. ``wkv``) to its
+    output rows, in order. The loader maps ``<parent>.<name>.weight`` / ``.scale`` onto shard i
+    through ``checkpoint_shards``."""
     from vllm.model_executor.layers.linear import MergedColumnParallelLinear
 
     layer = MergedColumnParallelLinear(in_features, list(shards.values()), bias=False,
                                        params_dtype=dtype, quant_config=quant_config,
-                                       prefix=prefix, return_bias=False, disable_tp=True)
+                                       prefix=prefix, return_bias=False, disable_tp=not sharded)
     layer.checkpoint_shards = tuple(shards)
     return layer

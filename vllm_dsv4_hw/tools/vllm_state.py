@@ -4,7 +4,10 @@ the tensor-parallel rank and size from it.
 
 ``single_rank()`` initializes vLLM's distributed environment with world size 1 (gloo: one rank
 needs no device collective) and tensor / pipeline parallel size 1, once per process; later calls
-are no-ops.
+are no-ops. ``tensor_parallel_rank(world, rank, init_method)`` does what a vLLM worker of a
+``--tensor-parallel-size world`` server does: rank ``rank`` of one tensor-parallel group, whose
+collectives go through the communicator vLLM's platform provides (gloo / shared memory on CPU,
+NCCL with ``backend="nccl"``).
 """
 
 from __future__ import annotations
@@ -33,4 +36,23 @@ def single_rank() -> None:
         ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                         distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
         ps.ensure_model_parallel_initialized(1, 1)
+    _DONE["ok"] = True
+
+
+def tensor_parallel_rank(world: int, rank: int, init_method: str, backend: str = "gloo",
+                         local_rank: int | None = None) -> None:
+    """Join a ``world``-rank tensor-parallel group as ``rank`` (every rank calls it)."""
+    import os
+    import zlib
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+
+    # vLLM's CPU executor names the group's shared-memory segment (the same on every rank).
+    os.environ.setdefault("VLLM_DIST_IDENT", f"dsv4hw-{zlib.crc32(init_method.encode()):08x}")
+    with set_current_vllm_config(VllmConfig()):
+        ps.init_distributed_environment(world_size=world, rank=rank,
+                                        local_rank=rank if local_rank is None else local_rank,
+                                        backend=backend, distributed_init_method=init_method)
+        ps.ensure_model_parallel_initialized(world, 1)
     _DONE["ok"] = True
