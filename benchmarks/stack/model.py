@@ -15,7 +15,6 @@ elsewhere) and loaded through the product's loader, so the benchmark runs the re
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import torch
 from torch import nn
@@ -26,7 +25,8 @@ from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.model.loader import load_weights
 from vllm_dsv4_hw.model.network import DSV4Network
-from vllm_dsv4_hw.quant.scheme import WeightScheme
+from vllm_dsv4_hw.parallel import ParallelLayout
+from vllm_dsv4_hw.quant.scheme import SHIPPED, shipped
 from vllm_dsv4_hw.tools.checkpoint import random_tensors
 from vllm_dsv4_hw.tools.checkpoint_layout import (
     attention_specs,
@@ -34,14 +34,6 @@ from vllm_dsv4_hw.tools.checkpoint_layout import (
     layer_specs,
     tensor_specs,
 )
-
-SHIPPED = WeightScheme(linear="fp8", block=(128, 128), experts="fp4")
-
-
-def shipped(cfg: DSV4Config) -> DSV4Config:
-    """``cfg`` with the official checkpoints' weight formats (FP8 linears, FP4 experts)."""
-    return replace(cfg, weights=SHIPPED)
-
 
 def resident_bytes(module: nn.Module) -> int:
     """Bytes of the module's parameters: what one decode step reads from its weights."""
@@ -119,16 +111,17 @@ class AttentionStack(nn.Module):
 
 
 def build_network(cfg: DSV4Config, device: torch.device, max_positions: int,
-                  seed: int = 0) -> DSV4Network:
+                  seed: int = 0, layout: ParallelLayout = ParallelLayout()) -> DSV4Network:
     """The whole network of ``shipped(cfg)`` (mHC, MoE with FP4 experts, FP8 shared expert, head;
-    no MTP), random weights in the checkpoint formats loaded through the loader, layer by layer."""
+    no MTP), random weights in the checkpoint formats loaded through the loader, layer by layer
+    (``layout``: this rank's shard of it; every rank draws the same whole tensors)."""
     cfg = shipped(cfg)
     with torch.device(device):
         net = DSV4Network(cfg, lambda i, r: DSV4Attention(cfg, i, dtype=torch.bfloat16,
                                                           max_positions=max_positions,
-                                                          device=device,
+                                                          device=device, layout=layout,
                                                           prefix=f"layers.{i}.attn"),
-                          dtype=torch.bfloat16, device=device)
+                          dtype=torch.bfloat16, device=device, layout=layout)
     d = hf_dict_of(cfg)
     top = [s for s in tensor_specs(dict(d, num_hidden_layers=0, compress_ratios=[]),
                                    include_mtp=False)]

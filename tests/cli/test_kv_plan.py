@@ -231,6 +231,8 @@ BAD_ARGS = [
     (["--model", "v4-pro", "--context", "10", "--memory", "-3"], ["--memory"]),
     (["--model", "v4-pro", "--context", "10", "--memory", "lots"], ["--memory"]),
     (["--model", "v4-pro"], ["--context"]),
+    (["--model", "v4-pro", "--context", "10", "--tensor-parallel-size", "16"],
+     ["--tensor-parallel-size 16", "3072/16 = 192 cuts the 128-wide FP8 block", "1, 2, 4, 8"]),
     (["--context", "10"], ["--model"]),
 ]
 
@@ -290,3 +292,19 @@ def test_unreadable_config_paths(capsys, tmp_path):
         locked.chmod(0)
         _assert_one_line_failure(
             *run_main(capsys, "kv-plan", "--model", str(locked), "--context", "8"), "cannot read")
+
+
+def test_tensor_parallel_plan_is_per_rank(capsys):
+    rc, out, _ = run_main(capsys, "kv-plan", "--model", "v4-flash", "--context", "1M", "--json")
+    one = json.loads(out)
+    rc, out, _ = run_main(capsys, "kv-plan", "--model", "v4-flash", "--context", "1M", "--json",
+                          "--tensor-parallel-size", "8", "--enable-expert-parallel")
+    assert rc == 0
+    eight = json.loads(out)
+    assert eight["parallel"] == {**eight["parallel"], "tensor_parallel_size": 8,
+                                 "expert_parallel": True, "kv_per_rank": "replicated"}
+    # one shared KV head: each rank's cache is the whole one
+    assert eight["bytes_per_sequence"] == one["bytes_per_sequence"]
+    rc, out, _ = run_main(capsys, "kv-plan", "--model", "v4-flash", "--context", "128k",
+                          "--tensor-parallel-size", "2")
+    assert rc == 0 and "per rank of --tensor-parallel-size 2: one shared KV head" in out

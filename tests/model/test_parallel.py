@@ -10,29 +10,22 @@ import pytest
 
 from vllm_dsv4_hw.config import V4_FLASH, V4_PRO, validate_hf_config
 from vllm_dsv4_hw.parallel import ParallelLayout, SplitError, check_split, working_sizes
-from vllm_dsv4_hw.quant.scheme import WeightScheme
+from vllm_dsv4_hw.quant.scheme import WeightScheme, shipped
 from vllm_dsv4_hw.tools.checkpoint_layout import hf_config
-
-SHIPPED = WeightScheme(linear="fp8", block=(128, 128), experts="fp4")
-
-
-def _shipped(cfg):
-    return dataclasses.replace(cfg, weights=SHIPPED)
-
 
 def test_real_models_split_where_the_blocks_allow():
     # V4-Pro: 3072 / 16 = 192 cuts the 128-wide FP8 block of the shared expert (the split that
     # fails upstream); 8 ranks keep whole blocks.
     with pytest.raises(SplitError) as exc:
-        check_split(_shipped(V4_PRO), 16)
+        check_split(shipped(V4_PRO), 16)
     msg = str(exc.value)
     assert msg.startswith("--tensor-parallel-size 16: shared expert intermediate per rank "
                           "3072/16 = 192 cuts the 128-wide FP8 block"), msg
     assert msg.endswith("sizes that split this checkpoint: 1, 2, 4, 8"), msg
     assert "\n" not in msg
-    check_split(_shipped(V4_PRO), 8)
-    check_split(_shipped(V4_FLASH), 8, expert_parallel=True)
-    assert working_sizes(_shipped(V4_FLASH), False) == [1, 2, 4, 8]
+    check_split(shipped(V4_PRO), 8)
+    check_split(shipped(V4_FLASH), 8, expert_parallel=True)
+    assert working_sizes(shipped(V4_FLASH), False) == [1, 2, 4, 8]
     # bf16 weights have no blocks: only heads, groups and FP4-free experts bound the split
     assert 16 in working_sizes(V4_PRO, False)
 

@@ -104,15 +104,13 @@ def _shipped_bytes_main(rank: int, port: int, out_dir: str) -> None:
     FP4 experts as shipped), built on the meta device."""
     try:
         _join(rank, port)
-        import dataclasses
-
         from vllm_dsv4_hw.attention.layer import DSV4Attention
         from vllm_dsv4_hw.config import V4_FLASH
         from vllm_dsv4_hw.model.network import DSV4Network
         from vllm_dsv4_hw.parallel import ParallelLayout, current_layout
-        from vllm_dsv4_hw.quant.scheme import WeightScheme
+        from vllm_dsv4_hw.quant.scheme import shipped
 
-        cfg = dataclasses.replace(V4_FLASH, weights=WeightScheme("fp8", (128, 128), "fp4"))
+        cfg = shipped(V4_FLASH)
         res = {}
         for name, layout in (("whole", ParallelLayout()), ("tp", current_layout()),
                              ("ep", current_layout(expert_parallel=True))):

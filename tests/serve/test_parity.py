@@ -113,22 +113,28 @@ def _compare_greedy(path, client, ids: list[int]) -> str:
     return f"all {NEW_TOKENS} equal"
 
 
-def test_parity_with_transformers_bf16_cache(bf16_parity_server, ckpt_bf16):
-    client = bf16_parity_server
-    ids = _prompt(client.vocab_size, seed=1234)
-    ref = hf.prompt_logprobs(ckpt_bf16, ids)
+def measure_parity(client, ckpt, what: str, lengths=LENGTHS, seed: int = 1234) -> dict:
+    """The bf16 measurement: prompt logprobs at every prefix length in ``lengths`` of one prompt
+    and greedy tokens after each, against transformers on ``ckpt``; checked against BF16."""
+    ids = _prompt(client.vocab_size, seed=seed)
+    ref = hf.prompt_logprobs(ckpt, ids)
     diffs, moves, greedy = [], 0, {}
-    for n in LENGTHS:
+    for n in lengths:
         if n > 1:
             d, m = _prompt_diffs(client, ref, ids[:n])
             diffs += d
             moves += m
-        greedy[n] = _compare_greedy(ckpt_bf16, client, ids[:n])
+        greedy[n] = _compare_greedy(ckpt, client, ids[:n])
     stats = _check_diffs(diffs, moves, BF16)
-    print(f"\nvLLM (fp32, bf16 caches) vs transformers fp32, prompt logprobs (top-5) over lengths "
-          f"{LENGTHS}: {stats}")
+    print(f"\n{what} vs transformers fp32, prompt logprobs (top-5) over lengths {lengths}: "
+          f"{stats}")
     for n, r in greedy.items():
         print(f"  greedy after {n:4d} prompt tokens: {r}")
+    return stats
+
+
+def test_parity_with_transformers_bf16_cache(bf16_parity_server, ckpt_bf16):
+    measure_parity(bf16_parity_server, ckpt_bf16, "vLLM (fp32, bf16 caches)")
 
 
 def test_compact_cache_gap_is_bounded(compact_parity_server, ckpt_bf16):

@@ -11,16 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.serve import hf_reference as hf
-from tests.serve.test_parity import (
-    BF16,
-    LENGTHS,
-    MAX_BATCHED,
-    _check_diffs,
-    _compare_greedy,
-    _prompt,
-    _prompt_diffs,
-)
+from tests.serve.test_parity import MAX_BATCHED, measure_parity
 
 pytestmark = pytest.mark.slow
 
@@ -38,17 +29,6 @@ def fp8_parity_server(vllm_servers, ckpt_fp8):
 def test_parity_with_transformers_fp8_checkpoint(fp8_parity_server, ckpt_fp8):
     client = fp8_parity_server
     assert client.log_lines("quantization=dsv4_hw_fp8"), "the FP8 method was not selected"
-    ids = _prompt(client.vocab_size, seed=1234)  # the bf16 case's prompt: the same measurement
-    ref = hf.prompt_logprobs(ckpt_fp8, ids)
-    diffs, moves, greedy = [], 0, {}
-    for n in LENGTHS:
-        if n > 1:
-            d, m = _prompt_diffs(client, ref, ids[:n])
-            diffs += d
-            moves += m
-        greedy[n] = _compare_greedy(ckpt_fp8, client, ids[:n])
-    stats = _check_diffs(diffs, moves, BF16)
-    print(f"\nvLLM (FP8/FP4 weights as shipped, fp32 math, bf16 caches) vs transformers fp32 on "
-          f"the same checkpoint, prompt logprobs (top-5) over lengths {LENGTHS}: {stats}")
-    for n, r in greedy.items():
-        print(f"  greedy after {n:4d} prompt tokens: {r}")
+    # the bf16 case's prompt and lengths: the same measurement
+    measure_parity(client, ckpt_fp8, "vLLM (FP8/FP4 weights as shipped, fp32 math, bf16 caches) "
+                   "on the same checkpoint")

@@ -67,6 +67,13 @@ SERVERS = {
         "--dtype", "float32", "--no-enable-prefix-caching",
         "--max-num-batched-tokens", str(STEP_TOKENS), "--max-num-seqs", "16",
         "--num-gpu-blocks-override", str(STRESS_BLOCKS), "--no-scheduler-reserve-full-isl")),
+    # The stress settings with prefix caching on, split over two tensor-parallel CPU workers (one
+    # core each: vLLM binds a worker's threads to a NUMA node, these machines have one).
+    "tp2_server": ServerSpec("stress-tp2", checkpoint="bf16", max_model_len=MAX_MODEL_LEN,
+                             env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, args=(
+        "--tensor-parallel-size", "2", "--dtype", "float32", "--enable-prompt-tokens-details",
+        "--max-num-batched-tokens", str(STEP_TOKENS), "--max-num-seqs", "16",
+        "--num-gpu-blocks-override", str(STRESS_BLOCKS), "--no-scheduler-reserve-full-isl")),
 }
 
 
@@ -80,6 +87,12 @@ def ref_server(vllm_servers):
 def stress_server(vllm_servers):
     yield vllm_servers.get(SERVERS["stress_server"])
     vllm_servers.stop("stress")
+
+
+@pytest.fixture(scope="module")
+def tp2_server(vllm_servers):
+    yield vllm_servers.get(SERVERS["tp2_server"])
+    vllm_servers.stop("stress-tp2")
 
 
 def _seed(n: int) -> int:
@@ -191,3 +204,31 @@ def test_no_vllm_compiled_ops_inside_the_model_under_scheduling(ref_server, stre
         assert entries, f"{server.name}: the trap recorded nothing (not installed?)"
         assert not [e for e in entries if e[0] == "model"], \
             f"{server.name}: vLLM compiled ops called inside our model:\n{summary}"
+
+
+def test_tp2_prefix_hit_chunked_prefill_and_preemption(tp2_server, prompts, alone, ckpt_bf16):
+    server = tp2_server
+    log = server.log_text()
+    assert "tensor_parallel_size=2" in log and "chunked prefill True" in log, server.log_tail()
+    vocab = json.loads((ckpt_bf16 / "config.json").read_text())["vocab_size"]
+    # prefix caching: 512 shared tokens hit, and give the tokens of the same request uncached
+    shared = random_prompt(512, seed=77, vocab=vocab)
+    first = shared + random_prompt(88, seed=78, vocab=vocab)
+    second = shared + random_prompt(88, seed=79, vocab=vocab)
+    server.complete(first, **greedy_params("tp2-prefix"))
+    hits1 = server.metric(HITS)
+    out = server.complete(second, **greedy_params("tp2-prefix"))
+    assert server.metric(HITS) - hits1 == 512, "the second request did not hit 512 cached tokens"
+    msg, _ = compare_greedy(Greedy.of(out), _run(server, second, salt="tp2-fresh"),
+                            lp_tol=LP_TOL, tie_gap=TIE_GAP,
+                            what="TP=2: 512 cached prompt tokens vs the same request uncached")
+    print(f"\n{msg}")
+    # chunked prefill (64-token steps) of long prompts alone, then preemption under concurrency
+    _compare_all({n: _run(server, prompts[n], salt=f"tp2-{n}") for n in CHUNKED_LENGTHS}, alone,
+                 f"TP=2, {STEP_TOKENS}-token chunks vs one rank one-shot")
+    pre0 = server.metric(PREEMPTIONS)
+    outs = map_concurrently(lambda n: (n, _run(server, prompts[n], salt=f"tp2c-{n}")),
+                            PREEMPT_LENGTHS)
+    preempted = server.metric(PREEMPTIONS) - pre0
+    assert preempted > 0, "no preemption at TP=2: the test tested nothing"
+    _compare_all(dict(outs), alone, f"TP=2, preempted ({preempted:.0f} preemptions) vs one rank")

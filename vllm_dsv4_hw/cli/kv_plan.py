@@ -71,8 +71,32 @@ def add_parser(sub) -> None:
                    help="with --memory: also predict what `vllm serve` reports for this memory "
                         "(KV cache tokens, maximum concurrency at --context = max_model_len) "
                         "when it schedules at most C tokens per step")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="T",
+                   help="plan one of T tensor-parallel ranks (checks that the model splits T "
+                        "ways; the KV cache is replicated on every rank: --memory is per rank)")
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help="with --tensor-parallel-size: routed experts split by expert")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
+
+
+def _parallel(args: argparse.Namespace, cfg) -> dict:
+    from vllm_dsv4_hw.parallel import SplitError, check_split
+    from vllm_dsv4_hw.quant.scheme import shipped
+
+    if args.model in PRESETS:  # a preset names the official checkpoint, weights as shipped
+        cfg = shipped(cfg)
+    tp = args.tensor_parallel_size
+    if tp < 1:
+        raise CLIError(f"--tensor-parallel-size must be >= 1, got {tp}")
+    try:
+        check_split(cfg, tp, args.enable_expert_parallel)
+    except SplitError as exc:
+        raise CLIError(str(exc)) from None
+    return {"tensor_parallel_size": tp, "expert_parallel": bool(args.enable_expert_parallel),
+            "kv_per_rank": "replicated",
+            "note": "one shared KV head: every rank holds every cache entry (the figures above "
+                    "are per rank); weights are split (the resident bytes each rank logs at load)"}
 
 
 def _choose(args: argparse.Namespace):
@@ -93,6 +117,7 @@ def _choose(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.model)
     logger.info("model %s: %d layers, ratios %s", cfg.name, cfg.num_layers, cfg.compress_ratios)
+    parallel = _parallel(args, cfg)
     memory = None if args.memory is None else int(args.memory * GIB)
     choice = _choose(args)
     try:
@@ -116,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
                               "reason": choice.reason}
         if pool is not None:
             d["vllm_pool"] = pool.to_dict()
+        d["parallel"] = parallel
         print(json.dumps(d, indent=2))
     else:
         print(format_plan(plan))
@@ -129,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  group {'+'.join(g.kinds)}: {g.layers} layer caches, "
                       f"{g.positions_per_page} positions/page, {g.packed_bytes} B packed, "
                       f"{g.blocks_per_request} blocks/request")
+        if parallel["tensor_parallel_size"] > 1:
+            ep = ", experts split by expert" if parallel["expert_parallel"] else ""
+            print(f"per rank of --tensor-parallel-size {parallel['tensor_parallel_size']}{ep}: "
+                  f"{parallel['note']}")
     return 0
 
 

@@ -79,3 +79,12 @@ class WeightScheme:
 
 
 DENSE = WeightScheme()
+# The official V4 checkpoints: FP8 128x128 linears, FP4 experts (what the model presets describe).
+SHIPPED = WeightScheme(linear="fp8", block=(128, 128), experts="fp4")
+
+
+def shipped(cfg):
+    """A ``DSV4Config`` with the official checkpoints' weight formats."""
+    from dataclasses import replace
+
+    return replace(cfg, weights=SHIPPED)
