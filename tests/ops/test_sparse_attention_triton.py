@@ -5,7 +5,6 @@ loop without prefetch, the poisoned-workspace check and the hardware e4m3 decode
 at small shapes, against the reference op.
 """
 
-import functools
 
 import pytest
 import torch
@@ -125,24 +124,37 @@ def test_low_precision_output_rounding(q_dtype, gen):
         assert float((out.double() == ref).double().mean()) > 0.95
 
 
+def _check_plan(t, hb, n, block_n, min_chunk, cores, max_chunk):
+    s, c = tsa._plan_splits(t, hb, n, block_n, min_chunk, cores, None, max_chunk)
+    assert s >= 1 and c % block_n == 0, (s, c)
+    if n <= 0:
+        return s, c
+    assert s * c >= n and (s - 1) * c < n, (s, c)            # covers n, no empty split
+    if max_chunk:
+        assert c <= -(-max_chunk // block_n) * block_n, (s, c)
+    base = t * hb
+    if 2 * base <= cores and n > min_chunk:                  # under half the device busy
+        assert base * s >= cores or c <= 2 * -(-min_chunk // block_n) * block_n, (s, c)
+    elif not max_chunk:
+        assert s == 1, (s, c)                                # a full device needs no split
+    return s, c
+
+
 def test_plan_splits():
-    # decode at V4-Flash shapes on a 132-SM GPU: T=1 splits, a big batch does not
-    s, c = tsa._plan_splits(1, 2, 640, 32, 64, 132, None)
-    assert s > 1 and c % 32 == 0 and s * c >= 640 and (s - 1) * c < 640
+    # The rules of _plan_splits (not its outputs): every candidate covered by non-empty splits of
+    # whole tiles; at most max_chunk per program; an under-filled device split until it is full
+    # or the splits are down to min_chunk; a full one not split beyond max_chunk.
+    for cores in (132, 20):
+        for block_n, min_chunk, max_chunk in ((32, 32, 256), (16, 64, None), (32, 32, None)):
+            for t in (1, 2, 4, 32, 64):
+                for hb in (1, 2, 4):
+                    for n in (0, 1, 40, 128, 640, 8320):
+                        _check_plan(t, hb, n, block_n, min_chunk, cores, max_chunk)
+    # decode at V4-Flash shapes on a 132-SM GPU: one token splits, a big batch does not
+    assert tsa._plan_splits(1, 2, 640, 32, 64, 132, None)[0] > 1
     assert tsa._plan_splits(64, 2, 640, 32, 64, 132, None) == (1, 640)
-    assert tsa._plan_splits(2, 1, 0, 32, 64, 132, None) == (1, 32)
-    s, c = tsa._plan_splits(1, 1, 40, 16, 64, 132, 100)  # forced, capped at one tile per split
-    assert (s, c) == (3, 16)
-    # the CUDA plan (16-head blocks, 32-entry tiles, 32..256 per split) at the sweep's shapes
-    plan = functools.partial(tsa._plan_splits, block_n=32, min_chunk=32, cores=132,
-                             num_splits=None, max_chunk=256)
-    assert plan(1, 4, 128) == (4, 32)            # window only, B=1
-    assert plan(1, 4, 640) == (20, 32)           # c4a, B=1
-    assert plan(1, 4, 8320) == (65, 128)         # c128a at 1M, B=1
-    assert plan(4, 4, 640) == (10, 64)
-    assert plan(4, 4, 8320) == (33, 256)
-    assert plan(32, 4, 128) == (1, 128)          # big batch: no occupancy split
-    assert plan(32, 4, 8320) == (33, 256)        # ... but the per-program cap still applies
+    # a forced split count is capped at one tile per split
+    assert tsa._plan_splits(1, 1, 40, 16, 64, 132, 100) == (3, 16)
 
 
 @triton.jit

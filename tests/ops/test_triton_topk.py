@@ -67,3 +67,32 @@ def test_radix_topk_rejects_bad_arguments():
         tk.radix_topk(s, 9, torch.full((2, 9), -1, dtype=torch.int32))
     with pytest.raises(ValueError, match="fp32"):
         tk.radix_topk(s.double(), 4, torch.full((2, 4), -1, dtype=torch.int32))
+
+
+def _deterministic_topk(row: torch.Tensor, k: int) -> list[int]:
+    """The contract's exact output: entries above the k-th score in index order, then entries equal
+    to it, lowest indices first, then -1 (never -inf entries)."""
+    fin = torch.isfinite(row)
+    if int(fin.sum()) <= k:
+        picked = torch.nonzero(fin).flatten().tolist()
+        return picked + [-1] * (k - len(picked))
+    kth = float(row.sort(descending=True).values[k - 1])
+    above = torch.nonzero(row > kth).flatten().tolist()
+    equal = torch.nonzero(row == kth).flatten().tolist()[:k - len(above)]
+    return above + equal
+
+
+@pytest.mark.parametrize("levels", [7, None])
+def test_radix_topk_output_is_deterministic_index_order(gen, monkeypatch, levels):
+    # Several blocks per row (256 scores each), so that slots come from the cross-block prefix:
+    # the same bits as the rule above, heavy ties (7 levels) or distinct scores.
+    monkeypatch.setattr(tk, "INTERP_BLOCK", 256)
+    n, k = 3000, 77
+    scores = (torch.randint(-3, 4, (4, n), generator=gen).float() if levels else
+              torch.randn(4, n, generator=gen))
+    scores[1, 100:] = float("-inf")
+    scores[2, :2900] = float("-inf")                                  # 100 finite, at the end
+    out = torch.full((4, k), -1, dtype=torch.int32)
+    tk.radix_topk(scores, k, out)
+    for r in range(4):
+        assert out[r].tolist() == _deterministic_topk(scores[r], k), r

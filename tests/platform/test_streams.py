@@ -1,8 +1,8 @@
 """The stream layer: inline on CPU, event-ordered branches on devices with streams.
 
 The ordering on a device is checked with a recording fake of the device module (the same API
-surface torch.cuda and torch.npu expose); real overlap is measured on the H200 by
-benchmarks/gpu_check.py.
+surface torch.cuda and torch.npu expose); real overlap is checked on a GPU by the GPU tier
+(tests/gpu/test_kernels.py::test_aux_streams_overlap, ``make test-gpu``).
 """
 
 import contextlib

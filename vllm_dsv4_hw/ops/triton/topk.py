@@ -1,10 +1,12 @@
 """Row-wise top-k of fp32 scores by radix select (the indexer's selection step).
 
 ``radix_topk(scores [T, n], k, out [T, k] int32)`` writes, per row, the indices of the k largest
-scores that are > -inf first (in no particular order) and leaves -1 after them (``out`` must come
-filled with -1). No host synchronization, fixed launch count (CUDA-graph safe), exact: the k-th
-largest key is found digit by digit, so the selected set is a top-k set (ties at the k-th score
-are broken arbitrarily).
+scores that are > -inf first and leaves -1 after them (``out`` must come filled with -1). No host
+synchronization, fixed launch count (CUDA-graph safe), exact: the k-th largest key is found digit
+by digit, so the selected set is a top-k set; deterministic: the entries above the k-th score come
+in ascending index order, then those equal to it, lowest indices first (ties go to the lowest
+index), so the same scores give the same bits every run (attention sums its candidates in this
+order).
 
 Why: ``torch.topk`` over one long row (262,144 scores per decode token at 1M context) runs its
 multi-block radix select in ~9 launches on few SMs: 62 us per row on the H200, more than the scoring
@@ -22,13 +24,15 @@ Launches (8-bit digits, most significant first):
    >= d first reaches the number still needed; the prefix grows by d and the need shrinks by the
    count above d. After 4 passes the prefix is the k-th largest key tau and ``need`` the number of
    keys equal to tau to take;
-3. ``_gather_kernel`` (rows x blocks): keys > tau claim slots [0, k - need) through an atomic
-   counter, keys == tau slots [k - need, k) while the counter is below need; entries equal to
-   tau are written only if tau is finite (so -inf entries stay -1).
+3. ``_count_kernel`` (rows x blocks): per block, the keys > tau and the keys == tau (finite tau
+   only, so -inf entries stay -1); an exclusive cumulative sum over the row's blocks gives each
+   block its first slot of each kind;
+4. ``_gather_kernel`` (rows x blocks): keys > tau go to slots [0, k - need) in index order, keys ==
+   tau to slots [k - need, k) in index order while fewer than need precede them.
 
-The state (histograms, prefix / need per row, two counters per row) is one zeroed int32 buffer of
-1028 words per row (``_STATE``: histograms at 0..1023, prefix 1024, need 1025, counters 1026 / 1027;
-the kernels use these offsets as literals).
+The state (histograms, prefix / need per row) is one zeroed int32 buffer of 1028 words per row
+(``_STATE``: histograms at 0..1023, prefix 1024, need 1025, 1026 / 1027 unused; the kernels use these
+offsets as literals).
 """
 
 from __future__ import annotations
@@ -90,17 +94,37 @@ def _select_kernel(state_ptr, k, PASS: tl.constexpr):
 
 
 @triton.jit
-def _gather_kernel(scores_ptr, state_ptr, out_ptr, n, stride, stride_out, n_blk, k,
-                   BLOCK: tl.constexpr):
+def _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
+    """This program's keys above tau (taken) and equal to tau (taken while need lasts)."""
     offs, key, m, st = _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
     tau = tl.load(st + 1024).to(tl.uint32, bitcast=True)
-    need = tl.load(st + 1025)
     gt = m & (key > tau)
-    pos = tl.atomic_add(st + 1026 + offs * 0, 1, mask=gt)
-    orow = out_ptr + (tl.program_id(0) // n_blk).to(tl.int64) * stride_out
-    tl.store(orow + pos, offs.to(tl.int32), mask=gt & (pos < k))
     eq = m & (key == tau) & (key != 0x007FFFFF)  # -inf entries are never selected
-    pe = tl.atomic_add(st + 1027 + offs * 0, 1, mask=eq)
+    return offs, gt, eq, st
+
+
+@triton.jit
+def _count_kernel(scores_ptr, state_ptr, counts_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
+    _, gt, eq, _ = _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
+    pid = tl.program_id(0).to(tl.int64)
+    tl.store(counts_ptr + pid * 2, tl.sum(gt.to(tl.int32), axis=0))
+    tl.store(counts_ptr + pid * 2 + 1, tl.sum(eq.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, n, stride, stride_out, n_blk, k,
+                   BLOCK: tl.constexpr):
+    offs, gt, eq, st = _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
+    need = tl.load(st + 1025)
+    pid = tl.program_id(0).to(tl.int64)
+    g = gt.to(tl.int32)
+    e = eq.to(tl.int32)
+    # slot = picks of the same kind in earlier blocks (base) + earlier in this block: ascending
+    # index order, no atomics, so the same scores give the same output every run
+    pos = tl.load(base_ptr + pid * 2) + tl.cumsum(g, axis=0) - g
+    pe = tl.load(base_ptr + pid * 2 + 1) + tl.cumsum(e, axis=0) - e
+    orow = out_ptr + (pid // n_blk) * stride_out
+    tl.store(orow + pos, offs.to(tl.int32), mask=gt & (pos < k))
     tl.store(orow + (k - need) + pe, offs.to(tl.int32), mask=eq & (pe < need))
 
 
@@ -122,6 +146,10 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:
         _hist_kernel[(t * n_blk,)](scores, state, n, scores.stride(0), n_blk, PASS=p,
                                    BLOCK=blk, num_warps=8)
         _select_kernel[(t,)](state, k, PASS=p, num_warps=4)
-    _gather_kernel[(t * n_blk,)](scores, state, out, n, scores.stride(0), out.stride(0), n_blk, k,
-                                 BLOCK=blk, num_warps=8)
+    counts = torch.empty(t, n_blk, 2, dtype=torch.int32, device=scores.device)
+    _count_kernel[(t * n_blk,)](scores, state, counts, n, scores.stride(0), n_blk, BLOCK=blk,
+                                num_warps=8)
+    base = (counts.cumsum(1, dtype=torch.int32) - counts).contiguous()  # exclusive, per row
+    _gather_kernel[(t * n_blk,)](scores, state, base, out, n, scores.stride(0), out.stride(0),
+                                 n_blk, k, BLOCK=blk, num_warps=8)
     return out
