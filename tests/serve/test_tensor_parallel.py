@@ -65,7 +65,11 @@ def _rank_lines(server, experts: str) -> list[tuple[float, float]]:
 
 
 def test_tp2_bf16_parity_with_transformers(tp2_bf16, ckpt_bf16):
-    assert "tensor_parallel_size=2" in tp2_bf16.log_text(), tp2_bf16.log_tail()
+    log = tp2_bf16.log_text()
+    assert "tensor_parallel_size=2" in log, tp2_bf16.log_tail()
+    for rank in (0, 1):
+        assert (f"split over vLLM's tensor-parallel group: TP rank {rank} of 2, experts by "
+                f"intermediate (2 of 4 query heads, 8 of 8 experts here)") in log, rank
     measure_parity(tp2_bf16, ckpt_bf16, "tp2-bf16: vLLM TP=2 (fp32 math, bf16 caches)")
 
 

@@ -61,9 +61,13 @@ class DSV4ForCausalLM(nn.Module):
         kv_layout = ", ".join(f"{s.kind} {s.format} {s.entries_per_page}x{s.entry_bytes}B/"
                            f"{s.page_bytes}B page ({s.bucket})"
                            for s in layer_cache_specs(cfg, main_fmt, idx_fmt))
-        logger.info("dsv4-hw: %s (vllm_dsv4_hw) with %d layers, compress ratios %s, %s; KV "
-                    "layout: %s", type(self).__name__, cfg.num_layers, list(cfg.compress_ratios),
-                    layout.describe(), kv_layout)
+        logger.info("dsv4-hw: %s (vllm_dsv4_hw) with %d layers, compress ratios %s; KV layout: %s",
+                    type(self).__name__, cfg.num_layers, list(cfg.compress_ratios), kv_layout)
+        if layout.sharded:
+            logger.info("dsv4-hw: split over vLLM's tensor-parallel group: %s (%d of %d query "
+                        "heads, %d of %d experts here); KV cache replicated", layout.describe(),
+                        layout.local_heads(cfg), cfg.num_heads, len(layout.local_experts(cfg)),
+                        cfg.n_routed_experts)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
