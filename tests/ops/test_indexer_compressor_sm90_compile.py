@@ -82,8 +82,12 @@ for p in range(4):
     comp(tk._hist_kernel, hs, dict(PASS=p, BLOCK=4096), f"topk hist pass {p}", num_warps=8)
     comp(tk._select_kernel, dict(state_ptr="*i32", k="i32"), dict(PASS=p),
          f"topk select pass {p}", num_warps=4)
-comp(tk._gather_kernel, dict(scores_ptr="*fp32", state_ptr="*i32", out_ptr="*i32", n="i32",
-                             stride="i32", stride_out="i32", n_blk="i32", k="i32"),
+comp(tk._count_kernel, dict(scores_ptr="*fp32", state_ptr="*i32", counts_ptr="*i32", n="i32",
+                            stride="i32", n_blk="i32"),
+     dict(BLOCK=4096), "topk count", num_warps=8)
+comp(tk._gather_kernel, dict(scores_ptr="*fp32", state_ptr="*i32", base_ptr="*i32",
+                             out_ptr="*i32", n="i32", stride="i32", stride_out="i32", n_blk="i32",
+                             k="i32"),
      dict(BLOCK=4096), "topk gather", num_warps=8)
 print("RESULTS" + json.dumps(results))
 '''
@@ -93,5 +97,5 @@ print("RESULTS" + json.dumps(results))
 def test_kernels_compile_for_sm90():
     results = compile_results(_SCRIPT)
     failed = [f"{name}: {err}" for name, err in results if err]
-    assert len(results) == 19
+    assert len(results) == 20
     assert not failed, "\n".join(failed)
