@@ -1,5 +1,5 @@
 """Which op makes the decode step differ from run to run: the GPU tier's determinism case
-(``tests/gpu/test_determinism.py``) stepped twice with each op in turn on the reference backend
+(``benchmarks.stack.decode_case``, checked by ``tests/gpu/test_determinism.py``) stepped twice with each op in turn on the reference backend
 (``VLLM_DSV4_HW_OP_BACKENDS``); prints the max |logit difference| per setting.
 
     bash benchmarks/with_vllm.sh python3 -m benchmarks.determinism
@@ -17,18 +17,18 @@ OPS = ("", "indexer_topk", "sparse_attention", "moe_experts", "compressor_store"
 
 
 def main() -> int:
-    from tests.gpu.test_determinism import _step, build_stack
+    from benchmarks.stack.decode_case import build_decode_case, decode_step
     from vllm_dsv4_hw.ops.registry import REGISTRY
     from vllm_dsv4_hw.tools.vllm_state import single_rank
 
     single_rank()
-    stack = build_stack(torch.device("cuda"))
+    case = build_decode_case(torch.device("cuda"))
     rows = {}
     for op in OPS:
         os.environ["VLLM_DSV4_HW_OP_BACKENDS"] = f"{op}=reference" if op else ""
         REGISTRY.clear_cache()
         for streams in (True, False):
-            a, b = _step(stack, streams), _step(stack, streams)
+            a, b = decode_step(case, streams), decode_step(case, streams)
             rows[f"{op or 'all triton'} streams={'on' if streams else 'off'}"] = \
                 float((a - b).abs().max())
     print(json.dumps(rows, indent=1))

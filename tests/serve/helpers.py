@@ -143,3 +143,19 @@ class GaugeWatch:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+
+
+def drop_tensor(ckpt: Path, name: str) -> None:
+    """Remove tensor ``name`` from a checkpoint directory: from its shard file and from
+    ``model.safetensors.index.json``."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    index_path = ckpt / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shard = ckpt / index["weight_map"].pop(name)
+    tensors = load_file(shard)
+    del tensors[name]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    index_path.write_text(json.dumps(index))

@@ -26,6 +26,7 @@ import time
 
 import pytest
 
+from tests.serve.helpers import drop_tensor
 from tests.serve.server import ServerSpec
 
 pytestmark = pytest.mark.slow
@@ -105,16 +106,8 @@ def _bad_ratio(tmp_path, ckpt):
 
 
 def _missing_tensor(tmp_path, ckpt):
-    from safetensors.torch import load_file, save_file
-
     bad = shutil.copytree(ckpt, tmp_path / "missing-tensor")
-    index = json.loads((bad / "model.safetensors.index.json").read_text())
-    name = "layers.3.attn.compressor.wkv.weight"
-    shard = bad / index["weight_map"].pop(name)
-    tensors = load_file(shard)
-    del tensors[name]
-    save_file(tensors, shard, metadata={"format": "pt"})
-    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    drop_tensor(bad, "layers.3.attn.compressor.wkv.weight")
     return bad
 
 

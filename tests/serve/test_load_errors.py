@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 
+from tests.serve.helpers import drop_tensor
 from tests.serve.server import ServerError, VllmServer
 
 pytestmark = pytest.mark.slow
@@ -43,14 +44,7 @@ def test_unsupported_compress_ratio_names_the_field(tmp_path, ckpt_bf16):
 
 
 def test_missing_tensor_is_named(tmp_path, ckpt_bf16):
-    from safetensors.torch import load_file, save_file
-
     ckpt = _copy(ckpt_bf16, tmp_path / "missing-tensor")
-    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
     name = "layers.3.attn.compressor.wkv.weight"
-    shard = ckpt / index["weight_map"].pop(name)
-    tensors = load_file(shard)
-    del tensors[name]
-    save_file(tensors, shard, metadata={"format": "pt"})
-    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    drop_tensor(ckpt, name)
     _fails_with(tmp_path, ckpt, name)

@@ -134,13 +134,13 @@ class RoutedExperts(nn.Module):
                  layout: ParallelLayout = ParallelLayout()) -> None:
         super().__init__()
         d, full_i = cfg.hidden_size, cfg.moe_intermediate_size
-        self.experts = layout.local_experts(cfg)
+        self.local_ids = layout.local_experts(cfg)
         self.expert_parallel = layout.ep_size > 1
         self.inter_rows = layout.expert_inter_slice(cfg)
         self.num_experts = cfg.n_routed_experts
         self.hidden = d
         self.full_inter = full_i
-        e, i = len(self.experts), self.inter_rows.stop - self.inter_rows.start
+        e, i = len(self.local_ids), self.inter_rows.stop - self.inter_rows.start
         self.inter = i
         self.limit = cfg.swiglu_limit
         self.fp4 = fp4
@@ -169,7 +169,7 @@ class RoutedExperts(nn.Module):
         if self.fp4:
             kinds += ((".scale", "_scale", FP4_BLOCK),)
         for e in range(self.num_experts):
-            local = e - self.experts.start if e in self.experts else None
+            local = e - self.local_ids.start if e in self.local_ids else None
             for suffix, attr, per in kinds:
                 cols = slice(rows.start // per, rows.stop // per)
                 w13_shape, w2_shape = (full_i, d // per), (d, full_i // per)
@@ -185,14 +185,14 @@ class RoutedExperts(nn.Module):
         """``sum_k weights[t, k] * expert_{idx[t, k]}(x[t])`` over this rank's experts (and
         intermediate rows) -> [T, D] in the math dtype; a partial sum when the model is split."""
         if self.expert_parallel:  # global ids -> this rank's, -1 for the other ranks' experts
-            local = idx - self.experts.start
-            idx = torch.where((local >= 0) & (local < len(self.experts)), local,
+            local = idx - self.local_ids.start
+            idx = torch.where((local >= 0) & (local < len(self.local_ids)), local,
                               torch.full_like(local, -1))
         return ops.moe_experts(x, weights, idx, self.w13, self.w13_scale, self.w2, self.w2_scale,
                                self.limit)
 
     def extra_repr(self) -> str:
-        return (f"experts={self.experts.start}..{self.experts.stop - 1} of {self.num_experts}, "
+        return (f"experts={self.local_ids.start}..{self.local_ids.stop - 1} of {self.num_experts}, "
                 f"inter={self.inter} of {self.full_inter}, "
                 f"format={'fp4' if self.fp4 else self.w13.dtype}")
 
