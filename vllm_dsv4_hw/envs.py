@@ -133,6 +133,14 @@ PLATFORM = _Var(
     "built-in platform can run DeepSeek V4), on (always), off (never; the model is still "
     "registered).",
 )
+KERNEL_FAILURES = _Var(
+    "VLLM_DSV4_HW_KERNEL_FAILURES",
+    "fallback",
+    _choice("fallback", "raise"),
+    "When a kernel cannot run on this device at run time (a Triton compile error or out of "
+    "resources; a torch_npu operator error): fallback (one warning, the op's reference "
+    "implementation for the rest of the process) or raise (vendor CI, the GPU test tier).",
+)
 TRAP_C_OPS = _Var(
     "VLLM_DSV4_HW_TRAP_C_OPS",
     "",
@@ -142,7 +150,7 @@ TRAP_C_OPS = _Var(
 )
 
 ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS,
-            PLATFORM, TRAP_C_OPS)
+            PLATFORM, KERNEL_FAILURES, TRAP_C_OPS)
 
 
 def device() -> str:

@@ -1,11 +1,17 @@
 """The GPU tier (``pytest -m gpu tests/gpu``; ``make test-gpu`` on a CUDA machine). ``make test``
 deselects it (``-m 'not gpu'`` in pyproject); selected on a machine without CUDA it fails instead
-of skipping, so a run that checked nothing never reads as green."""
+of skipping, so a run that checked nothing never reads as green. A kernel that fails to compile
+raises (``VLLM_DSV4_HW_KERNEL_FAILURES=raise``, also set by importing ``benchmarks``) instead of
+falling back to the reference it is compared with."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+os.environ["VLLM_DSV4_HW_KERNEL_FAILURES"] = "raise"
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -139,8 +139,10 @@ class SingleSequenceRunner:
     """One request over paged caches (every position has its page), driven step by step."""
 
     def __init__(self, path: Path, dtype: torch.dtype, main_format: str, indexer_format: str,
-                 layout: ParallelLayout = ParallelLayout()):
-        self.net = _network(json.loads((path / "config.json").read_text()), dtype, layout=layout)
+                 layout: ParallelLayout = ParallelLayout(), max_len: int = MAX_LEN):
+        self.max_len = max_len
+        self.net = _network(json.loads((path / "config.json").read_text()), dtype,
+                            max_positions=max_len, layout=layout)
         self.cfg = self.net.cfg
         load_weights(self.net, safetensors_weights(path), self.cfg)
         self.formats = (main_format, indexer_format)
@@ -150,7 +152,7 @@ class SingleSequenceRunner:
         self.tables, self.counts, self.geoms = {}, {}, {}
         for r in sorted(set(cfg.compress_ratios)):
             geom, _ = page_geometry(cfg, r, *self.formats)
-            self.tables[r], self.counts[r] = static_block_tables(geom, r, [MAX_LEN])
+            self.tables[r], self.counts[r] = static_block_tables(geom, r, [self.max_len])
         self.caches = {
             i: allocate_layer_caches(cfg, r, self.counts[r], *self.formats,
                                      block_tables=self.tables[r])

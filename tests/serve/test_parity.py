@@ -16,8 +16,11 @@ the test prints where that happens. Measured (2026-11-29): median 0.0054, q99 0.
 1745 positions, 9 top-1 moves; greedy equal everywhere except one near-tie (gap 0.0027) after 29
 tokens at length 257.
 
-With the compact fp8 main / MXFP4 indexer cache the gap is reported and bounded the same way,
-looser: measured median 0.105, 94.7% of positions within 1.0, q99 2.4, max 3.6 (600 positions).
+With the compact fp8 main / MXFP4 indexer cache the gap is bounded by ``tests/compact_bounds.py``
+(median and top-1 move rate from measured correct runs over 24 checkpoint / prompt seeds, 1.25x
+margin; a broken selection lands above them, ``tests/model/test_compact_parity.py``), plus loose
+sanity bounds on the share within 1.0 and the max. Measured here: median 0.105, 94.7% of positions
+within 1.0, q99 2.4, max 3.6, 49 top-1 moves (600 positions).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import re
 import pytest
 import torch
 
+from tests import compact_bounds
 from tests.serve import hf_reference as hf
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kv_cache.vllm_pool import plan_vllm_pool
@@ -61,7 +65,7 @@ LENGTHS = (1, 127, 128, 129, 255, 256, 257, 600)
 NEW_TOKENS = 32
 TOP = 5
 BF16 = {"per_position": 0.25, "fraction_within": 0.98, "median": 0.02, "max": 5.0}
-COMPACT = {"per_position": 1.0, "fraction_within": 0.90, "median": 0.25, "max": 8.0}
+COMPACT = {"per_position": 1.0, "fraction_within": 0.90, "max": 8.0, **compact_bounds.SINGLE}
 TIE_GAP = 0.05
 
 
@@ -97,7 +101,7 @@ def _check_diffs(diffs: list[float], top1_moves: int, tol: dict) -> dict:
     assert stats["median"] <= tol["median"], stats
     assert stats["within"] >= tol["fraction_within"], stats
     assert stats["max"] <= tol["max"], stats
-    assert top1_moves <= (1 - tol["fraction_within"]) * len(diffs), stats
+    assert top1_moves <= tol.get("move_rate", 1 - tol["fraction_within"]) * len(diffs), stats
     return stats
 
 
@@ -137,13 +141,18 @@ def test_parity_with_transformers_bf16_cache(bf16_parity_server, ckpt_bf16):
     measure_parity(bf16_parity_server, ckpt_bf16, "vLLM (fp32, bf16 caches)")
 
 
+def measure_compact_gap(client, ckpt, what: str, seed: int = 4321) -> dict:
+    """Prompt logprobs of one 600-token prompt against transformers on ``ckpt``, checked against
+    the compact caches' bounds (``COMPACT``)."""
+    ids = _prompt(client.vocab_size, seed=seed)
+    stats = _check_diffs(*_prompt_diffs(client, hf.prompt_logprobs(ckpt, ids), ids), COMPACT)
+    print(f"\n{what} vs transformers fp32, 600-token prompt: {stats}")
+    return stats
+
+
 def test_compact_cache_gap_is_bounded(compact_parity_server, ckpt_bf16):
-    client = compact_parity_server
-    ids = _prompt(client.vocab_size, seed=4321)
-    ref = hf.prompt_logprobs(ckpt_bf16, ids)
-    stats = _check_diffs(*_prompt_diffs(client, ref, ids), COMPACT)
-    print(f"\nvLLM (fp32, fp8 main + MXFP4 indexer caches) vs transformers fp32, 600-token prompt: "
-          f"{stats}")
+    measure_compact_gap(compact_parity_server, ckpt_bf16,
+                        "vLLM (fp32, fp8 main + MXFP4 indexer caches)")
 
 
 def _logged_capacity(server) -> tuple[int, int, float]:

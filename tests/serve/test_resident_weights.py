@@ -9,6 +9,10 @@ Two servers of the FP8 checkpoint (FP8 128x128 linears, FP4 experts), bf16 as se
 * ``general``: ``VLLM_DSV4_HW_CUDA_GRAPHS=0``: every step, decode included, through the general
   (host-validated) metadata builder.
 
+The ``shipped`` server is also the default served configuration against a reference: its prompt
+logprobs (bf16 math, FP8 / FP4 weights, fp8 + MXFP4 caches) against transformers fp32 on the same
+checkpoint, within the compact caches' bounds (``tests/compact_bounds.py``).
+
 Prompts crossing 4 / 128 / 256 positions, sent one at a time to each server (so that batch
 composition is the same), must decode to identical token ids and identical logprobs: both paths
 produce the same slots, so the same kernels compute the same bits.
@@ -22,6 +26,7 @@ import re
 import pytest
 
 from tests.serve.helpers import greedy_params, random_prompt
+from tests.serve.test_parity import measure_compact_gap
 from tests.serve.server import ServerSpec
 
 pytestmark = pytest.mark.slow
@@ -69,3 +74,8 @@ def test_graph_safe_decode_metadata_decodes_like_the_general_builder(shipped_ser
         b = general_server.complete(prompt, **greedy_params(f"g{n}"))
         assert a["token_ids"] == b["token_ids"], (n, a["token_ids"], b["token_ids"])
         assert a["logprobs"]["token_logprobs"] == b["logprobs"]["token_logprobs"], n
+
+
+def test_default_configuration_against_transformers(shipped_server, ckpt_fp8):
+    measure_compact_gap(shipped_server, ckpt_fp8, "vLLM as served by default (bf16, FP8 / FP4 "
+                        "weights as shipped, fp8 main + MXFP4 indexer caches)")

@@ -5,14 +5,12 @@
   dispatcher never selects the backend then: ``ops/backends.py`` probes the same way).
 * Every vendor operator goes through :func:`call`, which turns any exception it raises into
   :class:`VendorOpError` naming the operator.
-* :func:`npu_op` wraps each registered op with the run-time failure policy:
-
-  - the first :class:`VendorOpError` of an op logs **one warning** (op, operator, error) and the op
-    falls back **permanently** (for this process) to its reference implementation, which also
-    serves the failed call, so the caller gets a correct result;
-  - unless the npu backend was requested explicitly (``VLLM_DSV4_HW_BACKEND=npu`` or
-    ``VLLM_DSV4_HW_OP_BACKENDS=<op>=npu``): an explicit request must run, so the error is raised as
-    :class:`NpuOpFailedError` with the operator's message and how to get the fallback.
+* :func:`npu_op` wraps each registered op with the run-time failure policy of
+  ``ops/fallback.py``: the first :class:`VendorOpError` of an op logs **one warning** (op,
+  operator, error) and the op falls back **permanently** (for this process) to its reference
+  implementation, which also serves the failed call; an explicit request of the npu backend (or
+  ``VLLM_DSV4_HW_KERNEL_FAILURES=raise``) raises :class:`NpuOpFailedError` instead, with the
+  operator's message and how to get the fallback.
 
   Input validation errors (``ValueError``) are ours, raised before any vendor call, and are never
   turned into a fallback.
@@ -20,13 +18,12 @@
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import threading
 from typing import Callable
 
-from vllm_dsv4_hw import envs
+from vllm_dsv4_hw.ops import fallback
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +42,7 @@ class VendorOpError(RuntimeError):
                          f"{' '.join(str(cause).split())}")
 
 
-class NpuOpFailedError(RuntimeError):
+class NpuOpFailedError(fallback.KernelFailedError):
     """A vendor operator failed while the npu backend was requested explicitly (no fallback)."""
 
 
@@ -105,61 +102,22 @@ def vllm_ascend_op(name: str):
     return found.get(name)
 
 
-# -- run-time failure policy -----------------------------------------------------------------------
-_DISABLED: dict[str, str] = {}  # op -> the error that disabled its vendor path
-
-
-def explicit_request(op: str) -> str | None:
-    """The variable that explicitly requests the npu backend for ``op``, if one does."""
-    if envs.op_backends().get(op) == "npu":
-        return "VLLM_DSV4_HW_OP_BACKENDS"
-    if op not in envs.op_backends() and envs.backend() == "npu":
-        return "VLLM_DSV4_HW_BACKEND"
-    return None
-
-
+# -- run-time failure policy (ops/fallback.py) ------------------------------------------------------
 def disabled_ops() -> dict[str, str]:
     """Ops whose vendor path failed in this process (op -> error), now served by the reference."""
-    with _LOCK:
-        return dict(_DISABLED)
+    return fallback.disabled("npu")
 
 
 def reset_fallbacks() -> None:
     """Re-enable every vendor path (tests; a long-lived process after a driver fix)."""
     global _ASCEND_LOGGED
+    fallback.reset("npu")
     with _LOCK:
-        _DISABLED.clear()
         _ASCEND_LOGGED = False
 
 
 def npu_op(op: str, reference: Callable) -> Callable[[Callable], Callable]:
-    """Decorator: the run-time failure policy of the module docstring around an npu op."""
-
-    def deco(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            if op in _DISABLED:
-                return reference(*args, **kwargs)
-            try:
-                return fn(*args, **kwargs)
-            except VendorOpError as exc:
-                source = explicit_request(op)
-                if source is not None:
-                    raise NpuOpFailedError(
-                        f"npu op {op}: torch_npu operator {exc}. {source} requests the npu backend "
-                        f"for it, so there is no fallback; unset {source} (or choose another "
-                        f"backend) to fall back to the reference implementation."
-                    ) from exc
-                with _LOCK:
-                    first = op not in _DISABLED
-                    _DISABLED.setdefault(op, str(exc))
-                if first:
-                    logger.warning(
-                        "dsv4-hw: npu op %s: vendor operator %s; op %s now uses the reference "
-                        "implementation for the rest of this process", op, exc, op)
-                return reference(*args, **kwargs)
-
-        wrapper.vendor_impl = fn  # the unguarded implementation (tests, benchmarks)
-        return wrapper
-
-    return deco
+    """Decorator: the run-time failure policy of ``ops/fallback.py`` around an npu op; a vendor
+    operator's error (:class:`VendorOpError`) is what counts as "cannot run here"."""
+    return fallback.guard(op, "npu", reference, (VendorOpError,), "vendor operator",
+                          error_cls=NpuOpFailedError, describe=str)
