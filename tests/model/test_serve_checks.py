@@ -10,7 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_dsv4_hw.model.serve_checks import UnsupportedSettingError, check_serve_settings
+from vllm_dsv4_hw.model.serve_checks import (
+    UnsupportedSettingError,
+    check_kv_capacity,
+    check_serve_settings,
+)
 from vllm_dsv4_hw.tools import checkpoint as ck
 
 
@@ -87,3 +91,26 @@ def test_checkpoint_problems_are_named(ckpt, tmp_path):
     msg = str(exc.value)
     assert "2 tensor(s) missing" in msg and "layers.1.attn.wq_a.scale" in msg
     assert "layers.2.ffn.experts.3.w2.weight" in msg
+
+
+@pytest.mark.parametrize("max_len,kv_bytes,fits", [
+    (792, 64 << 20, True), (793, 64 << 20, False),  # vLLM's engine: 792 is its estimate here
+    (1 << 20, 1 << 30, True), (1 << 20, 64 << 20, False), (1 << 20, None, True)])
+def test_kv_capacity_for_one_request(ckpt, monkeypatch, max_len, kv_bytes, fits):
+    """The boundary is vLLM's own: 792 tokens start with 64 MiB and 2048-token chunks (``vllm
+    serve`` logged "CPU KV cache size: 794 tokens, ... 1.00x"), 793 are refused in one line; an
+    unknown size (GPU profiling) is not checked here."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    vc = _config(ckpt)
+    vc.cache_config.kv_cache_memory_bytes = kv_bytes
+    vc.model_config.max_model_len = max_len
+    vc.scheduler_config = SimpleNamespace(max_num_batched_tokens=2048)
+    settings = check_serve_settings(vc)
+    if fits:
+        check_kv_capacity(vc, settings)
+        return
+    with pytest.raises(UnsupportedSettingError) as exc:
+        check_kv_capacity(vc, settings)
+    msg = str(exc.value)
+    assert msg.startswith(f"--max-model-len {max_len} needs ") and "\n" not in msg, msg
+    assert "(--kv-cache-memory-bytes)" in msg and "at most 792" in msg, msg

@@ -9,8 +9,9 @@
   (random weights never emit DeepSeek V4's DSML tool syntax by themselves) comes back with the
   reasoning and the parsed tool call in the fields of vLLM's OpenAI API (``message.reasoning``,
   ``message.tool_calls``, ``finish_reason: tool_calls``).
-* Refusals: a bad ``compress_ratios``, a missing tensor and flags that need several devices or
-  formats we do not have each make ``vllm serve`` exit non-zero within ``EARLY_S`` seconds, the
+* Refusals: a bad ``compress_ratios``, a missing tensor, flags that need several devices or
+  formats we do not have, and a KV cache too small for one request of ``--max-model-len`` each
+  make ``vllm serve`` exit non-zero within ``EARLY_S`` seconds, the
   last line of its output naming the problem (checked in the first process by
   ``model/serve_checks.py``). These run first in the serve suite (no other server starting),
   after one untimed refusal that fills vLLM's cache (a machine's very first start also inspects
@@ -81,7 +82,7 @@ def test_reasoning_and_tool_call_fields(recipe_server):
 
 
 # -- early refusals --------------------------------------------------------------------------------
-def _serve_fails(run_dir, ckpt, *args) -> tuple[float, str]:
+def _serve_fails(run_dir, ckpt, *args, unset: tuple[str, ...] = ()) -> tuple[float, str]:
     from tests.serve.process import VllmServer, free_port
 
     # one log directory, hence one VLLM_CACHE_ROOT, for every refusal: vLLM's first start with a
@@ -89,8 +90,8 @@ def _serve_fails(run_dir, ckpt, *args) -> tuple[float, str]:
     server = VllmServer(ckpt, args=args, max_model_len=1024, log_path=run_dir / "server.log",
                         name="refused", enforce_eager=False, port=free_port())
     t0 = time.monotonic()
-    p = subprocess.run(server.command(), capture_output=True, text=True, timeout=120,
-                       env=server.environment())
+    env = {k: v for k, v in server.environment().items() if k not in unset}
+    p = subprocess.run(server.command(), capture_output=True, text=True, timeout=120, env=env)
     seconds = time.monotonic() - t0
     lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
     assert p.returncode != 0, lines[-20:]
@@ -121,7 +122,14 @@ CASES = {
     "nvfp4 indexer keys": (None, ("--attention-config.indexer_kv_dtype=nvfp4",), ("nvfp4",
                                                                                 "mxfp4")),
     "kv cache dtype": (None, ("--kv-cache-dtype", "fp8_e5m2"), ("--kv-cache-dtype fp8_e5m2",)),
+    # 64 MiB of KV cache (VLLM_CPU_KVCACHE_SPACE unset: it would override the flag) for 1M
+    # positions; vLLM's own engine figures for these settings are 0.51 GiB needed and 792 tokens.
+    "kv pool too small": (None, ("--max-model-len", "1048576", "--kv-cache-memory-bytes",
+                                 str(64 << 20)),
+                          ("--max-model-len 1048576 needs 0.505 GiB", "has 0.062 GiB "
+                           "(--kv-cache-memory-bytes)", "at most 792")),
 }
+UNSET = {"kv pool too small": ("VLLM_CPU_KVCACHE_SPACE",)}
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +146,7 @@ def run_dir(tmp_path_factory, ckpt_fp8):
 def test_refused_early_in_one_line(case, tmp_path, run_dir, ckpt_fp8):
     make, args, needles = CASES[case]
     ckpt = make(tmp_path, ckpt_fp8) if make else ckpt_fp8
-    seconds, last = _serve_fails(run_dir, ckpt, *args)
+    seconds, last = _serve_fails(run_dir, ckpt, *args, unset=UNSET.get(case, ()))
     assert "dsv4" in last.lower() or "DeepSeek V4" in last or "config.json" in last, last
     for needle in needles:
         assert needle in last, (needle, last)

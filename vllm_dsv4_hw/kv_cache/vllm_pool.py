@@ -181,3 +181,28 @@ def plan_vllm_pool(cfg: DSV4Config, main_format: str, indexer_format: str, memor
     return VllmPoolPlan(groups=tuple(groups), bytes_per_block=bytes_per_block,
                         num_blocks=memory_bytes // bytes_per_block, max_model_len=max_model_len,
                         max_num_batched_tokens=max_num_batched_tokens)
+
+
+def one_request_bytes(plan: VllmPoolPlan) -> int:
+    """KV cache bytes one request of ``plan.max_model_len`` claims, plus the null block the pool
+    holds back: vLLM's engine refuses to start below this (``get_kv_cache_configs``)."""
+    return plan.bytes_per_block * (plan.blocks_per_request + 1)
+
+
+def longest_fitting_len(cfg: DSV4Config, main_format: str, indexer_format: str,
+                        memory_bytes: int, max_model_len: int, max_num_batched_tokens: int) -> int:
+    """The largest max_model_len <= ``max_model_len`` whose one request fits ``memory_bytes``
+    (0 if none): what vLLM's engine estimates when it refuses."""
+    def fits(n: int) -> bool:
+        return one_request_bytes(plan_vllm_pool(cfg, main_format, indexer_format, memory_bytes, n,
+                                                max_num_batched_tokens)) <= memory_bytes
+
+    lo, hi = 0, max_model_len
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+

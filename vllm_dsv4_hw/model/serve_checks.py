@@ -13,7 +13,12 @@ instead of inside a worker traceback:
   ``parallel.check_split``; ``--enable-expert-parallel`` needs whole experts per rank; pipeline
   and data parallelism are refused),
   speculative decoding (the MTP layer is not served), ``--quantization`` against the checkpoint's,
-  ``--kv-cache-dtype`` and ``--attention-config.indexer_kv_dtype`` against what the device holds.
+  ``--kv-cache-dtype`` and ``--attention-config.indexer_kv_dtype`` against what the device holds;
+* the KV cache's size, where it is known before the engine starts (``--kv-cache-memory-bytes``;
+  on CPU ``VLLM_CPU_KVCACHE_SPACE``): :func:`check_kv_capacity` asks vLLM's own accounting
+  (``max_memory_usage_bytes`` / ``estimate_max_model_len`` over our layers' KV cache specs)
+  whether one request of ``--max-model-len`` fits, and says what would. Where the size comes from
+  profiling (GPUs), vLLM's own check at KV cache allocation applies.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from vllm_dsv4_hw.parallel import SplitError, check_split
 from vllm_dsv4_hw.platform.device import detect_device_type
 
 __all__ = ["KV_CACHE_DTYPES", "INDEXER_KV_DTYPES", "ServeSettings", "UnsupportedSettingError",
-           "check_serve_settings", "raw_hf_config"]
+           "check_kv_capacity", "check_serve_settings", "raw_hf_config"]
 
 # vLLM --kv-cache-dtype -> our main entry format (None: from the plugin's settings): our format
 # names and their aliases (kv_cache.specs), plus vLLM's spellings of the same formats.
@@ -162,3 +167,42 @@ def check_serve_settings(vllm_config) -> ServeSettings:
         raise UnsupportedSettingError(str(exc)) from None
     main, idx = _formats(vllm_config)
     return ServeSettings(cfg, main, idx)
+
+
+def _kv_memory_source(vllm_config) -> str:
+    import os
+
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and os.environ.get("VLLM_CPU_KVCACHE_SPACE", "") != "":
+        return f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']}"
+    return "--kv-cache-memory-bytes"
+
+
+def check_kv_capacity(vllm_config, settings: ServeSettings) -> None:
+    """One request of ``--max-model-len`` must fit the KV cache, by the accounting vLLM's engine
+    applies when it allocates (``kv_cache.vllm_pool``: its KV cache groups of our layers' pages,
+    the null block held back; checked against vLLM's logged capacity by the serve tests), when the
+    size is already known (``cache_config.kv_cache_memory_bytes``); else nothing to check. Called
+    once the platform has settled that size (the plugin's platform after vLLM's CPU hook read
+    ``VLLM_CPU_KVCACHE_SPACE``; the model's constructor on any platform)."""
+    available = getattr(vllm_config.cache_config, "kv_cache_memory_bytes", None)
+    sched = getattr(vllm_config, "scheduler_config", None)
+    if not available or sched is None:
+        return
+    from vllm_dsv4_hw.kv_cache.vllm_pool import longest_fitting_len, one_request_bytes, \
+        plan_vllm_pool
+
+    cfg, main, idx = settings.cfg, settings.main_format, settings.indexer_format
+    max_len, chunk = int(vllm_config.model_config.max_model_len), int(sched.max_num_batched_tokens)
+    needed = one_request_bytes(plan_vllm_pool(cfg, main, idx, available, max_len, chunk))
+    if needed <= available:
+        return
+    best = longest_fitting_len(cfg, main, idx, available, max_len, chunk)
+    gib = 1 << 30
+    fix = f"lower --max-model-len to at most {best} or give" if best > 0 else "give"
+    raise UnsupportedSettingError(
+        f"--max-model-len {max_len} needs {needed / gib:.3f} GiB of KV cache for one request "
+        f"({main} main and {idx} indexer caches, chunks of up to {chunk} tokens), but the KV "
+        f"cache has {available / gib:.3f} GiB ({_kv_memory_source(vllm_config)}): {fix} the KV "
+        f"cache at least {needed / gib:.3f} GiB (vllm-dsv4-hw kv-plan --memory plans it)")

@@ -30,7 +30,8 @@ from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
 from vllm_dsv4_hw.model.loader import load_weights
 from vllm_dsv4_hw.model.network import DSV4Network
 from vllm_dsv4_hw.model.resident import resident_summary
-from vllm_dsv4_hw.model.serve_checks import UnsupportedSettingError, check_serve_settings
+from vllm_dsv4_hw.model.serve_checks import (UnsupportedSettingError, check_kv_capacity,
+                                             check_serve_settings)
 from vllm_dsv4_hw.parallel import current_layout
 from vllm_dsv4_hw.quant.config import model_quant_config
 
@@ -41,6 +42,7 @@ class DSV4ForCausalLM(nn.Module):
         super().__init__()
         mc = vllm_config.model_config
         settings = check_serve_settings(vllm_config)  # again here: any platform builds the model
+        check_kv_capacity(vllm_config, settings)
         cfg = settings.cfg
         self.cfg = cfg
         self.dtype = mc.dtype

@@ -18,7 +18,8 @@ from __future__ import annotations
 from vllm.logger import init_logger
 from vllm.platforms.cpu import CpuPlatform
 
-from vllm_dsv4_hw.model.serve_checks import UnsupportedSettingError, check_serve_settings
+from vllm_dsv4_hw.model.serve_checks import (UnsupportedSettingError, check_kv_capacity,
+                                             check_serve_settings)
 
 logger = init_logger(__name__)
 
@@ -44,7 +45,7 @@ class DSV4HwCpuPlatform(CpuPlatform):
             super().check_and_update_config(vllm_config)
             return
         # config.json and the flags, checked here in the first process (one line, within seconds)
-        check_serve_settings(vllm_config)
+        settings = check_serve_settings(vllm_config)
         sched = vllm_config.scheduler_config
         cache = vllm_config.cache_config
         # vLLM re-runs this check in the engine process after the KV cache init has set the block
@@ -65,6 +66,7 @@ class DSV4HwCpuPlatform(CpuPlatform):
         super().check_and_update_config(vllm_config)
         sched.enable_chunked_prefill, cache.enable_prefix_caching, \
             sched.max_num_batched_tokens = saved
+        check_kv_capacity(vllm_config, settings)  # vLLM's hook above read VLLM_CPU_KVCACHE_SPACE
         cache.block_size = BLOCK_SIZE
         setattr(cache, _VALIDATED, True)
         sched.disable_hybrid_kv_cache_manager = False

@@ -1,0 +1,132 @@
+"""The network past the sizes the other tests reach: more visible c4a entries than a top-k of 512,
+and positions past 65,536 (YaRN's original context).
+
+* **Top-k 512 with 576 visible entries.** The bf16 tiny checkpoint with ``index_topk`` 512 (the
+  released models' value; the tiny preset has 16) on a 2,304-token prompt: at the end 576 c4a
+  entries are visible, so the indexer drops 64 per token. fp32 network over exact fp32 caches
+  against transformers fp32 (one shot), and chunked prefill + decode against our one shot.
+* **Positions 65,530 - 65,541.** The caches of a sequence at position 65,530 filled with random
+  valid entries (every page of every cache through ``ops.kv_insert``, compressor states random
+  rows: a prefill of 65K tokens is out of reach on two cores, and transformers could not take
+  these caches anyway), then 12 tokens as one chunk against 12 decode steps over the same fill.
+  They cross position 65,536 (a c128a entry completes at 65,535, c4a entries every 4), the YaRN
+  boundary of the tiny model's ``rope_scaling`` (original 65,536, factor 16).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.conftest import SESSION_SEED
+from tests.model.test_network import SingleSequenceRunner
+from vllm_dsv4_hw import ops
+from vllm_dsv4_hw.tools import checkpoint as ck
+
+pytestmark = pytest.mark.usefixtures("vllm_single_rank", "one_thread")
+
+TOPK = 512
+PROMPT = 2304            # 576 c4a entries visible at the end
+PARITY_TOL = 2e-4        # max |dlogprob|, fp32 network vs transformers fp32
+SELF_TOL = 1e-4          # chunked / decode vs our one shot, fp32 caches
+FAR_START = 65530
+FAR_TOKENS = 12
+FAR_TOL = 2e-2           # chunk vs decode over bf16 caches: entries written by a chunk and by single
+#                          steps may round one bf16 ulp apart (fp32 GEMMs of different row counts)
+
+
+@pytest.fixture(scope="module")
+def ckpt_topk512(tmp_path_factory):
+    base = tmp_path_factory.mktemp("long_context") / "tiny-flash"
+    ck.make_checkpoint(base, "tiny-flash", "bf16", SESSION_SEED % 100_000,
+                       progress=lambda _m: None)
+    path = shutil.copytree(base, base.parent / "topk512")
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["index_topk"] < TOPK
+    cfg["index_topk"] = TOPK
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def _ids(vocab: int, n: int, salt: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(SESSION_SEED * 13 + salt)
+    return torch.randint(16, vocab - 64, (n,), generator=gen)
+
+
+@torch.no_grad()
+def test_topk_512_with_more_entries_visible(ckpt_topk512):
+    from transformers import DeepseekV4ForCausalLM
+
+    hf = DeepseekV4ForCausalLM.from_pretrained(ckpt_topk512, dtype=torch.float32).float().eval()
+    assert hf.config.index_topk == TOPK
+    ids = _ids(hf.config.vocab_size, PROMPT, 1)
+    ref = hf(ids[None]).logits[0].log_softmax(-1)
+    del hf
+    runner = SingleSequenceRunner(ckpt_topk512, torch.float32, "fp32", "fp32", max_len=PROMPT)
+    c4a = [m for m in runner.net.modules() if getattr(m, "ratio", None) == 4
+           and hasattr(m, "capture_topk")]
+    assert c4a and all(m.indexer.topk == TOPK for m in c4a)
+    for m in c4a:
+        m.capture_topk = True
+    ours = runner.logprobs(ids)
+    # the last token chose 512 of its 576 visible entries
+    last = c4a[0].last_topk[-1]
+    assert int((last >= 0).sum()) == TOPK and int(last.max()) < PROMPT // 4
+    err = float((ours - ref).abs().max())
+    print(f"\ntop-k {TOPK}, {PROMPT} tokens ({PROMPT // 4} entries visible at the end): "
+          f"max |dlogprob| vs transformers {err:.3g}")
+    assert err <= PARITY_TOL, err
+    chunks = (1000, 1048, 1, 1, 1, 250, 1, 1, 1)  # decode steps at 2048-2050 and 2301-2303
+    split = runner.logprobs(ids, chunks=chunks)
+    self_err = float((split - ours).abs().max())
+    print(f"chunked {chunks} vs one shot: {self_err:.3g}")
+    assert self_err <= SELF_TOL, self_err
+
+
+def _fill_random(caches, gen: torch.Generator) -> None:
+    """Every slot of every cache a valid entry of its format; compressor states random rows."""
+    for lc in caches.values():
+        for cache, fmt in ((lc.window, lc.main_format), (lc.comp, lc.comp_format),
+                           (lc.indexer, lc.indexer_format)):
+            if cache is None:
+                continue
+            n = cache.shape[0] * fmt.entries_per_page
+            ops.kv_insert(cache, torch.arange(n), torch.randn(n, fmt.dim, generator=gen), fmt)
+        for st in (lc.main_state, lc.indexer_state):
+            if st is not None:
+                st.copy_(torch.randn(st.shape, generator=gen))
+
+
+@torch.no_grad()
+def test_positions_past_65536_decode_equals_chunk(ckpt_topk512):
+    cfg = json.loads((ckpt_topk512 / "config.json").read_text())
+    assert cfg["rope_scaling"]["original_max_position_embeddings"] == 65536
+    end = FAR_START + FAR_TOKENS
+    runner = SingleSequenceRunner(ckpt_topk512, torch.float32, "bf16", "bf16", max_len=end)
+    ids = _ids(cfg["vocab_size"], FAR_TOKENS, 2)
+
+    def run(chunks):
+        runner._reset()
+        _fill_random(runner.caches, torch.Generator().manual_seed(SESSION_SEED))
+        runner.pos = FAR_START
+        out, start = [], 0
+        for c in chunks:
+            out.append(runner._step(ids[start:start + c]))
+            start += c
+        return torch.cat(out).log_softmax(-1)
+
+    chunk = run((FAR_TOKENS,))
+    steps = run((1,) * FAR_TOKENS)
+    assert torch.isfinite(chunk).all()
+    err = float((chunk - steps).abs().max())
+    print(f"\npositions {FAR_START}-{end - 1} over random valid caches: decode vs chunk {err:.3g}")
+    assert err <= FAR_TOL, err
+    # the filled prefix matters: another fill gives other logits
+    runner._reset()
+    _fill_random(runner.caches, torch.Generator().manual_seed(SESSION_SEED + 1))
+    runner.pos = FAR_START
+    other = runner._step(ids).log_softmax(-1)
+    assert float((other - chunk).abs().max()) > 50 * FAR_TOL
