@@ -125,6 +125,28 @@ DEVICE = _Var(
     "Device type to plan and run for (auto: cuda, then npu, else cpu).",
 )
 
+def parse_capability(name: str, raw: str) -> tuple[int, int] | None:
+    if not raw:
+        return None
+    try:
+        major, minor = (int(part) for part in raw.split("."))
+    except ValueError:
+        raise SettingError(f"{name}={raw!r} is not a compute capability; use major.minor, "
+                           f"e.g. 8.0 (A100), 8.6, 8.9, 9.0, 10.0, 12.0") from None
+    if not 7 <= major <= 12 or not 0 <= minor <= 9:
+        raise SettingError(f"{name}={raw!r}: compute capability outside 7.0 .. 12.x")
+    return major, minor
+
+
+CUDA_CAPABILITY = _Var(
+    "VLLM_DSV4_HW_CUDA_CAPABILITY",
+    "",
+    parse_capability,
+    "Declare this CUDA compute capability (major.minor) instead of the GPU's, e.g. 8.0 to run the "
+    "sm_80 paths (integer e4m3 encode / decode) on a newer GPU; kernels still compile for the GPU "
+    "present. Empty: the GPU's own.",
+)
+
 PLATFORM = _Var(
     "VLLM_DSV4_HW_PLATFORM",
     "auto",
@@ -150,7 +172,7 @@ TRAP_C_OPS = _Var(
 )
 
 ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS,
-            PLATFORM, KERNEL_FAILURES, TRAP_C_OPS)
+            CUDA_CAPABILITY, PLATFORM, KERNEL_FAILURES, TRAP_C_OPS)
 
 
 def device() -> str:

@@ -12,6 +12,10 @@ import pytest
 import torch
 
 os.environ["VLLM_DSV4_HW_KERNEL_FAILURES"] = "raise"
+if os.environ.get("DSV4_RECORD_LAUNCHES"):  # the launches for the AOT target matrix (tests/aot)
+    from tests.gpu.launches import install
+
+    install(os.environ["DSV4_RECORD_LAUNCHES"])
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 
@@ -16,6 +17,7 @@ from vllm_dsv4_hw.kv_cache.format_choice import (
     choose_formats,
     supported_formats,
 )
+from vllm_dsv4_hw.ops.registry import REGISTRY
 from vllm_dsv4_hw.platform.capabilities import CPU, NPU_A2_A3, cuda_capabilities
 
 
@@ -45,12 +47,15 @@ def test_npu_reason_names_the_missing_capabilities(caplog):
     assert c.reason in line
 
 
-def test_old_cuda_keeps_mxfp4_but_not_fp8():
+def test_ampere_keeps_the_compact_formats():
+    """sm_80 has no e4m3 conversion instructions; the kernels' integer paths keep fp8 entries."""
     caps = cuda_capabilities(8, 0)
-    assert supported_formats("main", caps) == ("bf16",)
-    assert supported_formats("indexer", caps) == ("mxfp4", "bf16")
+    assert caps.fp8 and not caps.fp8_cvt
+    assert cuda_capabilities(8, 9).fp8_cvt and cuda_capabilities(12, 0).fp8_cvt
+    assert supported_formats("main", caps) == ("fp8", "bf16")
+    assert supported_formats("indexer", caps) == ("mxfp4", "fp8", "bf16")
     c = choose_formats("cuda", caps=caps, log=False)
-    assert (c.main, c.indexer) == ("bf16", "mxfp4")
+    assert (c.main, c.indexer) == ("fp8", "mxfp4")
 
 
 def test_supported_formats_per_device():
@@ -140,3 +145,42 @@ def test_info_for_npu_with_an_npu(capsys, npu_device):
     rows = {r["op"]: r["backend"] for r in d["ops"]}
     assert rows["sparse_attention"] == rows["indexer_topk"] == rows["rms_norm"] == "npu"
     assert rows["compressor_pool"] == "reference"
+
+
+@pytest.fixture
+def _declared_capability_restored(monkeypatch):
+    """``--device cuda:M.m`` declares the capability for the process; undo it after the test."""
+    from vllm_dsv4_hw.platform.device import adaptor_for
+
+    monkeypatch.delenv("VLLM_DSV4_HW_CUDA_CAPABILITY", raising=False)
+    yield
+    os.environ.pop("VLLM_DSV4_HW_CUDA_CAPABILITY", None)
+    adaptor_for.cache_clear()
+    REGISTRY.clear_cache()
+
+
+@pytest.mark.parametrize("target,cvt", [("cuda:8.0", False), ("cuda:8.6", False),
+                                        ("cuda:8.9", True), ("cuda:12.0", True)])
+def test_targets_by_compute_capability(capsys, _declared_capability_restored, target, cvt):
+    """Every CUDA target keeps the compact formats (3.432 GiB per 1M-token V4-Flash sequence);
+    below sm_89 the kernels take the integer e4m3 paths; the ops get the triton backend there."""
+    rc, out, err = _run(capsys, "kv-plan", "--model", "v4-flash", "--context", "1M", "--device",
+                        target, "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert (d["main_format"], d["indexer_format"]) == ("fp8", "mxfp4")
+    assert round(d["compressed_plus_indexer_gib"], 3) == 3.432
+    rc, out, err = _run(capsys, "info", "--device", target, "--json")
+    assert rc == 0, err
+    dev = json.loads(out)["device"]
+    assert dev["capabilities"]["fp8"] and dev["capabilities"]["fp8_cvt"] is cvt
+    assert f"declared sm_{target[5:].replace('.', '')}" in dev["name"]
+    assert ("integer bit operations in every kernel" in dev["e4m3"]) is not cvt
+    assert {r["backend"] for r in json.loads(out)["ops"]} == {"triton"}
+
+
+@pytest.mark.parametrize("bad", ["cuda:8", "cuda:x.y", "cuda:13.0", "tpu"])
+def test_bad_device_targets_are_one_line(capsys, bad):
+    assert main(["info", "--device", bad]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument --device" in err[0], err

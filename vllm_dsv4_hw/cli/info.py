@@ -11,6 +11,7 @@ import json
 import logging
 import platform
 
+from vllm_dsv4_hw.cli.device_arg import HELP_TARGETS, apply_device, parse_device
 from vllm_dsv4_hw.cli.main import EXIT_FAILURE, one_line, report_error
 
 logger = logging.getLogger(__name__)
@@ -27,9 +28,11 @@ def add_parser(sub) -> None:
                     "and why.",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--device", default=None, choices=("cpu", "cuda", "npu"),
-                   help="report for this device type instead of the local one: its capabilities, "
-                        "default cache formats and the backend each op would get there")
+    p.add_argument("--device", default=None, type=parse_device, metavar="DEVICE",
+                   help=f"report for this device instead of the local one ({HELP_TARGETS}): its "
+                        "capabilities, default cache formats and the backend each op would get "
+                        "(a cuda:M.m target as if it were present; a bare device type as this "
+                        "machine sees it)")
     p.set_defaults(run=run)
 
 
@@ -90,10 +93,21 @@ def _formats(device_type: str) -> dict:
     return {"main": c.main, "indexer": c.indexer, "reason": c.reason}
 
 
-def collect(device_type: str | None = None) -> tuple[dict, str | None]:
+def _e4m3(caps) -> str:
+    if not caps.fp8:
+        return "none (no fp8 storage: bf16 caches, FP8 checkpoints refused)"
+    if caps.fp8_cvt:
+        return ("hardware conversion in sparse_attention and fp8_block_linear; integer bit "
+                "operations in the cache encoders / decoders")
+    return "integer bit operations in every kernel (no e4m3 conversion instructions)"
+
+
+def collect(device_type: str | None = None, target: bool = False) -> tuple[dict, str | None]:
     """(info dict, error): the error says why the op table is missing, if it is.
 
-    ``device_type`` reports for another device type than the local one (``info --device``)."""
+    ``device_type`` reports for another device type than the local one (``info --device``);
+    ``target``: a device that may not be here, reported as if it were (its declared capabilities
+    decide each op's backend)."""
     from vllm_dsv4_hw.platform.device import adaptor_for, current_adaptor
 
     adaptor = current_adaptor() if device_type is None else adaptor_for(device_type)
@@ -104,6 +118,7 @@ def collect(device_type: str | None = None) -> tuple[dict, str | None]:
             "backend_order": list(adaptor.backend_order),
             "capabilities": dataclasses.asdict(adaptor.capabilities),
             "formats": _formats(adaptor.device_type),
+            "e4m3": _e4m3(adaptor.capabilities),
         },
         "versions": versions(),
         "settings": settings(),
@@ -116,7 +131,7 @@ def collect(device_type: str | None = None) -> tuple[dict, str | None]:
         return out, f"cannot load the op registry: {type(exc).__name__}: {one_line(exc)}"
     out["ops"] = [
         {"op": op, "backend": backend, "reason": reason}
-        for op, backend, reason in REGISTRY.explain(adaptor.device_type)
+        for op, backend, reason in REGISTRY.explain(adaptor.device_type, present=target)
     ]
     return out, None
 
@@ -131,6 +146,7 @@ def format_info(info: dict) -> str:
         f"capabilities: {caps}",
         "cache formats: " + (f"main {fmts['main']}, indexer {fmts['indexer']} ({fmts['reason']})"
                              if "main" in fmts else fmts.get("error", "?")),
+        f"e4m3: {dev['e4m3']}",
         "versions: " + ", ".join(f"{k} {v}" for k, v in ver.items() if k != "vllm_dsv4_hw"),
         "settings: " + ", ".join(f"{k}={v}" for k, v in info["settings"].items()),
     ]
@@ -146,7 +162,9 @@ def format_info(info: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    info, error = collect(getattr(args, "device", None))
+    device = getattr(args, "device", None)
+    # cuda:M.m names a target (reported as if present); a bare type is this machine's view of it
+    info, error = collect(apply_device(device), target=device is not None and ":" in device)
     if error is not None:
         info["ops_error"] = error
     print(json.dumps(info, indent=2) if args.json else format_info(info))

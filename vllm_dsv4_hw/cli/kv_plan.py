@@ -11,7 +11,7 @@ from vllm_dsv4_hw.cli.main import CLIError
 from vllm_dsv4_hw.config import PRESETS, load_config
 from vllm_dsv4_hw.envs import INDEXER_KV_FORMATS, MAIN_KV_FORMATS
 
-DEVICE_TYPES = ("cpu", "cuda", "npu")
+from vllm_dsv4_hw.cli.device_arg import HELP_TARGETS, apply_device, parse_device
 from vllm_dsv4_hw.kv_cache.sizing import (
     BASELINE_V32_BYTES_PER_TOKEN_LAYER,
     GIB,
@@ -62,9 +62,9 @@ def add_parser(sub) -> None:
     p.add_argument("--indexer-format", default=None, choices=INDEXER_KV_FORMATS,
                    help="indexer key entry format (default: VLLM_DSV4_HW_INDEXER_FORMAT, else the "
                         "most compact the device holds: mxfp4 on cuda/cpu, bf16 on npu)")
-    p.add_argument("--device", default=None, choices=DEVICE_TYPES,
-                   help="plan for this device type instead of the local one (sets the default "
-                        "formats and checks explicit ones against its capabilities)")
+    p.add_argument("--device", default=None, type=parse_device, metavar="DEVICE",
+                   help=f"plan for this device instead of the local one ({HELP_TARGETS}; sets the "
+                        "default formats and checks explicit ones against its capabilities)")
     p.add_argument("--memory", type=parse_gib, metavar="GIB",
                    help="KV cache memory in GiB: report how many sequences fit")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="C",
@@ -103,7 +103,7 @@ def _choose(args: argparse.Namespace):
     from vllm_dsv4_hw.kv_cache.format_choice import FormatUnsupportedError, choose_formats
     from vllm_dsv4_hw.platform.device import detect_device_type
 
-    device = args.device or detect_device_type()
+    device = apply_device(args.device) or detect_device_type()
     try:
         return choose_formats(device, args.kv_format, args.indexer_format,
                               main_source="--kv-format" if args.kv_format else

@@ -8,8 +8,8 @@ formats; ``auto`` takes the most compact one the device's capabilities
 ========== ================ =================== ==========================================
 device     main (auto)      indexer (auto)      why
 ========== ================ =================== ==========================================
-cuda sm89+ fp8 (584 B)      mxfp4 (68 B)        fp8 and MXFP4 decode in the kernels
-cuda <sm89 bf16             mxfp4               no fp8 conversion instructions
+cuda       fp8 (584 B)      mxfp4 (68 B)        fp8 and MXFP4 decode in the kernels (integer
+                                                e4m3 paths below sm_89)
 cpu        fp8              mxfp4               the reference codecs run anywhere
 npu A2/A3  bf16 (1024 B)    bf16 (256 B)        no fp8 / MXFP4 storage on Ascend A2/A3
 ========== ================ =================== ==========================================

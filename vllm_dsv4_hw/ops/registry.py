@@ -90,9 +90,9 @@ class OpRegistry:
         _backends.clear_cache()
 
     # -- resolution ---------------------------------------------------------------------------
-    def _why_not(self, impl: OpImpl, device_type: str) -> str | None:
+    def _why_not(self, impl: OpImpl, device_type: str, present: bool = False) -> str | None:
         ok, reason = _backends.backend_available(impl.backend, device_type)
-        if not ok:
+        if not ok and not present:
             return reason
         caps = _backends.device_capabilities(device_type)
         missing = sorted(r for r in impl.requires if not caps.has(r))
@@ -111,7 +111,8 @@ class OpRegistry:
             self._cache[key] = res
         return res
 
-    def _resolve_uncached(self, op: str, device_type: str, warn: bool = True) -> Resolution:
+    def _resolve_uncached(self, op: str, device_type: str, warn: bool = True,
+                          present: bool = False) -> Resolution:
         impls = self.implementations(op)
         per_op = envs.op_backends()
         unknown = sorted(set(per_op) - set(self._impls))
@@ -131,7 +132,7 @@ class OpRegistry:
                     f"{requested!r} implementation (it has: {', '.join(sorted(impls))}). "
                     f"Unset {source} or choose one of those."
                 )
-            why = self._why_not(impl, device_type)
+            why = self._why_not(impl, device_type, present)
             if why is not None:
                 raise BackendUnavailableError(
                     f"{source} asks for backend {requested!r} for op {op!r} on device "
@@ -145,7 +146,7 @@ class OpRegistry:
             impl = impls.get(backend)
             if impl is None:
                 continue  # not implemented for this op: expected, no warning
-            why = self._why_not(impl, device_type)
+            why = self._why_not(impl, device_type, present)
             if why is None:
                 reason = "best available on this device"
                 if skipped:
@@ -169,13 +170,17 @@ class OpRegistry:
             op, device_type, chosen, "; ".join(skipped),
         )
 
-    def explain(self, device: torch.device | str) -> list[tuple[str, str, str]]:
+    def explain(self, device: torch.device | str, present: bool = False
+                ) -> list[tuple[str, str, str]]:
         """(op, backend, reason) for every registered op on ``device``; errors become reasons.
-        A report, not a dispatch: fallbacks are said in the reasons, not also as warnings."""
+        A report, not a dispatch: fallbacks are said in the reasons, not also as warnings.
+        ``present``: as if the device were here (a report for a target this machine lacks: only
+        its declared capabilities decide)."""
         rows = []
         for op in self.ops():
             try:
-                res = self._resolve_uncached(op, device_type_of(device), warn=False)
+                res = self._resolve_uncached(op, device_type_of(device), warn=False,
+                                             present=present)
                 rows.append((op, res.impl.backend, res.reason))
             except (BackendUnavailableError, UnknownOpError) as exc:
                 rows.append((op, "-", f"error: {exc}"))

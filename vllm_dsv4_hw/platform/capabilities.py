@@ -8,7 +8,8 @@ from dataclasses import dataclass, fields
 @dataclass(frozen=True)
 class DeviceCapabilities:
     device_type: str
-    fp8: bool  # can store and compute with float8 e4m3 (cache entries, quantized activations)
+    fp8: bool  # float8 e4m3 bytes the backends encode and decode (cache entries, FP8 weights)
+    fp8_cvt: bool  # e4m3 <-> fp32 conversion instructions (sm_89+); else integer bit operations
     mxfp4: bool  # e2m1 packed storage with ue8m0 block scales can be decoded by the kernels
     bf16: bool
     fp64: bool  # float64 tensors work (oracle tests; Ascend has none)
@@ -22,18 +23,19 @@ class DeviceCapabilities:
         return bool(getattr(self, name))
 
 
-CPU = DeviceCapabilities("cpu", fp8=True, mxfp4=True, bf16=True, fp64=True,
+CPU = DeviceCapabilities("cpu", fp8=True, fp8_cvt=False, mxfp4=True, bf16=True, fp64=True,
                          streams=False, graphs=False, max_grid=2**31 - 1)
 
 
 def cuda_capabilities(major: int, minor: int) -> DeviceCapabilities:
-    # fp8 e4m3 arithmetic needs sm_89+ (Ada/Hopper); older parts can still store bytes, but our
-    # Triton kernels convert in registers, which needs the hardware cvt instructions.
-    fp8 = (major, minor) >= (8, 9)
-    return DeviceCapabilities("cuda", fp8=fp8, mxfp4=True, bf16=major >= 8, fp64=True,
-                              streams=True, graphs=True, max_grid=2**31 - 1)
+    # e4m3 conversion instructions exist from sm_89 (Ada, Hopper, Blackwell); on sm_80 / sm_86 the
+    # Triton kernels encode and decode e4m3 with integer bit operations (ops/triton/quant.py), so
+    # every CUDA part keeps the fp8 cache formats and FP8 weights as shipped.
+    return DeviceCapabilities("cuda", fp8=True, fp8_cvt=(major, minor) >= (8, 9), mxfp4=True,
+                              bf16=major >= 8, fp64=True, streams=True, graphs=True,
+                              max_grid=2**31 - 1)
 
 
 # Ascend A2/A3: no fp8 storage, no fp64; grid bound to the physical core count (see ENVIRONMENT.md).
-NPU_A2_A3 = DeviceCapabilities("npu", fp8=False, mxfp4=False, bf16=True, fp64=False,
+NPU_A2_A3 = DeviceCapabilities("npu", fp8=False, fp8_cvt=False, mxfp4=False, bf16=True, fp64=False,
                                streams=True, graphs=True, max_grid=65535)

@@ -56,6 +56,10 @@ def adaptor_for(device_type: str) -> DeviceAdaptor:
             name = torch.cuda.get_device_name()
         else:
             major, minor, name = 9, 0, "cuda (not present)"
+        declared = envs.CUDA_CAPABILITY.get()
+        if declared is not None and declared != (major, minor):
+            name = f"{name}, declared sm_{declared[0]}{declared[1]} by VLLM_DSV4_HW_CUDA_CAPABILITY"
+            major, minor = declared
         return DeviceAdaptor("cuda", name, cuda_capabilities(major, minor),
                              ("triton", "reference"))
     if device_type == "npu":

@@ -219,8 +219,8 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     sc = a.s.contiguous()
     interp = dev.type == "cpu"
     math = _math(x.dtype, interp)
-    # hardware e4m3 conversion only where the device declares fp8 (never in the interpreter)
-    hw_cvt = not interp and adaptor_for(dev.type).capabilities.fp8
+    # hardware e4m3 conversion only where the device declares it (never in the interpreter)
+    hw_cvt = not interp and adaptor_for(dev.type).capabilities.fp8_cvt
     kb = triton.cdiv(k, a.bk)
     bk_tile = k_tile(a.bk)
     bm = min(64, max(16, triton.next_power_of_2(m)))

@@ -39,11 +39,13 @@ def _max_grid(device: torch.device) -> int:
         return 65535
 
 
-@functools.lru_cache(maxsize=None)
 def _fp8_hw(device: torch.device) -> bool:
+    """Hardware e4m3 conversion: the device's declared capability (``fp8_cvt``)."""
     if device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    from vllm_dsv4_hw.platform.device import adaptor_for
+
+    return adaptor_for("cuda").capabilities.fp8_cvt
 
 
 # Tunables per device kind: BLOCK_H cap, BLOCK_N, num_warps, num_stages, candidates per split
