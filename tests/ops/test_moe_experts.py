@@ -363,8 +363,10 @@ print("MEM", before, after, peak_mib())
 
 
 def test_reference_memory_is_bounded():
-    """One expert dequantized at a time: the peak grows by a few experts' tiles, not by a
-    dequantized copy of the experts (16 experts hit: 16 x 12 MiB in bf16)."""
+    """One expert dequantized at a time: the peak grows by one expert's temporaries, not by a
+    dequantized copy of the experts (16 experts hit: 16 x 12 MiB = 192 MiB in bf16). Measured
+    growth (2026-12-02, 10 runs): 0.3 - 22 MiB, and 73 MiB in about one run of four (the
+    allocator keeping a freed expert's fp32 tile), hence the bound between that and a copy."""
     before, after, copy = memory_mib(_MEM_SCRIPT)
-    assert after - before < 64, (before, after)
+    assert after - before < 128, (before, after)
     assert copy - after > 300, (after, copy)  # the measurement does see a whole copy

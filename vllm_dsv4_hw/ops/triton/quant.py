@@ -152,8 +152,8 @@ def round_to_bf16(x):
 # -- e4m3 (OCP float8_e4m3fn) -----------------------------------------------------------------------
 @triton.jit
 def e4m3_bits_to_f32(c):
-    """e4m3fn bit patterns (uint8 / int) -> fp32 (exact; 0x7F / 0xFF NaN patterns not special-cased:
-    encoders never produce them)."""
+    """e4m3fn bit patterns (uint8 / int) -> fp32, bit-exact with torch's ``float8_e4m3fn`` on all
+    256 codes (0x7F / 0xFF are NaN, which no encoder of ours produces from finite values)."""
     ci = c.to(tl.int32)
     ex = (ci >> 3) & 0xF
     man = ci & 0x7
@@ -161,17 +161,20 @@ def e4m3_bits_to_f32(c):
     normal = (((ci & 0x80) << 24) | ((ex + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
     sub = man.to(tl.float32) * 0.001953125
     sub = tl.where((ci & 0x80) != 0, -sub, sub)
-    return tl.where(ex == 0, sub, normal)
+    out = tl.where(ex == 0, sub, normal)
+    nan = (((ci & 0x80) << 24) | 0x7FC00000).to(tl.float32, bitcast=True)  # keeps the sign
+    return tl.where((ci & 0x7F) == 0x7F, nan, out)
 
 
 @triton.jit
 def f32_to_e4m3_bits(v):
-    """fp32 -> e4m3fn bit patterns (uint8): clamp to +-448, round to nearest even (bit-exact with
-    ``kv_cache.formats.fp8_ds_mla.e4m3_encode`` after its callers' clamp)."""
-    v = tl.minimum(tl.maximum(v, -448.0), 448.0)
-    bits = v.to(tl.uint32, bitcast=True)
-    sign = (bits >> 24) & 0x80
-    a_bits = bits & 0x7FFFFFFF
+    """fp32 -> e4m3fn bit patterns (uint8): saturate to +-448 (Inf included), round to nearest even,
+    NaN -> 0x7F with its sign: bit-exact with torch's ``.to(torch.float8_e4m3fn)`` and with
+    ``kv_cache.formats.fp8_ds_mla.e4m3_encode``."""
+    nan = v != v
+    sign = (v.to(tl.uint32, bitcast=True) >> 24) & 0x80  # NaN keeps its sign bit, as in torch
+    v = tl.where(nan, 0.0, tl.minimum(tl.maximum(v, -448.0), 448.0))
+    a_bits = v.to(tl.uint32, bitcast=True) & 0x7FFFFFFF
     # normal range |v| >= 2^-6: round the fp32 mantissa at bit 20 (ties to even), rebias 127 -> 7
     rn = (a_bits + 0x7FFFF + ((a_bits >> 20) & 1)) >> 20
     code_n = rn.to(tl.int32) - (120 << 3)
@@ -179,6 +182,7 @@ def f32_to_e4m3_bits(v):
     a = a_bits.to(tl.float32, bitcast=True)
     m = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
     code = tl.where(a_bits < 0x3C800000, m, code_n)  # 0x3C800000 = 2^-6
+    code = tl.where(nan, 0x7F, code)
     return (code | sign.to(tl.int32)).to(tl.uint8)
 
 

@@ -1,0 +1,122 @@
+"""Every Triton kernel of the package compiled ahead of time for each GPU target, with the launch
+options the product really uses, on a machine without a GPU.
+
+The launches are recorded on the H200 by the GPU tier (``DSV4_RECORD_LAUNCHES``,
+``tests/gpu/launches.py``): every kernel specialization the tier compiled, natively
+(``launches-h200-native.json``: sm_89+ paths, hardware e4m3 conversion) and with
+``VLLM_DSV4_HW_CUDA_CAPABILITY=8.0`` (``launches-h200-declared-sm80.json``: what an sm_80 / sm_86
+part launches, integer e4m3 paths). Each target compiles the set its capability selects, down to
+the device binary, and its shared memory must fit the target's per-block limit (Triton checks that
+only when it loads a binary on the device). A kernel whose arguments changed since the recording,
+or a launched kernel with no record, fails here: re-record on a GPU with
+``DSV4_RECORD_LAUNCHES=tests/aot/launches-h200-native.json bash benchmarks/with_vllm.sh python3 -m
+pytest -m gpu tests/gpu`` (and again with the declared capability for the sm_80 file).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.subprocess_scripts import HAS_PTXAS, ROOT
+
+pytest.importorskip("triton")
+
+HERE = Path(__file__).parent
+NATIVE = HERE / "launches-h200-native.json"
+SM80 = HERE / "launches-h200-declared-sm80.json"
+KIB = 1024
+# target -> (GPUTarget fields, launches, shared memory per block the target allows)
+TARGETS = {
+    "sm_80": (("cuda", "80", "32"), SM80, 163 * KIB),      # A100 / A800
+    "sm_86": (("cuda", "86", "32"), SM80, 99 * KIB),       # RTX 3090, A5000, A40
+    "sm_89": (("cuda", "89", "32"), NATIVE, 99 * KIB),     # L40, L20, RTX 4090
+    "sm_90": (("cuda", "90", "32"), NATIVE, 227 * KIB),    # H100 / H200
+    "sm_100": (("cuda", "100", "32"), NATIVE, 227 * KIB),  # B200
+    "sm_120": (("cuda", "120", "32"), NATIVE, 99 * KIB),   # RTX 5090, RTX PRO 6000
+    "gfx942": (("hip", "gfx942", "64"), NATIVE, 64 * KIB),   # MI300X (LDS)
+    "gfx950": (("hip", "gfx950", "64"), NATIVE, 160 * KIB),  # MI355X (LDS)
+}
+# Kernels the GPU tier does not launch (so nothing recorded them), with the reason.
+NOT_RECORDED = {
+    "kv_insert._kv_gather_kernel": "kv_gather serves the conformance kit and tests, not the "
+                                   "served layer; the GPU tier has no case for it",
+}
+
+
+def _compile(target: str) -> list[dict]:
+    fields, launches, _ = TARGETS[target]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "tests.aot.compile_launches", str(launches),
+                           *fields], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1500)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")]
+    assert line, f"{target}: compile worker failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(line[-1][len("RESULTS"):])
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """All targets, two compile workers at a time (the CI machine has two cores)."""
+    with ThreadPoolExecutor(2) as pool:
+        futures = {t: pool.submit(_compile, t) for t in TARGETS}
+        return {t: f.result() for t, f in futures.items()}
+
+
+@pytest.mark.skipif(not HAS_PTXAS, reason="Triton's bundled ptxas is not installed")
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_every_launch_compiles_for(target, compiled):
+    rows = compiled[target]
+    limit = TARGETS[target][2]
+    failed = [f"{r['kernel']} {r['constexprs']} (num_warps {r['num_warps']}): {r['error']}"
+              for r in rows if r["error"]]
+    over = [f"{r['kernel']} {r['constexprs']}: {r['shared']} B shared > {limit} B"
+            for r in rows if r["shared"] is not None and r["shared"] > limit]
+    kernels = {r["kernel"] for r in rows}
+    print(f"\n{target}: {len(rows)} launches of {len(kernels)} kernels compiled, max shared "
+          f"{max((r['shared'] or 0) for r in rows)} B of {limit}")
+    assert len(rows) >= 80 and len(kernels) >= 20, (len(rows), sorted(kernels))
+    assert not failed, f"{len(failed)} of {len(rows)} launches failed:\n" + "\n".join(failed)
+    assert not over, "\n".join(over)
+
+
+def test_targets_without_e4m3_conversion_take_the_integer_paths():
+    """The sm_80 file holds no launch with the hardware e4m3 conversion switched on, the native
+    one does (the integer paths are what sm_80 / sm_86 compile)."""
+    def hw(path):
+        return {r["kernel"]: r["constexprs"].get("FP8_HW", r["constexprs"].get("HW_CVT"))
+                for r in json.loads(path.read_text())["launches"]
+                if r["constexprs"].get("FP8_HW", r["constexprs"].get("HW_CVT"))}
+    assert hw(SM80) == {}
+    assert set(hw(NATIVE)) == {"_fp8_block_linear_kernel", "_sparse_attn_fwd"}
+
+
+def _launched_kernels() -> set[str]:
+    """``module.kernel`` for every @triton.jit function of ops/triton launched as
+    ``kernel[grid](...)`` in its module (device helpers are called, not launched)."""
+    out = set()
+    for path in sorted((ROOT / "vllm_dsv4_hw" / "ops" / "triton").glob("*.py")):
+        src = path.read_text()
+        jit = set(re.findall(r"@triton\.jit[^\n]*\ndef (\w+)", src))
+        out |= {f"{path.stem}.{k}" for k in jit if re.search(rf"\b{k}\[", src)}
+    return out
+
+
+def test_every_launched_kernel_is_recorded():
+    recorded = set()
+    for path in (NATIVE, SM80):
+        launches = json.loads(path.read_text())["launches"]
+        recorded |= {f"{r['module'].rsplit('.', 1)[-1]}.{r['kernel']}" for r in launches}
+    launched = _launched_kernels()
+    assert len(launched) >= 20, launched
+    missing = launched - recorded - set(NOT_RECORDED)
+    assert not missing, f"launched but never recorded on a GPU (re-record, see the docstring): " \
+                        f"{sorted(missing)}"
+    assert not set(NOT_RECORDED) & recorded, "recorded now: drop it from NOT_RECORDED"
+    assert not recorded - launched, f"recorded kernels that are gone: {sorted(recorded - launched)}"
