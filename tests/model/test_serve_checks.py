@@ -114,3 +114,20 @@ def test_kv_capacity_for_one_request(ckpt, monkeypatch, max_len, kv_bytes, fits)
     msg = str(exc.value)
     assert msg.startswith(f"--max-model-len {max_len} needs ") and "\n" not in msg, msg
     assert "(--kv-cache-memory-bytes)" in msg and "at most 792" in msg, msg
+
+
+def test_a_gpu_without_bf16_is_refused(ckpt, monkeypatch):
+    """A V100 (sm_70) as the device: one line naming the device and what is supported."""
+    from vllm_dsv4_hw.platform.device import adaptor_for
+
+    monkeypatch.setenv("VLLM_DSV4_HW_DEVICE", "cuda")
+    monkeypatch.setenv("VLLM_DSV4_HW_CUDA_CAPABILITY", "7.0")
+    adaptor_for.cache_clear()
+    try:
+        with pytest.raises(UnsupportedSettingError) as exc:
+            check_serve_settings(_config(ckpt))
+    finally:
+        monkeypatch.undo()
+        adaptor_for.cache_clear()
+    msg = str(exc.value)
+    assert "needs bf16 compute" in msg and "declared sm_70" in msg and "\n" not in msg, msg

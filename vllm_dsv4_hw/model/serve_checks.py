@@ -98,6 +98,20 @@ def _check_parallel(vllm_config, cfg: DSV4Config) -> None:
             "vllm-dsv4-hw: the MTP layer is not served; drop the flag")
 
 
+def _check_device() -> None:
+    """The kernels compute in bf16 (tensor-core MMA from sm_80): a device without it is refused
+    here rather than failing inside a kernel."""
+    from vllm_dsv4_hw.platform.device import adaptor_for
+
+    device = detect_device_type()
+    adaptor = adaptor_for(device)
+    if not adaptor.capabilities.bf16:
+        raise UnsupportedSettingError(
+            f"DeepSeek V4 on vllm-dsv4-hw needs bf16 compute, which {device} ({adaptor.name}) "
+            f"lacks: CUDA GPUs from compute capability 8.0 (A100, RTX 30xx and newer), Ascend "
+            f"A2/A3, AMD MI300; V100 / T4 (sm_70 / sm_75) are not supported")
+
+
 def _formats(vllm_config) -> tuple[str, str]:
     cache_dtype = str(vllm_config.cache_config.cache_dtype)
     if cache_dtype not in KV_CACHE_DTYPES:
@@ -158,6 +172,7 @@ def check_serve_settings(vllm_config) -> ServeSettings:
     except ConfigError as exc:
         raise UnsupportedSettingError(str(exc)) from None
     _check_tensor_index(mc, raw, cfg)
+    _check_device()
     _check_parallel(vllm_config, cfg)
     from vllm_dsv4_hw.quant.config import model_quant_config
 
