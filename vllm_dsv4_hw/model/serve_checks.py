@@ -15,9 +15,9 @@ instead of inside a worker traceback:
   speculative decoding (the MTP layer is not served), ``--quantization`` against the checkpoint's,
   ``--kv-cache-dtype`` and ``--attention-config.indexer_kv_dtype`` against what the device holds;
 * the KV cache's size, where it is known before the engine starts (``--kv-cache-memory-bytes``;
-  on CPU ``VLLM_CPU_KVCACHE_SPACE``): :func:`check_kv_capacity` asks vLLM's own accounting
-  (``max_memory_usage_bytes`` / ``estimate_max_model_len`` over our layers' KV cache specs)
-  whether one request of ``--max-model-len`` fits, and says what would. Where the size comes from
+  on CPU ``VLLM_CPU_KVCACHE_SPACE``): :func:`check_kv_capacity` asks whether one request of
+  ``--max-model-len`` fits by the accounting vLLM's engine applies (``kv_cache.vllm_pool``; vLLM's
+  own helpers need the KV cache layout, which only the engine resolves), and says what would. Where the size comes from
   profiling (GPUs), vLLM's own check at KV cache allocation applies.
 """
 

@@ -101,7 +101,7 @@ def guard(op: str, backend: str, reference: Callable, failures: tuple[type[BaseE
                                    backend, op, what, err, op)
                 return reference(*args, **kwargs)
 
-        wrapper.unguarded = fn  # the implementation without the policy (tests, benchmarks)
+        wrapper.unguarded = fn  # marks the op as guarded; the raw implementation, without the policy
         return wrapper
 
     return deco
