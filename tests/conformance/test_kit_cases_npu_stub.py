@@ -23,7 +23,22 @@ def _ctx(seed: int) -> C.Ctx:
                  indexer_formats=supported_formats("indexer", NPU_A2_A3))
 
 
-def test_kit_cases_pass_on_the_npu_backend(gen):
+@pytest.fixture(params=[False, True], ids=["torch_npu-only", "vllm-ascend-ops"])
+def ascend_ops(request):
+    """The vllm-ascend operator stubs (tests/stubs/vllm_ascend_ops_stub) off, then on."""
+    import vllm_ascend_ops_stub
+
+    from vllm_dsv4_hw.ops.npu import reset_fallbacks
+
+    with vllm_ascend_ops_stub.active(request.param):
+        reset_fallbacks()
+        REGISTRY.clear_cache()
+        yield request.param
+    reset_fallbacks()
+    REGISTRY.clear_cache()
+
+
+def test_kit_cases_pass_on_the_npu_backend(gen, ascend_ops):
     import torch_npu
 
     seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen))
@@ -47,10 +62,47 @@ def test_kit_cases_pass_on_the_npu_backend(gen):
                        "qnorm_rope_kv_insert", "sparse_attention", "indexer_topk",
                        "compressor_store"}
     calls = torch_npu._control.calls
-    for operator in ("npu_rms_norm", "npu_rotary_mul", "npu_scatter_nd_update_",
-                     "npu_fused_infer_attention_score", "npu_lightning_indexer"):
+    # small dims: 4 heads, below npu_sparse_attn_sharedkv's 64, so attention stays on FIA here
+    # (the real-dims test below runs it); fp32 RoPE inputs stay on npu_rotary_mul
+    used = ["npu_rms_norm", "npu_rotary_mul", "npu_fused_infer_attention_score",
+            "npu_lightning_indexer"]
+    used += (["npu_scatter_nd_update_v2", "inplace_partial_rotary_mul"] if ascend_ops
+             else ["npu_scatter_nd_update_"])
+    for operator in used:
         assert calls[operator] > before.get(operator, 0), \
             f"{operator} never ran: the vendor path was not exercised"
+    if ascend_ops:
+        assert calls["npu_scatter_nd_update_"] == before.get("npu_scatter_nd_update_", 0)
+    else:
+        assert calls["npu_scatter_nd_update_v2"] == before.get("npu_scatter_nd_update_v2", 0)
+
+
+def test_kit_sparse_attention_cases_at_real_dims_through_sparse_attn_sharedkv(gen):
+    """V4-Flash decode dims (64 heads, window 128, top-512; c4a and c128a), vllm-ascend's
+    attention operator stubbed in: every case passes and the operator served all of them."""
+    import torch_npu
+    import vllm_ascend_ops_stub
+
+    from vllm_dsv4_hw.ops.npu import reset_fallbacks
+
+    seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen))
+    choice = choose_formats("npu", "auto", "auto", caps=NPU_A2_A3, log=False)
+    ctx = C.Ctx(device=torch.device("cpu"), caps=NPU_A2_A3, dims=C.SHAPES["real"],
+                gen=torch.Generator().manual_seed(seed), main_fmt=choice.main,
+                indexer_fmt=choice.indexer, main_formats=("bf16",),
+                indexer_formats=("bf16",))
+    calls = torch_npu._control.calls
+    before = (calls["npu_sparse_attn_sharedkv"], calls["npu_fused_infer_attention_score"])
+    with vllm_ascend_ops_stub.active(True):
+        reset_fallbacks()
+        cases = C.BUILDERS["sparse_attention"](ctx)
+        fn = REGISTRY.implementations("sparse_attention")["npu"].fn
+        results = [(case.name, case.run(fn)) for case in cases]
+    reset_fallbacks()
+    bad = [f"{name}: {res[1]}" for name, res in results if not res[0]]
+    assert len(results) == 2 and not bad, f"seed {seed}: {bad}"
+    assert calls["npu_sparse_attn_sharedkv"] - before[0] == 2  # one launch per case (64 heads)
+    assert calls["npu_fused_infer_attention_score"] == before[1]
 
 
 @pytest.mark.parametrize("broken", ["npu_lightning_indexer", "npu_fused_infer_attention_score"])

@@ -55,3 +55,18 @@ def no_torch_npu(monkeypatch):
     REGISTRY.clear_cache()
     yield
     REGISTRY.clear_cache()
+
+
+@pytest.fixture
+def ascend_ops(stub):
+    """vllm-ascend's custom ops 'loaded in this process': the CPU stubs of
+    tests/stubs/vllm_ascend_ops_stub registered as torch.ops._C_ascend and the detection marker set
+    (switched off again afterwards)."""
+    import vllm_ascend_ops_stub
+
+    with vllm_ascend_ops_stub.active(True):
+        _vendor.reset_fallbacks()
+        REGISTRY.clear_cache()
+        yield vllm_ascend_ops_stub
+    _vendor.reset_fallbacks()
+    REGISTRY.clear_cache()

@@ -48,7 +48,18 @@ VLLM_ASCEND_OPS = {
     # [T, 1, 1, R] with each angle repeated for its pair; -sin gives the inverse rotation
     # (vllm_ascend.attention.dsa_v1 uses it for q, kv and the output epilogue)
     "inplace_partial_rotary_mul": "rope",
+    # DeepSeek V4 shared-KV attention: sliding window (positions t-127..t through a block table)
+    # + compressed entries (top-512 indices, causal limit (t+1)//cmp_ratio) + per-head fp32 sinks;
+    # fed with each token's gathered rows as its own pages (ops/npu/sas.py)
+    "npu_sparse_attn_sharedkv": "sparse_attention",
+    # its split plan ([1024] int32), required by the attention operator
+    "npu_sparse_attn_sharedkv_metadata": "sparse_attention",
+    # ScatterNdUpdate written through var's strides (int8 included): both scatters of kv_insert
+    "npu_scatter_nd_update_v2": "kv_insert",
 }
+# Read and not used (docs/npu-ops.md says why): compressor / compressor_metadata,
+# npu_vllm_quant_lightning_indexer(+_metadata), npu_kv_quant_sparse_attn_sharedkv(+_metadata),
+# kv_compress_epilog, npu_hc_pre_v2, npu_hc_post.
 
 
 def _one_line(exc: object) -> str:

@@ -11,11 +11,13 @@ op                        served by
 ========================= ===========================================================
 rms_norm, qkv_rms_norm    npu_rms_norm
 rope                      npu_rotary_mul (interleave); vllm-ascend inplace_partial_rotary_mul
-kv_insert                 format codec + npu_scatter_nd_update_ (data and scale parts)
+kv_insert                 format codec + npu_scatter_nd_update_ (data and scale parts);
+                          vllm-ascend npu_scatter_nd_update_v2 where loaded
 kv_gather                 reference gather (tensor ops; paired with kv_insert)
 qnorm_rope_kv_insert      npu rms_norm + rope + kv_insert
 compressor_store          dispatched compressor_pool + npu rms_norm + rope + kv_insert
-sparse_attention          npu_fused_infer_attention_score (+ sink from its lse)
+sparse_attention          vllm-ascend npu_sparse_attn_sharedkv where loaded and the call fits
+                          (sas.py); else npu_fused_infer_attention_score (+ sink from its lse)
 indexer_topk              npu_lightning_indexer (bf16 keys)
 inv_rope_fp8_quant        npu_rotary_mul + fp8 quant; requires fp8 (not A2/A3)
 ========================= ===========================================================

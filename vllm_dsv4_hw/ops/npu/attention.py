@@ -1,5 +1,9 @@
-"""npu ``sparse_attention`` (npu_fused_infer_attention_score) and ``indexer_topk``
-(npu_lightning_indexer).
+"""npu ``sparse_attention`` (vllm-ascend's npu_sparse_attn_sharedkv where it is loaded, else
+npu_fused_infer_attention_score) and ``indexer_topk`` (npu_lightning_indexer).
+
+In a process where vllm-ascend loaded its operators, calls that fit ``npu_sparse_attn_sharedkv``
+(bf16 / fp16, heads a multiple of 64, D 512, at most 128 window and 512 compressed rows per token)
+go through it (``sas.py``); every other call takes the torch_npu path below.
 
 sparse_attention, bf16 / fp16 queries: per chunk of tokens, the candidate rows (window slots, then
 compressed slots, as the contract orders them) are dequantized once per distinct slot, the valid
@@ -26,6 +30,7 @@ import torch
 
 from vllm_dsv4_hw.ops.api import INDEXER_TOPK, SPARSE_ATTENTION
 from vllm_dsv4_hw.ops.checks import check_sparse_attention_args
+from vllm_dsv4_hw.ops.npu import sas
 from vllm_dsv4_hw.ops.npu._vendor import call, npu_op
 from vllm_dsv4_hw.ops.reference import indexer as ref_indexer
 from vllm_dsv4_hw.ops.reference import sparse_attention as ref_sa
@@ -57,6 +62,13 @@ def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: 
     t, h, d, use_comp = check_sparse_attention_args(q, window_slots, comp_cache, comp_slots, fmt,
                                                     sink, comp_fmt)
     n_cand = window_slots.shape[1] + (comp_slots.shape[1] if use_comp else 0)
+    if t > 0 and sas.fits(q):
+        ops = sas.operators()  # vllm-ascend's own DeepSeek V4 attention, where it is loaded
+        if ops is not None:
+            out = sas.sparse_attention(ops, q, window_cache, window_slots, comp_cache, comp_slots,
+                                       fmt, comp_fmt, sink, scale, use_comp)
+            if out is not None:
+                return out
     if not _fits_fia(q, n_cand) or t == 0:  # dtypes / sizes the operator does not take
         return ref_sa.sparse_attention(q, window_cache, window_slots, comp_cache, comp_slots, fmt,
                                        sink, scale, comp_fmt=comp_fmt)

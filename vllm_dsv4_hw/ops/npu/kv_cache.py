@@ -6,7 +6,9 @@ e2m1 codes with power-of-two scales) + ``torch_npu.npu_scatter_nd_update_`` into
 one scatter for the entries' data parts ``[P, E, data_bytes]`` and one for their scale parts
 ``[P, E, scale_bytes]``, indexed by (page, offset) rows. The cache is uint8, which the scatter does
 not take on A2/A3, so both sides are viewed as int8 (same bytes). Page padding and neighbouring
-entries are never touched.
+entries are never touched. In a process where vllm-ascend loaded its operators the two scatters
+are its ``npu_scatter_nd_update_v2`` instead (same ScatterNd semantics, int8 as well, and it is
+handed the strides of the page views, which are not contiguous when a page holds scale bytes).
 
 ``kv_gather`` is the reference gather (indexing + decode are plain tensor ops).
 ``qnorm_rope_kv_insert`` and ``compressor_store`` compose the npu rms_norm / rope / kv_insert (each
@@ -21,12 +23,15 @@ import torch
 from vllm_dsv4_hw.kv_cache import paged
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.api import COMPRESSOR_STORE, KV_GATHER, KV_INSERT, QNORM_ROPE_KV_INSERT
-from vllm_dsv4_hw.ops.npu._vendor import call, npu_op
+from vllm_dsv4_hw.ops.npu._vendor import call, call_fn, npu_op, vllm_ascend_op
 from vllm_dsv4_hw.ops.npu.norm import rms_norm
 from vllm_dsv4_hw.ops.npu.rope import rope
 from vllm_dsv4_hw.ops.reference import fused as ref_fused
 from vllm_dsv4_hw.ops.reference import kv_cache_ops as ref_kv
 from vllm_dsv4_hw.ops.registry import register_op
+
+# vllm-ascend's ScatterNdUpdate taking var's strides (its DSA cache scatter), where it is loaded
+SCATTER_V2 = "npu_scatter_nd_update_v2"
 
 
 @register_op(KV_INSERT, "npu")
@@ -38,11 +43,15 @@ def kv_insert(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt) ->
     data_v, scale_v, slots, data, scales = rows
     e = fmt.entries_per_page
     index = torch.stack([slots // e, slots % e], dim=-1)  # [N, 2]: (page, offset)
-    call("npu_scatter_nd_update_", data_v.view(torch.int8), index,
-         data.contiguous().view(torch.int8))
-    if fmt.scale_bytes:
-        call("npu_scatter_nd_update_", scale_v.view(torch.int8), index,
-             scales.contiguous().view(torch.int8))
+    parts = [(data_v, data)] + ([(scale_v, scales)] if fmt.scale_bytes else [])
+    v2 = vllm_ascend_op(SCATTER_V2)
+    for var, rows_part in parts:
+        if v2 is not None:  # writes through var's strides: no contiguous round trip of the view
+            call_fn(SCATTER_V2, v2, var.view(torch.int8), index,
+                    rows_part.contiguous().view(torch.int8))
+        else:
+            call("npu_scatter_nd_update_", var.view(torch.int8), index,
+                 rows_part.contiguous().view(torch.int8))
 
 
 @register_op(KV_GATHER, "npu")
