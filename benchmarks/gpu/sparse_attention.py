@@ -228,12 +228,35 @@ def _sweep(device, tsa, smoke: bool) -> list[dict]:
     ]
     cases = [("fp8_ds_mla", t) for t in ((1, 2) if smoke else (1, 8, 64))]
     cases.append(("bf16", 2 if smoke else 8))
+    return _sweep_cases(device, tsa, smoke, configs, cases, (None, 1, 4, 16), h, d, w, k)
+
+
+def sweep_large(device, tsa, smoke: bool = False) -> list[dict]:
+    """Choices for many tokens at once (prefill chunks, decode batches of 64): head blocks up to
+    all 64 heads (each entry tile read once per head block), longer tiles, pipelining, and split-K
+    on or off (the device is full without it)."""
+    h, d, w, k = (4, 512, 8, 24) if smoke else (64, 512, 128, 512)
+    configs = [dict(block_h=16, block_n=32, num_warps=4), dict(block_h=16, block_n=64, num_warps=4),
+               dict(block_h=32, block_n=32, num_warps=4), dict(block_h=32, block_n=32, num_warps=8),
+               dict(block_h=32, block_n=64, num_warps=8), dict(block_h=64, block_n=16, num_warps=8),
+               dict(block_h=64, block_n=32, num_warps=8),
+               dict(block_h=32, block_n=32, num_warps=8, num_stages=2),
+               dict(block_h=64, block_n=32, num_warps=8, num_stages=2),
+               dict(block_h=32, block_n=32, num_warps=8, prefetch=False),
+               dict(block_h=64, block_n=32, num_warps=8, prefetch=False)]
+    if smoke:
+        configs = configs[:2]
+    cases = [(f, t) for f in ("bf16", "fp8_ds_mla") for t in ((2,) if smoke else (64, 4096))]
+    return _sweep_cases(device, tsa, smoke, configs, cases, (None, 1), h, d, w, k)
+
+
+def _sweep_cases(device, tsa, smoke, configs, cases, split_choices, h, d, w, k) -> list[dict]:
     rows = []
     for fmt_name, t in cases:
         args, fmt = make_inputs(device, fmt_name, t, h=h, d=d, window=w, topk=k,
                                 cache_entries=1024 if smoke else 131072)
         for i, cfg in enumerate(configs):
-            for splits in (None, 1, 4, 16):
+            for splits in split_choices:
                 if smoke and (i > 1 or splits == 16):
                     continue
                 kw = dict(cfg, num_splits=splits)

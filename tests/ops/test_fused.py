@@ -288,3 +288,26 @@ def test_triton_kernels_with_capped_grid(monkeypatch, table, gen):
     assert (tri[3][0].view(torch.uint8).int() - ref[3][0].view(torch.uint8).int()).abs().max() <= 1
     for a, b in [(tri[4][0], ref[4][0]), (tri[4][1], ref[4][1]), (tri[5], ref[5]), (tri[6], ref[6])]:
         torch.testing.assert_close(a.double(), b.double(), rtol=2 ** -7, atol=1e-5)
+
+
+@pytest.mark.skipif("triton" not in cpu_backends(QNORM_ROPE_KV_INSERT), reason="triton not runnable")
+@pytest.mark.parametrize("fmt_name", ["fp8", "bf16"])
+def test_triton_qnorm_separate_launches_equal_fused(monkeypatch, fmt_name, table, gen):
+    """From SEPARATE_FROM_TOKENS tokens the query rows and the KV rows are two launches: the same
+    bits as the one fused launch (which the oracle test above checks), with a -1 slot left alone."""
+    from vllm_dsv4_hw.ops.triton import fused_qkv
+
+    t, h, e = len(POSITIONS), 3, 8
+    fmt = make_format(fmt_name, "main", e)
+    q, kv = _rows(gen, (t, h, D), torch.bfloat16), _rows(gen, (t, D), torch.bfloat16)
+    slots = torch.randperm(3 * e, generator=gen)[:t]
+    slots[2] = -1
+    pos = torch.tensor(POSITIONS)
+    got = {}
+    for separate in (10 ** 9, 1):
+        monkeypatch.setattr(fused_qkv, "SEPARATE_FROM_TOKENS", separate)
+        cache = fmt.new_cache(3).fill_(POISON)
+        got[separate] = (impl(QNORM_ROPE_KV_INSERT, "triton")(q, kv, pos, table, 1e-6, cache,
+                                                               slots, fmt), cache)
+    assert torch.equal(got[1][0], got[10 ** 9][0]) and torch.equal(got[1][1], got[10 ** 9][1])
+    assert (got[1][1] == POISON).any()  # the skipped slot and the spare pages kept their bytes

@@ -157,6 +157,43 @@ def test_plan_splits():
     assert tsa._plan_splits(1, 1, 40, 16, 64, 132, 100) == (3, 16)
 
 
+
+def test_launch_config_by_regime(monkeypatch):
+    # Which tunables a CUDA call gets (sparse_attention_launch): decode-sized calls the decode
+    # tiles with split-K; a full device no 256-candidate splits; prefill chunks and bf16 batches
+    # their larger tiles, but only where the declared shared memory holds them.
+    from vllm_dsv4_hw.ops.triton import sparse_attention_launch as launch
+
+    monkeypatch.setattr(launch, "_interpreting", lambda: False)
+    cuda = torch.device("cuda")
+    base = launch.CONFIGS["cuda"]
+    for smem in (227 * 1024, 163 * 1024):  # sm_90 / sm_100, sm_80
+        monkeypatch.setattr(launch, "_shared_mem", lambda dev: smem)
+        assert launch._config(cuda, 1, 64, "fp8_ds_mla", cores=132) == base
+        assert launch._config(cuda, 32, 64, "bf16", cores=132) == base  # 128 programs < 132
+        b64 = launch._config(cuda, 64, 64, "fp8_ds_mla", cores=132)
+        assert b64 == dict(base, max_chunk=2048)
+        assert launch._config(cuda, 64, 64, "bf16", cores=132)["block_n"] == 64
+        pre = launch._config(cuda, 4096, 64, "bf16", cores=132)
+        assert (pre["block_h"], pre["num_warps"], pre["prefetch"]) == (64, 8, False)
+    monkeypatch.setattr(launch, "_shared_mem", lambda dev: 99 * 1024)  # sm_86 / 89 / 120
+    for t, fmt in ((4096, "bf16"), (4096, "fp8_ds_mla"), (64, "bf16")):
+        assert launch._config(cuda, t, 64, fmt, cores=132) == dict(base, max_chunk=2048)
+    # a 640-candidate list is one split on a full device, an 8K one (c128a at 1M) still splits
+    assert tsa._plan_splits(64, 4, 640, 32, 32, 132, None, 2048) == (1, 640)
+    assert tsa._plan_splits(64, 4, 8320, 32, 32, 132, None, 2048)[0] == 5
+
+
+def test_shared_memory_capability():
+    from vllm_dsv4_hw.platform.capabilities import cuda_capabilities
+
+    kib = 1024
+    assert cuda_capabilities(8, 0).shared_mem == 163 * kib
+    assert cuda_capabilities(8, 6).shared_mem == cuda_capabilities(8, 9).shared_mem == 99 * kib
+    assert cuda_capabilities(9, 0).shared_mem == cuda_capabilities(10, 0).shared_mem == 227 * kib
+    assert cuda_capabilities(12, 0).shared_mem == 99 * kib
+    assert cuda_capabilities(9, 4, hip=True).shared_mem == 64 * kib  # MI300 answers 9.4
+
 @triton.jit
 def _decode_kernel(code_ptr, out_ptr, FP8_HW: tl.constexpr):
     i = tl.arange(0, 256)

@@ -16,6 +16,15 @@ class DeviceCapabilities:
     streams: bool  # independent execution queues with events
     graphs: bool  # capture/replay of a whole step
     max_grid: int  # largest 1-D launch grid the backend should use
+    # shared memory one kernel block may use (bytes, opt-in maximum); 0 = unknown (small tiles)
+    shared_mem: int = 0
+    # Launch-plan limits of the device's Triton (ops/triton/launch.py reads them):
+    # the smallest M, N and K of a tl.dot (NVIDIA 16-bit operands need K >= 16; triton-ascend 3.2
+    # asserts M, N, K >= 16, and so does its interpreter, which runs the kernels for CPU tensors)
+    dot_min: int = 16
+    # the grid is bound to the physical cores (Ascend): at most one program per core, the kernels'
+    # grid-stride loops cover the rest; False = the hardware schedules any grid up to max_grid
+    grid_cores: bool = False
 
     def has(self, name: str) -> bool:
         if name not in {f.name for f in fields(self)}:
@@ -27,15 +36,26 @@ CPU = DeviceCapabilities("cpu", fp8=True, fp8_cvt=False, mxfp4=True, bf16=True, 
                          streams=False, graphs=False, max_grid=2**31 - 1)
 
 
-def cuda_capabilities(major: int, minor: int) -> DeviceCapabilities:
+KIB = 1024
+# Opt-in shared memory per block by compute capability (CUDA programming guide, "Technical
+# specifications per compute capability"); the launch plans pick larger tiles only where they fit.
+_CUDA_SHARED = {(8, 0): 163 * KIB, (8, 7): 163 * KIB, (9, 0): 227 * KIB, (10, 0): 227 * KIB,
+                (10, 3): 227 * KIB}
+_CUDA_SHARED_BY_MAJOR = {8: 99 * KIB, 9: 227 * KIB, 10: 227 * KIB, 11: 99 * KIB, 12: 99 * KIB}
+HIP_SHARED = 64 * KIB  # LDS per workgroup on MI200 / MI300 (gfx90a, gfx942)
+
+
+def cuda_capabilities(major: int, minor: int, hip: bool = False) -> DeviceCapabilities:
     # e4m3 conversion instructions exist from sm_89 (Ada, Hopper, Blackwell); on sm_80 / sm_86 the
     # Triton kernels encode and decode e4m3 with integer bit operations (ops/triton/quant.py), so
     # every CUDA part keeps the fp8 cache formats and FP8 weights as shipped.
     return DeviceCapabilities("cuda", fp8=True, fp8_cvt=(major, minor) >= (8, 9), mxfp4=True,
                               bf16=major >= 8, fp64=True, streams=True, graphs=True,
-                              max_grid=2**31 - 1)
+                              max_grid=2**31 - 1,
+                              shared_mem=HIP_SHARED if hip else _CUDA_SHARED.get(
+                                  (major, minor), _CUDA_SHARED_BY_MAJOR.get(major, 48 * KIB)))
 
 
 # Ascend A2/A3: no fp8 storage, no fp64; grid bound to the physical core count (see ENVIRONMENT.md).
 NPU_A2_A3 = DeviceCapabilities("npu", fp8=False, fp8_cvt=False, mxfp4=False, bf16=True, fp64=False,
-                               streams=True, graphs=True, max_grid=65535)
+                               streams=True, graphs=True, max_grid=65535, grid_cores=True)

@@ -60,7 +60,8 @@ def adaptor_for(device_type: str) -> DeviceAdaptor:
         if declared is not None and declared != (major, minor):
             name = f"{name}, declared sm_{declared[0]}{declared[1]} by VLLM_DSV4_HW_CUDA_CAPABILITY"
             major, minor = declared
-        return DeviceAdaptor("cuda", name, cuda_capabilities(major, minor),
+        hip = getattr(torch.version, "hip", None) is not None  # ROCm builds answer to "cuda"
+        return DeviceAdaptor("cuda", name, cuda_capabilities(major, minor, hip=hip),
                              ("triton", "reference"))
     if device_type == "npu":
         return DeviceAdaptor("npu", "Ascend NPU", NPU_A2_A3, ("npu", "triton", "reference"))

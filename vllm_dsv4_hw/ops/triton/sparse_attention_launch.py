@@ -66,11 +66,48 @@ CONFIGS = {
                    max_chunk=None, prefetch=True, maxnreg=None),
 }
 
+# CUDA with many tokens at once (the H200 sweep of 2026-12-02, ``benchmarks.gpu.sparse_attention.
+# sweep_large``: H 64, 512 + 128 candidates over a 128K cache). Once the (token, head block)
+# programs fill the device, split-K only adds workspace traffic: splits of 256 cost 1.6x at a
+# decode batch of 64 (fp8 155 -> 96 us) and 2x at a 4096-token prefill chunk. Prefill chunks read
+# each candidate tile once for all 64 heads (block_h 64): bf16 10.28 -> 3.95 ms, fp8 8.75 ->
+# 3.89 ms; a batch of 64 bf16 tokens is best with 32 heads and 64-entry tiles (183 -> 86 us),
+# fp8 with the decode tiles (96 us against 108 for those).
+PREFILL_TOKENS = 1024  # tokens in one call from which the prefill tiles apply
+FULL_DEVICE = dict(max_chunk=2048)  # keeps long c128a candidate lists (up to 8K at 1M) split
+# (prefill, format) -> (tiles, shared memory they need): formats not listed keep the device kind's
+# tiles, and so does a device whose declared ``shared_mem`` is smaller (the bytes are the largest
+# any target needs, from ahead-of-time compiles for sm_80 / 86 / 90 / 100 / 120 and gfx942: 96-128
+# KiB for 64 heads x 32 entries, 100 KiB for 32 x 64; sm_86 / 89 / 120 allow 99 KiB, MI300 64).
+FULL_DEVICE_TILES = {
+    (True, "bf16"): (dict(block_h=64, block_n=32, num_warps=8, prefetch=False), 128 * 1024),
+    (True, "fp8_ds_mla"): (dict(block_h=64, block_n=32, num_warps=8, prefetch=False), 128 * 1024),
+    (False, "bf16"): (dict(block_h=32, block_n=64, num_warps=8), 100 * 1024),
+}
 
-def _config(device: torch.device) -> dict:
+
+def _config(device: torch.device, t: int = 1, h: int = 16, fmt_name: str | None = None,
+            cores: int | None = None) -> dict:
+    """The tunables for a call of ``t`` tokens and ``h`` heads in format ``fmt_name``."""
     if _interpreting() or device.type == "cpu":
         return CONFIGS["interp"]
-    return CONFIGS.get(device.type, CONFIGS["cuda"])
+    cfg = CONFIGS.get(device.type, CONFIGS["cuda"])
+    if device.type != "cuda":
+        return cfg
+    cores = _num_cores(device) if cores is None else cores
+    if t * math.ceil(h / cfg["block_h"]) < cores:
+        return cfg
+    tiles, needs = FULL_DEVICE_TILES.get((t >= PREFILL_TOKENS, fmt_name), ({}, 0))
+    if needs > _shared_mem(device):
+        tiles = {}
+    return dict(cfg, **FULL_DEVICE, **tiles)
+
+
+def _shared_mem(device: torch.device) -> int:
+    """Shared memory per block: the device's declared capability."""
+    from vllm_dsv4_hw.platform.device import adaptor_for
+
+    return adaptor_for(device.type).capabilities.shared_mem
 
 
 def _plan_splits(t: int, num_hb: int, n_cand: int, block_n: int, min_chunk: int, cores: int,
