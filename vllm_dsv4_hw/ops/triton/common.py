@@ -9,8 +9,8 @@ Conventions (portable to triton-ascend and to the CPU interpreter):
   own conversion truncates);
 * rows of a head are held as *pairs* ``xe`` / ``xo`` (dims 2j, 2j+1), the GPT-J RoPE layout, so a
   rotation needs no shuffles (no ``tl.split`` / ``tl.interleave``, no partner loads);
-* 1-D grids with a grid-stride loop over rows: ``grid_1d`` caps the program count on Ascend, whose
-  grid is bound to the physical core count.
+* 1-D grids with a grid-stride loop over rows: ``grid_1d`` caps the program count by the device's
+  declared grid bound (``launch.program_cap``: on Ascend one program per vector core).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_dsv4_hw.ops.triton.launch import program_cap
 from vllm_dsv4_hw.ops.triton.quant import round_to_bf16
 
-# triton-ascend: a 1-D grid of at most 65535 programs (the rest of the rows are looped over).
-NPU_MAX_PROGRAMS = 65535
-MAX_PROGRAMS = 2 ** 31 - 1
+MAX_PROGRAMS = 2 ** 31 - 1  # on top of the device's cap (tests lower it to exercise the loops)
 # CUDA: programs per SM before rows are looped over (a persistent-style grid for large prefill
 # batches); None = one program per row. Benchmarks (benchmarks/gpu/fused.py) compare the settings.
 CUDA_PROGRAMS_PER_SM: int | None = 32
@@ -37,13 +36,10 @@ def _sm_count(index: int) -> int:
 
 
 def grid_1d(n_rows: int, device: torch.device) -> tuple[int]:
-    if device.type == "npu":
-        cap = NPU_MAX_PROGRAMS
-    elif device.type == "cuda" and CUDA_PROGRAMS_PER_SM is not None:
+    cap = min(MAX_PROGRAMS, program_cap(device))
+    if device.type == "cuda" and CUDA_PROGRAMS_PER_SM is not None:  # a tuning choice, not a limit
         index = device.index if device.index is not None else torch.cuda.current_device()
-        cap = _sm_count(index) * CUDA_PROGRAMS_PER_SM
-    else:
-        cap = MAX_PROGRAMS
+        cap = min(cap, _sm_count(index) * CUDA_PROGRAMS_PER_SM)
     return (max(1, min(n_rows, cap)),)
 
 

@@ -34,6 +34,7 @@ from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
+from vllm_dsv4_hw.ops.triton.launch import program_cap
 from vllm_dsv4_hw.ops.triton.quant import entry_offsets, store_entry_pairs
 
 _OUT_CACHE = 0  # compressor_store: norm + rope + quantize + insert
@@ -237,12 +238,10 @@ def _write_rows(kv, score, positions, ape, state, state_slots, ratio, coff, d):
         WIDTH=width, RATIO=ratio, BLOCK=triton.next_power_of_2(width), BT=bt, num_warps=4)
 
 
-# triton-ascend binds the grid to physical cores: at most 65535 programs, the rest grid-strided.
-NPU_MAX_PROGRAMS = 65535
-
-
 def _grid(n: int, device: torch.device) -> int:
-    return max(1, min(n, NPU_MAX_PROGRAMS) if device.type == "npu" else n)
+    """Programs for ``n`` blocks (the kernels are grid-strided): capped by the device's declared
+    grid bound (``launch.program_cap``)."""
+    return max(1, min(n, program_cap(device)))
 
 
 def _interpreted(device: torch.device) -> bool:

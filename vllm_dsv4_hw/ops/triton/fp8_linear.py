@@ -36,6 +36,7 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
 from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
 from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.launch import grid_limit
 from vllm_dsv4_hw.ops.triton.quant import (
     bf16_bits_to_f32,
     e4m3_bits_to_f32,
@@ -186,6 +187,16 @@ def _split_k(device: torch.device, k: int, kb: int, base: int, n_mblk: int) -> i
     return max(1, min(kb, _auto_split_k(triton.cdiv(k, 128), base, sms)))
 
 
+def _rows_per_launch(m: int, bm: int, programs_per_row_block: int, limit: int) -> int:
+    """Rows one launch may cover so that its grid stays within ``limit`` programs (all ``m`` on
+    CUDA, whose bound is never reached); whole row blocks of ``bm``."""
+    blocks = limit // programs_per_row_block
+    if blocks < 1:
+        raise ValueError(f"fp8_block_linear: {programs_per_row_block} programs per row block exceed "
+                         f"the device's grid bound {limit}; use a larger block_n")
+    return min(m, blocks * bm)
+
+
 def k_tile(bk: int) -> int:
     """The kernel's K tile for scale blocks of ``bk`` columns: a power of two >= 16 (tl.dot)."""
     return max(16, triton.next_power_of_2(bk))
@@ -203,7 +214,8 @@ def _math(dtype: torch.dtype, interpreting: bool) -> int:
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      block: tuple[int, int], out_dtype: torch.dtype | None = None, *,
                      block_n: int | None = None, split_k: int | None = None,
-                     num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+                     num_warps: int = 4, num_stages: int = 3,
+                     block_m: int | None = None) -> torch.Tensor:
     """The op contract (``ops.api.fp8_block_linear``); the keyword-only knobs are for benchmarks
     and tests (column block, forced split-K, launch options)."""
     a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
@@ -223,7 +235,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     hw_cvt = not interp and adaptor_for(dev.type).capabilities.fp8_cvt
     kb = triton.cdiv(k, a.bk)
     bk_tile = k_tile(a.bk)
-    bm = min(64, max(16, triton.next_power_of_2(m)))
+    bm = min(64, max(16, triton.next_power_of_2(m))) if block_m is None else block_m
     n_mblk = triton.cdiv(m, bm)
     bn_tile = _auto_block_n(n, g) if block_n is None else block_n
     n_nblk = triton.cdiv(n, bn_tile)
@@ -232,6 +244,12 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         split_k = _split_k(dev, k, kb, base, n_mblk)
     kps = triton.cdiv(kb, max(1, min(split_k, kb)))
     split_k = triton.cdiv(kb, kps)
+    rows = _rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
+    if rows < m:  # a grid over the device's bound (Ascend, long prefill): launches of fewer rows
+        kw = dict(block_n=block_n, split_k=split_k, num_warps=num_warps, num_stages=num_stages,
+                  block_m=bm)
+        return torch.cat([fp8_block_linear(x[r:r + rows], weight, scale, block, out_dtype, **kw)
+                          for r in range(0, m, rows)])
     acc_dtype = torch.float64 if math == MATH_F64 else torch.float32
     if split_k == 1:
         out = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)

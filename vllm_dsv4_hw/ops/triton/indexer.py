@@ -38,6 +38,7 @@ import triton.language as tl
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
+from vllm_dsv4_hw.ops.triton.launch import dot_dim, program_cap
 from vllm_dsv4_hw.ops.triton.quant import load_entry_pairs
 from vllm_dsv4_hw.ops.triton.topk import radix_topk
 
@@ -56,10 +57,12 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                           H: tl.constexpr, DI: tl.constexpr, E: tl.constexpr,
                           DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
                           UNIT: tl.constexpr, RATIO: tl.constexpr, FMT: tl.constexpr,
-                          DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr):
+                          DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr,
+                          KP: tl.constexpr):
     """Program = (token, split of ITERS entry blocks). Keys are read as (even, odd) dim pairs
     (``quant.load_entry_pairs``: one contiguous load per pair), so logits = q_even @ k_even +
-    q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode)."""
+    q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode). KP: the dots' K, DI/2 padded with
+    zero pairs up to the device's smallest tl.dot (``launch.dot_dim``; KP == DI/2 at real dims)."""
     for pid in range(tl.program_id(0), n_programs, tl.num_programs(0)):  # grid-stride (Ascend cap)
         t = pid // n_split
         sp = pid % n_split
@@ -71,11 +74,15 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
         t64 = t.to(tl.int64)
 
         h = tl.arange(0, H)
-        j = tl.arange(0, DI // 2)
+        j = tl.arange(0, KP)
         w = tl.load(w_ptr + t64 * stride_wt + h).to(tl.float32)
         q_row = q_ptr + t64 * stride_qt + h[:, None] * DI + 2 * j[None, :]
-        q_e = tl.load(q_row).to(tl.float32)                       # [H, DI/2] even dims
-        q_o = tl.load(q_row + 1).to(tl.float32)                   # odd dims
+        if KP == DI // 2:
+            q_e = tl.load(q_row).to(tl.float32)                   # [H, DI/2] even dims
+            q_o = tl.load(q_row + 1).to(tl.float32)               # odd dims
+        else:  # zero pairs beyond DI/2: they add exact zeros to the logits
+            q_e = tl.load(q_row, mask=j[None, :] < DI // 2, other=0.0).to(tl.float32)
+            q_o = tl.load(q_row + 1, mask=j[None, :] < DI // 2, other=0.0).to(tl.float32)
         if DOT != 0:
             qe_hi = q_e.to(tl.bfloat16)
             qo_hi = q_o.to(tl.bfloat16)
@@ -98,9 +105,13 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                 scale_arg = scale_off // 4
             else:
                 scale_arg = scale_off
+            if KP == DI // 2:
+                kmask = vis[None, :]
+            else:
+                kmask = vis[None, :] & (j[:, None] < DI // 2)
             k_e, k_o = load_entry_pairs(cache_ptr, pair_off[None, :], scale_arg[None, :],
-                                        j[:, None], vis[None, :], FMT,
-                                        SCALE_BYTES == 4)        # [DI/2, BLOCK_S] each
+                                        j[:, None], kmask, FMT,
+                                        SCALE_BYTES == 4)        # [KP, BLOCK_S] each
             if DOT == 0:
                 logits = tl.dot(q_e, k_e, input_precision="ieee")
                 logits = tl.dot(q_o, k_o, logits, input_precision="ieee")
@@ -123,29 +134,27 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
 
 
 @triton.jit
-def _select_compact_kernel(vals_ptr, idx_ptr, out_ptr, k, stride_v, stride_i, stride_o,
+def _select_compact_kernel(vals_ptr, idx_ptr, out_ptr, k, n_rows, stride_v, stride_i, stride_o,
                            BLOCK_K: tl.constexpr):
-    """One row of an unsorted top-k: the selected entries (score > -inf) first, in the order
+    """Rows of an unsorted top-k: the selected entries (score > -inf) first, in the order
     found, then -1; int32 out. Position of a selected entry = selected ones before it; of an
-    unselected one = all selected + unselected ones before it."""
-    r = tl.program_id(0).to(tl.int64)
+    unselected one = all selected + unselected ones before it. Grid-strided over the rows."""
     j = tl.arange(0, BLOCK_K)
     m = j < k
-    v = tl.load(vals_ptr + r * stride_v + j, mask=m, other=float("-inf"))
-    i = tl.load(idx_ptr + r * stride_i + j, mask=m, other=0)
-    sel = (v > float("-inf")) & m
-    c = tl.cumsum(sel.to(tl.int32), axis=0)          # selected in [0, j]
-    n_sel = tl.sum(sel.to(tl.int32), axis=0)
-    dest = tl.where(sel, c - 1, n_sel + j - c)
-    tl.store(out_ptr + r * stride_o + dest, tl.where(sel, i, -1).to(tl.int32), mask=m)
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        r = tl.cast(row, tl.int64)
+        v = tl.load(vals_ptr + r * stride_v + j, mask=m, other=float("-inf"))
+        i = tl.load(idx_ptr + r * stride_i + j, mask=m, other=0)
+        sel = (v > float("-inf")) & m
+        c = tl.cumsum(sel.to(tl.int32), axis=0)          # selected in [0, j]
+        n_sel = tl.sum(sel.to(tl.int32), axis=0)
+        dest = tl.where(sel, c - 1, n_sel + j - c)
+        tl.store(out_ptr + r * stride_o + dest, tl.where(sel, i, -1).to(tl.int32), mask=m)
 
 
-# triton-ascend binds the grid to physical cores: at most 65535 programs, the rest grid-strided.
-NPU_MAX_PROGRAMS = 65535
-
-
-def _grid(n: int, device: torch.device) -> int:
-    return max(1, min(n, NPU_MAX_PROGRAMS) if device.type == "npu" else n)
+def _grid(n: int, device: torch.device, cube: bool = False) -> int:
+    """Programs for ``n`` units of work: one each, capped by the device (``launch.program_cap``)."""
+    return max(1, min(n, program_cap(device, cube)))
 
 
 def _dot_mode(q: torch.Tensor, fmt_code: int) -> int:
@@ -184,10 +193,10 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     fmt_code = quant.format_code(key_fmt)
     if key_fmt.dim != di:
         raise ValueError(f"key format dim {key_fmt.dim} != q head dim {di}")
-    min_di = 32 if dev.type != "cpu" else 4  # GPU tl.dot: K = di/2 >= 16 (the interpreter: any)
-    if h & (h - 1) or di & (di - 1) or h < 16 or di < min_di:
-        raise ValueError(f"triton indexer needs power-of-two heads >= 16 and head dim >= {min_di}, "
-                         f"got {h}x{di}")
+    min_h = dot_dim(1, dev)  # the heads are the dots' M (K is padded: any even head dim works)
+    if h & (h - 1) or di & (di - 1) or h < min_h or di < 2:
+        raise ValueError(f"triton indexer needs power-of-two heads >= {min_h} and a power-of-two "
+                         f"head dim >= 2, got {h}x{di}")
     if fmt_code == quant.FMT_FP8_DS_MLA:
         raise ValueError("indexer keys cannot use the fp8_ds_mla (main KV) format")
     quant.check_cache(key_cache, key_fmt)
@@ -219,13 +228,13 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     if iters is None:
         iters = _launch_config(t, n_blocks, dev)
     n_split = triton.cdiv(n_blocks, iters)
-    _indexer_score_kernel[(_grid(t * n_split, dev),)](
+    _indexer_score_kernel[(_grid(t * n_split, dev, cube=True),)](
         q, weights, key_cache, bt, req, pos, out,
         q.stride(0), weights.stride(0), bt.stride(0), out.stride(0), key_cache.stride(0),
         key_cache.stride(0) // unit, n_max, n_split, bt.shape[1], t * n_split,
         H=h, DI=di, E=e, DATA_BYTES=key_fmt.data_bytes, SCALE_BYTES=key_fmt.scale_bytes, UNIT=unit,
         RATIO=ratio, FMT=fmt_code, DOT=_dot_mode(q, fmt_code), BLOCK_S=block_s, ITERS=iters,
-        num_warps=num_warps, num_stages=num_stages)
+        KP=dot_dim(di // 2, dev), num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -273,6 +282,6 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         # H200), then one launch puts the selected entries first and -1 after, as int32
         vals, idx = torch.topk(scores, k, dim=-1, largest=True, sorted=False)
         _select_compact_kernel[(_grid(dst.shape[0], dev),)](
-            vals, idx, dst, k, vals.stride(0), idx.stride(0), dst.stride(0),
+            vals, idx, dst, k, dst.shape[0], vals.stride(0), idx.stride(0), dst.stride(0),
             BLOCK_K=triton.next_power_of_2(k), num_warps=4)
     return out

@@ -38,6 +38,7 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.api import MOE_EXPERTS
 from vllm_dsv4_hw.ops.reference.moe import sum_slots, validate_moe_args
 from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.launch import grid_limit
 from vllm_dsv4_hw.ops.triton.quant import (
     bf16_bits_to_f32,
     e2m1_to_f32,
@@ -87,6 +88,26 @@ def launch_config(n_pairs: int, n_exp: int) -> dict:
     mean = n_pairs / max(n_exp, 1)
     bm = 16 if mean <= 16 else (32 if mean <= 64 else 64)
     return dict(BM=bm, BN=128 if bm == 64 else 64, num_warps=4, num_stages=2)
+
+
+def _programs(t: int, k: int, n_exp: int, inter: int, d: int) -> int:
+    """Programs of the larger of the two launches for ``t`` tokens (one per row block x tile)."""
+    p = t * k
+    cfg = launch_config(p, n_exp)
+    bm, bn = cfg["BM"], cfg["BN"]
+    return triton.cdiv(p + min(n_exp, p) * (bm - 1), bm) * triton.cdiv(max(inter, d), bn)
+
+
+def _tokens_per_launch(t: int, k: int, n_exp: int, inter: int, d: int, limit: int) -> int:
+    """Tokens one call may launch so that no grid exceeds ``limit`` programs: all of them unless
+    the device's bound is small (halving keeps the count a power-of-two fraction of ``t``)."""
+    tokens = t
+    while tokens > 1 and _programs(tokens, k, n_exp, inter, d) > limit:
+        tokens = (tokens + 1) // 2
+    if _programs(tokens, k, n_exp, inter, d) > limit:
+        raise ValueError(f"moe_experts (triton): one token needs {_programs(1, k, n_exp, inter, d)} "
+                         f"programs, over the device's grid bound {limit}")
+    return tokens
 
 
 # -- kernels ---------------------------------------------------------------------------------------
@@ -251,6 +272,11 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
         raise ValueError(f"moe_experts (triton): x must be bf16 or fp32, got {x.dtype}")
     t, d = x.shape
     k = topk_ids.shape[1]
+    tokens = _tokens_per_launch(t, k, n_exp, inter, d, grid_limit(x.device))
+    if tokens < t:  # a grid over the device's bound (Ascend, long prefill): tokens are independent
+        return torch.cat([moe_experts(x[i:i + tokens], topk_weights[i:i + tokens],
+                                      topk_ids[i:i + tokens], w13, w13_scale, w2, w2_scale,
+                                      swiglu_limit) for i in range(0, t, tokens)])
     p = t * k
     buf = torch.zeros(t, k, d, dtype=torch.float32, device=x.device)
     if p == 0:

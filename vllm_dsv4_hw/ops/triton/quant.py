@@ -157,12 +157,15 @@ def e4m3_bits_to_f32(c):
     ci = c.to(tl.int32)
     ex = (ci >> 3) & 0xF
     man = ci & 0x7
-    # normal: sign | (ex + 120) << 23 | man << 20 ; subnormal (ex == 0): man * 2^-9
-    normal = (((ci & 0x80) << 24) | ((ex + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
-    sub = man.to(tl.float32) * 0.001953125
-    sub = tl.where((ci & 0x80) != 0, -sub, sub)
+    # normal: sign | (ex + 120) << 23 | man << 20 ; subnormal (ex == 0): sign | bits(man * 2^-9).
+    # The sign goes in as a bit in both cases: negating the subnormal value instead gives +0.0 for
+    # code 0x80 where negation is 0 - x (triton-ascend), and torch decodes 0x80 as -0.0.
+    sign = (ci & 0x80) << 24
+    normal = (sign | ((ex + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
+    sub = (sign | (man.to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True)).to(
+        tl.float32, bitcast=True)
     out = tl.where(ex == 0, sub, normal)
-    nan = (((ci & 0x80) << 24) | 0x7FC00000).to(tl.float32, bitcast=True)  # keeps the sign
+    nan = (sign | 0x7FC00000).to(tl.float32, bitcast=True)  # keeps the sign
     return tl.where((ci & 0x7F) == 0x7F, nan, out)
 
 
@@ -238,7 +241,10 @@ def load_f32(cache_ptr, byte_off, mask):
 
 @triton.jit
 def load_f32_bytewise(cache_ptr, byte_off, mask):
-    """Load one little-endian fp32 at any byte offset (assembled from 4 single-byte loads)."""
+    """Load one little-endian fp32 at any byte offset (assembled from 4 single-byte loads).
+    ``byte_off`` may be narrower than ``mask`` (one scale per entry, several dims): both are
+    broadcast first, since triton-ascend's load broadcasts the mask to the pointer's shape only."""
+    byte_off, mask = tl.broadcast(byte_off, mask)
     b0 = tl.load(cache_ptr + byte_off, mask=mask, other=0).to(tl.uint32)
     b1 = tl.load(cache_ptr + byte_off + 1, mask=mask, other=0).to(tl.uint32)
     b2 = tl.load(cache_ptr + byte_off + 2, mask=mask, other=0).to(tl.uint32)

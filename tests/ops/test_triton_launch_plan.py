@@ -1,0 +1,142 @@
+"""The Triton launch plans follow the device's declared capabilities (``ops/triton/launch.py``):
+on a device with Ascend's limits (grid bound to the physical cores, at most ``max_grid`` programs)
+no launch exceeds them and the results are the same bits as one unbounded launch; tl.dot
+dimensions are padded up to ``dot_min``. The capabilities are swapped on the CPU device (the
+kernels run under the Triton interpreter), so the NPU plans are exercised here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from tests.ops.test_moe_experts import make_case  # noqa: E402
+from vllm_dsv4_hw.ops.triton import fp8_linear, indexer, launch, moe  # noqa: E402
+from vllm_dsv4_hw.platform.capabilities import CPU, NPU_A2_A3  # noqa: E402
+from vllm_dsv4_hw.quant.formats import quantize_fp8_block  # noqa: E402
+
+CPU_DEV = torch.device("cpu")
+
+
+@pytest.fixture
+def caps(monkeypatch):
+    """Set the capabilities the launch plans see for the CPU device."""
+    def use(**changes):
+        monkeypatch.setattr(launch, "capabilities",
+                            lambda device: dataclasses.replace(CPU, **changes))
+    return use
+
+
+class Recorder:
+    """Stands for a @triton.jit kernel: records each launch's grid size, then runs the kernel."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(int(torch.tensor(grid).prod()))
+        return self.kernel[grid]
+
+
+def test_npu_declares_its_limits():
+    assert NPU_A2_A3.grid_cores and NPU_A2_A3.max_grid == 65535 and NPU_A2_A3.dot_min == 16
+    assert not NPU_A2_A3.fp8 and not NPU_A2_A3.fp64
+
+
+def test_program_cap_binds_to_the_cores(caps, monkeypatch):
+    cores = {True: 20, False: 40}  # AI (cube) and vector cores of an A2-class part
+    monkeypatch.setattr(launch, "physical_cores", lambda device, cube: cores[cube])
+    caps(max_grid=65535, grid_cores=True)
+    assert launch.program_cap(CPU_DEV, cube=True) == 20
+    assert launch.program_cap(CPU_DEV) == 40
+    assert launch.grid_limit(CPU_DEV) == 65535  # kernels without grid-stride loops
+    monkeypatch.setattr(launch, "physical_cores", lambda device, cube: None)  # count unknown
+    assert launch.program_cap(CPU_DEV) == 65535
+    caps(max_grid=2 ** 31 - 1, grid_cores=False)  # GPUs: the cores do not bound the grid
+    assert launch.program_cap(CPU_DEV) == 2 ** 31 - 1
+
+
+def test_dot_dims_are_padded_to_the_smallest_dot(caps):
+    caps(dot_min=16)
+    assert [launch.dot_dim(n, CPU_DEV) for n in (1, 8, 16, 64)] == [16, 16, 16, 64]
+    caps(dot_min=1)
+    assert launch.dot_dim(8, CPU_DEV) == 8
+
+
+def _indexer_case(gen, t=6, h=16, di=16, pages=3, e=8):
+    from vllm_dsv4_hw.kv_cache import paged
+    from vllm_dsv4_hw.kv_cache.formats.fp32 import FP32Format
+
+    fmt = FP32Format(dim=di, entries_per_page=e)
+    cache = fmt.new_cache(pages)
+    paged.insert(cache, torch.arange(pages * e), torch.randn(pages * e, di, generator=gen), fmt)
+    bt = torch.arange(pages, dtype=torch.int32).repeat(2, 1)
+    return (torch.randn(t, h, di, generator=gen), torch.rand(t, h, generator=gen), cache, fmt, bt,
+            torch.tensor([0, 0, 1, 1, -1, 1]), torch.tensor([3, 40, 17, 95, 9, 60]))
+
+
+@pytest.mark.parametrize("select", ["torch", "radix"])
+def test_indexer_on_few_programs_matches_one_per_unit(caps, monkeypatch, gen, select):
+    """Score and compaction kernels grid-strided over 3 programs: the same scores and selection
+    as with one program per unit; K = di/2 = 8 padded to 16 (the dots see zero pairs)."""
+    q, w, cache, fmt, bt, req, pos = _indexer_case(gen)
+    monkeypatch.setitem(indexer.SELECT, "impl", select)
+    outs = {}
+    for cap in (None, 3):
+        caps() if cap is None else caps(max_grid=cap)
+        rec = Recorder(indexer._select_compact_kernel)
+        monkeypatch.setattr(indexer, "_select_compact_kernel", rec)
+        scores = indexer.indexer_scores(q, w, cache, fmt, bt, req, pos, 4)
+        outs[cap] = (scores, indexer.indexer_topk(q, w, cache, fmt, bt, req, pos, 5, 4))
+        assert all(g <= (cap or 6) for g in rec.grids)
+        assert rec.grids if select == "torch" else not rec.grids
+    torch.testing.assert_close(outs[3][0], outs[None][0], rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(outs[3][1].sort(dim=1).values, outs[None][1].sort(dim=1).values)
+    want = ((q[:, :, None, :] * paged_keys(cache, fmt, bt)[None, None]).sum(-1).relu()
+            * w[:, :, None]).sum(1)  # [t, entries], dense, before masking
+    vis = torch.isfinite(outs[3][0])
+    torch.testing.assert_close(outs[3][0][vis], want[vis], rtol=1e-5, atol=1e-5)
+    assert int(vis.sum()) > 0 and not vis[4].any()  # the request -1 token sees nothing
+
+
+def paged_keys(cache, fmt, bt):
+    from vllm_dsv4_hw.kv_cache import paged
+
+    n = bt.shape[1] * fmt.entries_per_page
+    return paged.gather(cache, torch.arange(n), fmt)
+
+
+def test_moe_over_the_grid_bound_launches_by_tokens(caps, monkeypatch, gen):
+    t, k, n_exp, d, inter = 9, 2, 4, 64, 32
+    args = make_case(gen, t, k, n_exp, d, inter, torch.float32, torch.float32)
+    want = moe.moe_experts(*args, None)
+    cap = moe._programs(t, k, n_exp, inter, d) - 1  # one program short of one launch
+    caps(max_grid=cap)
+    rec = Recorder(moe._moe_down_kernel)
+    monkeypatch.setattr(moe, "_moe_down_kernel", rec)
+    got = moe.moe_experts(*args, None)
+    assert len(rec.grids) > 1 and max(rec.grids) <= cap
+    one_token = moe._programs(1, k, n_exp, inter, d)
+    assert torch.equal(got, want)
+    caps(max_grid=one_token - 1)
+    with pytest.raises(ValueError, match="over the device's grid bound"):
+        moe.moe_experts(*args, None)
+
+
+def test_fp8_linear_over_the_grid_bound_launches_by_rows(caps, monkeypatch, gen):
+    m, n, k = 70, 96, 64
+    w, s = quantize_fp8_block(torch.randn(n, k, generator=gen), 32)
+    x = torch.randn(m, k, generator=gen)
+    want = fp8_linear.fp8_block_linear(x, w, s, (32, 32), block_n=32, block_m=16)
+    caps(max_grid=7)  # 3 column tiles: 2 row blocks of 16 per launch
+    rec = Recorder(fp8_linear._fp8_block_linear_kernel)
+    monkeypatch.setattr(fp8_linear, "_fp8_block_linear_kernel", rec)
+    got = fp8_linear.fp8_block_linear(x, w, s, (32, 32), block_n=32, block_m=16)
+    assert len(rec.grids) == 3 and max(rec.grids) <= 7
+    assert torch.equal(got, want)
+    caps(max_grid=2)
+    with pytest.raises(ValueError, match="exceed the device's grid bound 2"):
+        fp8_linear.fp8_block_linear(x, w, s, (32, 32), block_n=32)
