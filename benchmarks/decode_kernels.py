@@ -139,6 +139,68 @@ def sweep_gemm(dev, batches):
     return rows
 
 
+def sweep_gemm_prefill(dev, batches=None, ms=(4096, 8192)):
+    """Prefill-sized M: row / column tiles, warps and stages of the product's FP8 GEMM against
+    the dense bf16 matmul of the dequantized weight (cuBLAS: the unfused path), each config's
+    result checked against that matmul."""
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.quant.formats import quantize_fp8_block
+
+    configs = [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
+               (128, 128, 8, 4), (64, 128, 4, 3), (128, 256, 8, 3), (256, 128, 8, 3)]
+    rows = []
+    for name in ("flash wq_a", "flash wq_b", "flash wo_b", "flash wo_a"):
+        g, n, k = GEMM_SHAPES[name]
+        w = torch.randn(g, n, k, device=dev) if g > 1 else torch.randn(n, k, device=dev)
+        if g > 1:
+            pairs = [quantize_fp8_block(wi) for wi in w]
+            w8, s = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+        else:
+            w8, s = quantize_fp8_block(w)
+        del w
+        from vllm_dsv4_hw.ops.api import fp8_block_linear as product_op
+        for m in ms:
+            x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
+            want = fp8_block_linear(x, w8, s, (128, 128)).float()
+            ref_w = _dequant(w8, s)
+            dense = (lambda: torch.einsum("mgk,gnk->mgn", x, ref_w)) if g > 1 else \
+                (lambda: x @ ref_w.t())
+            res = {"dense bf16 (cuBLAS)": _try(lambda i: dense(), 1)}
+            res["default"] = _try(lambda i: product_op(x, w8, s, (128, 128)), 1)
+            for bm, bn, nw, st in configs:
+                key = f"bm={bm} bn={bn} warps={nw} stages={st}"
+
+                def run(i, bm=bm, bn=bn, nw=nw, st=st):
+                    return fp8_block_linear(x, w8, s, (128, 128), block_m=bm, block_n=bn,
+                                            split_k=1, num_warps=nw, num_stages=st)
+                try:
+                    got = run(0).float()
+                    err = float((got - want).abs().max() / want.abs().max())
+                except Exception as exc:  # out of shared memory / registers
+                    res[key] = None
+                    rows.append(dict(op="gemm_prefill", shape=f"{name} M={m}", config=key,
+                                     error=f"{type(exc).__name__}"))
+                    continue
+                res[key] = _try(run, 1) if err < 1e-2 else None
+                if err >= 1e-2:
+                    rows.append(dict(op="gemm_prefill", shape=f"{name} M={m}", config=key,
+                                     error=f"wrong: rel err {err:.2e}"))
+            flops = 2 * m * g * n * k
+            rows.append(_summary("gemm_prefill", f"{name} M={m}", res, "default",
+                                 flops / 790e12 * 1e6))
+        del w8, s
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _dequant(w8, s):
+    """bf16 copy of an FP8 128x128-block weight (the unfused path's input, benchmark only)."""
+    sc = torch.exp2(s.view(torch.uint8).float() - 127) if s.dtype != torch.float32 else s
+    sc = sc.repeat_interleave(128, -2).repeat_interleave(128, -1)
+    n, k = w8.shape[-2], w8.shape[-1]
+    return (w8.view(torch.float8_e4m3fn).float() * sc[..., :n, :k]).to(torch.bfloat16)
+
+
 # -- sparse attention ---------------------------------------------------------------------------------
 def sweep_attn(dev, batches):
     from benchmarks.gpu.sparse_attention import make_inputs
@@ -261,7 +323,7 @@ def sweep_pool(dev, batches):
 
 
 SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": sweep_index,
-          "gemm": sweep_gemm}
+          "gemm": sweep_gemm, "gemm_prefill": sweep_gemm_prefill}
 
 
 def main(argv=None) -> int:

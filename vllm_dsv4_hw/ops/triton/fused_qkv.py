@@ -29,6 +29,7 @@ from vllm_dsv4_hw.ops.triton.norm import rsqrt_m
 # specialized to one row kind (the fused program carries the quantizing insert's code into every
 # query row; H200, 4096 tokens x 64 heads: 376 us fused against upstream's 206).
 SEPARATE_FROM_TOKENS = 256
+SEPARATE_Q_WARPS = 4  # warps of the query-row launch (the fused launch keeps 4 / 2)
 
 
 @triton.jit
@@ -147,8 +148,8 @@ def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Ten
         _qnorm_rope_kv_insert_kernel[grid_1d(t * h + t, q.device)](*args, DO_Q=True, DO_KV=True,
                                                                      **consts)
     else:  # each launch compiled without the other row kind's code and registers
-        _qnorm_rope_kv_insert_kernel[grid_1d(t * h, q.device)](*args, DO_Q=True, DO_KV=False,
-                                                                 **consts)
+        _qnorm_rope_kv_insert_kernel[grid_1d(t * h, q.device)](
+            *args, DO_Q=True, DO_KV=False, **dict(consts, num_warps=SEPARATE_Q_WARPS))
         _qnorm_rope_kv_insert_kernel[grid_1d(t, q.device)](*args, DO_Q=False, DO_KV=True,
                                                              **consts)
     return q_out
