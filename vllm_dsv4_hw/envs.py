@@ -155,6 +155,14 @@ PLATFORM = _Var(
     "built-in platform can run DeepSeek V4), on (always), off (never; the model is still "
     "registered).",
 )
+MODEL_OWNER = _Var(
+    "VLLM_DSV4_HW_MODEL_OWNER",
+    "ours",
+    _choice("ours", "vendor"),
+    "Whose DeepseekV4ForCausalLM serves where a vendor plugin (vllm-ascend) registers its own: "
+    "ours (whatever the plugin load order; the vendor's other models stay) or vendor (ours, its "
+    "launch rules and dsv4_hw_fp8 are not registered; the vendor's class and quantization serve).",
+)
 KERNEL_FAILURES = _Var(
     "VLLM_DSV4_HW_KERNEL_FAILURES",
     "fallback",
@@ -172,7 +180,7 @@ TRAP_C_OPS = _Var(
 )
 
 ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS,
-            CUDA_CAPABILITY, PLATFORM, KERNEL_FAILURES, TRAP_C_OPS)
+            CUDA_CAPABILITY, PLATFORM, MODEL_OWNER, KERNEL_FAILURES, TRAP_C_OPS)
 
 
 def device() -> str:
@@ -205,6 +213,10 @@ def cuda_graphs() -> bool:
 
 def platform() -> str:
     return PLATFORM.get()
+
+
+def model_owner() -> str:
+    return MODEL_OWNER.get()
 
 
 def trap_c_ops() -> str:

@@ -1,9 +1,12 @@
 """vLLM entry points (``pyproject.toml``).
 
-* ``vllm.general_plugins`` -> :func:`register` (runs in every vLLM process): registers our
-  ``DeepseekV4ForCausalLM`` in vLLM's ``ModelRegistry`` (replacing the built-in architecture, which
-  needs CUDA-only or AMX-only kernels) and our quantization config ``dsv4_hw_fp8`` (weights as
-  shipped; it claims the DeepSeek V4 FP8 checkpoints before vLLM's CUDA-only ``deepseek_v4_fp8``).
+* ``vllm.general_plugins`` -> :func:`register` (runs in every vLLM process): with
+  ``VLLM_DSV4_HW_MODEL_OWNER=ours`` (default) registers our ``DeepseekV4ForCausalLM`` in vLLM's
+  ``ModelRegistry`` (replacing the built-in architecture, which needs CUDA-only or AMX-only
+  kernels, and pinned against a vendor plugin loaded later: ``registration.py``), our launch rules
+  as vLLM's config hook for it (``model/launch_rules.py``: what any platform then gets) and our
+  quantization config ``dsv4_hw_fp8`` (weights as shipped; it claims the DeepSeek V4 FP8
+  checkpoints before vLLM's CUDA-only ``deepseek_v4_fp8``); with ``vendor`` none of these.
 * ``vllm.platform_plugins`` -> :func:`platform_plugin`: our CPU platform on machines without an
   accelerator (``VLLM_DSV4_HW_PLATFORM=auto``), None elsewhere so that vLLM's built-in or the
   vendor's platform stays; ``on`` / ``off`` force it.
@@ -20,44 +23,68 @@ from vllm_dsv4_hw import envs
 
 logger = logging.getLogger(__name__)
 
-ARCHITECTURE = "DeepseekV4ForCausalLM"
+ARCHITECTURE = "DeepseekV4ForCausalLM"   # the names live in registration.py; kept here for callers
 MODEL_CLASS = "vllm_dsv4_hw.model.vllm_model:DSV4ForCausalLM"
 PLATFORM_CLASS = "vllm_dsv4_hw.platform.vllm_cpu.DSV4HwCpuPlatform"
 
 _registered = False
 
 
+class _ToVllmHandlers(logging.Handler):
+    """Hands our records to the ``vllm`` logger's handlers at emit time: vLLM (re)configures its
+    handlers after plugins load in some processes (the API server's), so copies would go stale."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        theirs = logging.getLogger("vllm")
+        if record.levelno >= theirs.getEffectiveLevel():
+            theirs.handle(record)
+
+
 def _route_logs_through_vllm() -> None:
-    """vLLM configures handlers for the ``vllm`` logger namespace only; give our package's loggers
-    the same handlers and level so that our INFO lines appear in the server log."""
+    """vLLM configures handlers for the ``vllm`` logger namespace only; route our package's loggers
+    to them (at vLLM's level) so that our INFO lines appear in the server log of every process."""
     ours = logging.getLogger("vllm_dsv4_hw")
-    theirs = logging.getLogger("vllm")
-    if ours.handlers or not theirs.handlers:
+    if any(isinstance(h, _ToVllmHandlers) for h in ours.handlers):
         return
-    for handler in theirs.handlers:
-        ours.addHandler(handler)
-    ours.setLevel(theirs.level or logging.INFO)
+    ours.addHandler(_ToVllmHandlers())
+    ours.setLevel(logging.getLogger("vllm").level or logging.INFO)
     ours.propagate = False
+
+
+def _config_map():
+    """vLLM's per-architecture config hooks (None where this vLLM has no such table)."""
+    try:
+        from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    except ImportError:
+        logger.warning("dsv4-hw: this vLLM has no MODELS_CONFIG_MAP; the launch rules are checked "
+                       "when the model is built (in the worker), not in the first process")
+        return None
+    return MODELS_CONFIG_MAP
+
+
+def _register_quant() -> None:
+    from vllm.model_executor.layers.quantization import register_quantization_config
+
+    from vllm_dsv4_hw.quant.config import QUANT_METHOD, DSV4HwQuantConfig
+
+    register_quantization_config(QUANT_METHOD)(DSV4HwQuantConfig)
 
 
 def register() -> None:
     global _registered
     if _registered:
         return
+    owner = envs.model_owner()  # a bad value stops here, in one line
     _registered = True
     from vllm import ModelRegistry
 
-    from vllm.model_executor.layers.quantization import register_quantization_config
-
-    from vllm_dsv4_hw.quant.config import QUANT_METHOD, DSV4HwQuantConfig
+    from vllm_dsv4_hw.registration import install
 
     _route_logs_through_vllm()
-    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
-    register_quantization_config(QUANT_METHOD)(DSV4HwQuantConfig)
+    install(owner, ModelRegistry, _config_map() if owner == "ours" else None, _register_quant)
     if envs.trap_c_ops():
-        from vllm_dsv4_hw.tools.c_op_trap import install
-        install(envs.trap_c_ops())
-    logger.debug("dsv4-hw: registered %s -> %s", ARCHITECTURE, MODEL_CLASS)
+        from vllm_dsv4_hw.tools.c_op_trap import install as install_trap
+        install_trap(envs.trap_c_ops())
 
 
 def platform_plugin() -> str | None:

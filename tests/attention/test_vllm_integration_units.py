@@ -151,11 +151,11 @@ def _vllm_config(block_size=256, user_block=False, disable_hybrid=False):
 
 
 def test_platform_rejects_unworkable_settings(monkeypatch):
-    from vllm_dsv4_hw.platform import vllm_cpu
+    from vllm_dsv4_hw.model import launch_rules
     from vllm_dsv4_hw.platform.vllm_cpu import DSV4HwCpuPlatform, PlatformConfigError
 
     # the launch checks have their own tests (tests/model/test_serve_checks.py)
-    monkeypatch.setattr(vllm_cpu, "check_serve_settings", lambda vllm_config: None)
+    monkeypatch.setattr(launch_rules, "check_serve_settings", lambda vllm_config: None)
     with pytest.raises(PlatformConfigError, match="--block-size 256"):
         DSV4HwCpuPlatform.check_and_update_config(_vllm_config(128, user_block=True))
     with pytest.raises(PlatformConfigError, match="hybrid KV cache manager"):
