@@ -195,10 +195,11 @@ def sweep_gemm_prefill(dev, batches=None, ms=(4096, 8192)):
 
 def _dequant(w8, s):
     """bf16 copy of an FP8 128x128-block weight (the unfused path's input, benchmark only)."""
-    sc = torch.exp2(s.view(torch.uint8).float() - 127) if s.dtype != torch.float32 else s
-    sc = sc.repeat_interleave(128, -2).repeat_interleave(128, -1)
-    n, k = w8.shape[-2], w8.shape[-1]
-    return (w8.view(torch.float8_e4m3fn).float() * sc[..., :n, :k]).to(torch.bfloat16)
+    from vllm_dsv4_hw.quant.formats import dequantize_fp8_block
+
+    if w8.dim() == 3:
+        return torch.stack([dequantize_fp8_block(w, sc) for w, sc in zip(w8, s)]).bfloat16()
+    return dequantize_fp8_block(w8, s).bfloat16()
 
 
 # -- sparse attention ---------------------------------------------------------------------------------

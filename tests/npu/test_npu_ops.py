@@ -17,6 +17,7 @@ import torch
 from tests.backends import impl
 from tests.oracles import dense_attention_with_sink, rope_oracle
 from tests.oracles import indexer_oracle as oracle
+from tests.npu.insert_case import assert_npu_insert_matches_paged
 from vllm_dsv4_hw.kv_cache import paged
 from vllm_dsv4_hw.kv_cache.formats import make_format
 from vllm_dsv4_hw.ops import api
@@ -202,14 +203,7 @@ def test_rope_prefers_vllm_ascend_partial_rotary_when_loaded(stub, gen, monkeypa
 
 
 def test_kv_insert_scatters_data_and_scale_parts(stub, gen):
-    fmt = make_format("fp8", "main", 4)
-    cache = fmt.new_cache(3, page_bytes=fmt.min_page_bytes + 7).fill_(0xAB)
-    want = cache.clone()
-    x = torch.randn(3, 512, generator=gen)
-    slots = torch.tensor([11, -1, 2])
-    paged.insert_rows(want, slots, x, fmt)
-    impl(api.KV_INSERT, "npu")(cache, slots, x, fmt)
-    assert torch.equal(cache, want)
+    assert_npu_insert_matches_paged(gen)
     assert stub._control.calls["npu_scatter_nd_update_"] == 2  # data part + scale part
 
 

@@ -15,6 +15,7 @@ import torch
 
 from tests.backends import impl
 from tests.oracles import dense_attention_with_sink, rope_oracle
+from tests.npu.insert_case import assert_npu_insert_matches_paged
 from vllm_dsv4_hw.kv_cache import paged
 from vllm_dsv4_hw.kv_cache.formats import make_format
 from vllm_dsv4_hw.ops import api
@@ -169,14 +170,7 @@ def test_the_stub_enforces_the_documented_constraints(ascend_ops):
 
 
 def test_kv_insert_through_scatter_nd_update_v2(ascend_ops, stub, gen):
-    fmt = make_format("fp8", "main", 4)
-    cache = fmt.new_cache(3, page_bytes=fmt.min_page_bytes + 7).fill_(0xAB)
-    want = cache.clone()
-    x = torch.randn(3, 512, generator=gen)
-    slots = torch.tensor([11, -1, 2])
-    paged.insert_rows(want, slots, x, fmt)
-    impl(api.KV_INSERT, "npu")(cache, slots, x, fmt)
-    assert torch.equal(cache, want)
+    assert_npu_insert_matches_paged(gen)
     calls = stub._control.calls
     assert calls["npu_scatter_nd_update_v2"] == 2 and calls["npu_scatter_nd_update_"] == 0
 

@@ -40,17 +40,21 @@ class World:
     def served(self) -> str:
         return describe(self.registry.models[ARCHITECTURE])
 
+    def load(self, owner: str, vendor_first: bool) -> str:
+        """Both plugins registered in the given order; our registration's log line."""
+        if vendor_first:
+            self.fake_vllm_ascend()
+            return self.ours(owner)
+        line = self.ours(owner)
+        self.fake_vllm_ascend()
+        return line
+
 
 @pytest.mark.parametrize("vendor_first", [True, False])
 def test_ours_wins_in_either_load_order(vendor_first, caplog):
     w = World()
     with caplog.at_level(logging.INFO, logger="vllm_dsv4_hw"):
-        if vendor_first:
-            w.fake_vllm_ascend()
-            line = w.ours("ours")
-        else:
-            line = w.ours("ours")
-            w.fake_vllm_ascend()
+        line = w.load("ours", vendor_first)
     assert w.served() == MODEL_CLASS
     assert describe(w.registry.models[ASCEND_MTP[0]]) == ASCEND_MTP[1]   # its other models stay
     assert w.quant == {"deepseek_v4_fp8": "AscendDeepseekV4FP8Config",
@@ -68,12 +72,7 @@ def test_ours_wins_in_either_load_order(vendor_first, caplog):
 def test_vendor_leaves_its_registrations_intact(vendor_first, caplog):
     w = World()
     with caplog.at_level(logging.INFO, logger="vllm_dsv4_hw"):
-        if vendor_first:
-            w.fake_vllm_ascend()
-            line = w.ours("vendor")
-        else:
-            line = w.ours("vendor")
-            w.fake_vllm_ascend()
+        line = w.load("vendor", vendor_first)
     assert w.served() == ASCEND_MODEL
     assert w.quant == {"deepseek_v4_fp8": "AscendDeepseekV4FP8Config"}     # no dsv4_hw_fp8
     assert w.config_map[ARCHITECTURE] is MODELS_CONFIG_MAP[ARCHITECTURE]  # vLLM's hook, untouched
