@@ -217,6 +217,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prefill-tokens", type=int, default=262144,
                     help="real prefill when batch * context <= this, else random valid fill")
     ap.add_argument("--no-prefill", action="store_true", help="random fill everywhere")
+    ap.add_argument("--prefill-tail-chunks", type=int, default=0,
+                    help="where the caches are randomly filled (1M): time this many prefill "
+                         "chunks ending at the decode position over them")
     ap.add_argument("--prefill-streams", default="on", choices=("on", "off"),
                     help="multi-stream during prefill (eager, no graphs)")
     ap.add_argument("--verify", default="auto", choices=("auto", "on", "off"),

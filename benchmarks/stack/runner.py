@@ -35,6 +35,8 @@ class Runner:
         self.stack = None
         self.model = None
         self.verified_models: set[str] = set()
+        self.chunk_seconds: list[float] = []
+        self.prefill_profile: dict | None = None
 
     def set_streams(self, on: bool):
         """Multi-stream on / off through the typed setting (VLLM_DSV4_HW_MULTI_STREAM): the layers
@@ -150,6 +152,8 @@ class Runner:
             logger.info("random valid fill: %.1f s", time.time() - t0)
             init = "random_fill"
             last_chunk_out, main_chunk = None, None
+            if args.prefill_tail_chunks:
+                self.prefill(model, caches, p0, args.prefill_chunk, args.prefill_tail_chunks)
 
         # every decode phase below starts at p0 from these windowed pages (rings only hold the
         # last W positions of positions that advance)
@@ -208,51 +212,81 @@ class Runner:
 
     @torch.no_grad()
     def run_prefill(self, caches, p0: int, chunk_per_seq: int, xs: torch.Tensor,
-                    time_it: bool = True):
-        """Chunked prefill of positions 0..p0-1 of every sequence (``chunk_per_seq`` new tokens
-        of each sequence per step) into ``caches``. Returns (seconds, output of the last chunk
-        [B, n, hidden], scratch bytes per sequence)."""
+                    time_it: bool = True, first: int = 0):
+        """Chunked prefill of positions first..p0-1 of every sequence (``chunk_per_seq`` new
+        tokens of each sequence per step) into ``caches``. Returns (seconds, output of the last
+        chunk [B, n, hidden], scratch bytes per sequence). ``first`` > 0 (the 1M figure): the
+        full-kind caches already hold random valid entries for the positions before it, so each
+        chunk reads a cache of the real length."""
         from vllm_dsv4_hw.attention.metadata import build_step_metadata
 
         stack = self.stack
         b = caches.batch
         self.set_streams(self.args.prefill_streams)
         pf = caches.prefill_caches(chunk_per_seq)
-        starts = list(range(0, p0, chunk_per_seq))
+        starts = list(range(first, p0, chunk_per_seq))
 
         def chunk(s0):
             n = min(chunk_per_seq, p0 - s0)
             metas = {r: build_step_metadata([s0] * b, [n] * b, r, pf.tables[r],
                                             pf.layouts[r].geometry, caches.cfg.sliding_window)
                      for r in pf.layouts}
-            x = xs[:, s0:s0 + n].reshape(b * n, -1)
+            x = xs[:, s0 - first:s0 - first + n].reshape(b * n, -1)
             return stack.run(x, metas, pf.layers), n
 
         if time_it and self.device.type != "cpu":
-            chunk(starts[0])  # compile / warm up; rewrites the same slots when timed below
+            # compile / warm up (they rewrite the same slots when timed below); a shorter last
+            # chunk is another Triton specialization (lengths not divisible by 16), compiled once
+            # per process in serving too: warmed up here so the timed figure is the steady state
+            for s0 in {starts[0], starts[-1]}:
+                chunk(s0)
         self.timer.sync()
         t0 = time.time()
         out = None
+        chunk_s = []  # per-chunk seconds (a sync per chunk: chunks take ~1 s, the sync is noise)
         for s0 in starts:
+            c0 = time.time()
             out, n = chunk(s0)
+            if time_it:
+                self.timer.sync()
+                chunk_s.append(time.time() - c0)
         self.timer.sync()
         secs = time.time() - t0
+        self.chunk_seconds = chunk_s
+        self.prefill_first = first
+        if time_it and self.args.profile and self.device.type == "cuda":
+            # the last chunk (longest context) again: it rewrites the same slots with the same
+            # values, so the caches the decode phase reads are unchanged
+            from benchmarks.stack.profile import kernel_table, print_table
+
+            tab = kernel_table(lambda: chunk(starts[-1]), reps=1, warmup=0)
+            self.prefill_profile = tab
+            print_table(f"prefill chunk at {starts[-1]} ({chunk_per_seq} tokens x {b})", tab,
+                        top=60)
         caches.migrate_windows(pf, p0)
         scratch = pf.allocated_bytes() / b
         return secs, out.view(b, -1, out.shape[-1]), scratch
 
-    def prefill(self, model, caches, p0: int, chunk_tokens: int):
+    def prefill(self, model, caches, p0: int, chunk_tokens: int, tail_chunks: int = 0):
+        """Time a chunked prefill to ``p0``: all of it, or (``tail_chunks`` > 0, over randomly
+        filled caches) only its last ``tail_chunks`` chunks."""
         b = caches.batch
         per_seq = max(1, min(p0, chunk_tokens // b))
-        xs = self._prefill_inputs(b, p0, caches.cfg.hidden_size)
-        secs, out, scratch = self.run_prefill(caches, p0, per_seq, xs)
-        row = {"model": model, "context": caches.context, "batch": b, "tokens": b * p0,
+        first = max(0, p0 - tail_chunks * per_seq) if tail_chunks else 0
+        xs = self._prefill_inputs(b, p0 - first, caches.cfg.hidden_size)
+        secs, out, scratch = self.run_prefill(caches, p0, per_seq, xs, first=first)
+        n_tok = b * (p0 - first)
+        row = {"model": model, "context": caches.context, "batch": b, "tokens": n_tok,
+               "first_position": first, "cache_before_first": "random valid" if first else None,
                "chunk_tokens": per_seq * b, "chunk_per_seq": per_seq, "seconds": round(secs, 3),
-               "tokens_per_s": b * p0 / secs, "inflight_scratch_bytes_per_seq": scratch,
-               "multi_stream": self.args.prefill_streams, "cuda_graphs": False}
+               "tokens_per_s": n_tok / secs, "inflight_scratch_bytes_per_seq": scratch,
+               "multi_stream": self.args.prefill_streams, "cuda_graphs": False,
+               "chunk_seconds": [round(c, 4) for c in getattr(self, "chunk_seconds", [])],
+               "profile_last_chunk": getattr(self, "prefill_profile", None)}
+        self.prefill_profile = None
         self.report.add("prefill", row)
-        logger.info("prefill %s %s B=%d: %d tokens in %.2f s = %.0f tokens/s (chunk %d/seq)",
-                    model, ctx_name(caches.context), b, b * p0, secs, b * p0 / secs, per_seq)
+        logger.info("prefill %s %s B=%d: %d tokens from %d in %.2f s = %.0f tokens/s (chunk %d/seq)",
+                    model, ctx_name(caches.context), b, n_tok, first, secs, n_tok / secs, per_seq)
         del xs
         return out, per_seq
 

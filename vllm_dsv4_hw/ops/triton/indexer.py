@@ -91,46 +91,53 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                 qo_lo = (q_o - qo_hi.to(tl.float32)).to(tl.bfloat16)
         out_row = out_ptr + t64 * stride_out
         for it in range(ITERS):
-            s = (sp * ITERS + it) * BLOCK_S + tl.arange(0, BLOCK_S)
+            s0 = (sp * ITERS + it) * BLOCK_S
+            s = s0 + tl.arange(0, BLOCK_S)
             in_range = s < n_max
-            vis = s < visible
-            page = tl.load(bt_ptr + req * stride_bt + s // E, mask=vis & (s // E < bt_cols),
-                           other=-1)
-            vis = vis & (page >= 0)
-            page64 = tl.maximum(page, 0).to(tl.int64)
-            off = (s % E).to(tl.int64)
-            pair_off = page64 * page_stride_units + off * (DATA_BYTES // UNIT)
-            scale_off = page64 * page_stride + E * DATA_BYTES + off * SCALE_BYTES
-            if SCALE_BYTES == 4:  # one aligned 32-bit scale word per key (mxfp4 / fp8 at dim 128)
-                scale_arg = scale_off // 4
+            if s0 >= visible:
+                # a block past the token's visible entries (the causal tail of a prefill chunk,
+                # the table beyond a short request): no key loads and no dots, only -inf
+                tl.store(out_row + s, tl.full([BLOCK_S], float("-inf"), tl.float32),
+                         mask=in_range)
             else:
-                scale_arg = scale_off
-            if KP == DI // 2:
-                kmask = vis[None, :]
-            else:
-                kmask = vis[None, :] & (j[:, None] < DI // 2)
-            k_e, k_o = load_entry_pairs(cache_ptr, pair_off[None, :], scale_arg[None, :],
-                                        j[:, None], kmask, FMT,
-                                        SCALE_BYTES == 4)        # [KP, BLOCK_S] each
-            if DOT == 0:
-                logits = tl.dot(q_e, k_e, input_precision="ieee")
-                logits = tl.dot(q_o, k_o, logits, input_precision="ieee")
-            else:
-                # keys are exact in bf16 (fp8 codes unscaled, e2m1 * 2^e, bf16): bf16 tensor cores
-                ke = k_e.to(tl.bfloat16)
-                ko = k_o.to(tl.bfloat16)
-                logits = tl.dot(qe_hi, ke)
-                logits = tl.dot(qo_hi, ko, logits)
-                if DOT == 2:
-                    logits = tl.dot(qe_lo, ke, logits)
-                    logits = tl.dot(qo_lo, ko, logits)
-            if FMT == 3:  # FMT_FP8_INDEXER: per-key power-of-two scale applied to the logits (exact)
-                scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_off // 4,
-                                mask=vis, other=1.0)
-                logits = logits * scale[None, :]
-            score = tl.sum(w[:, None] * tl.maximum(logits, 0.0), axis=0)   # [BLOCK_S]
-            score = tl.where(vis, score, float("-inf"))
-            tl.store(out_row + s, score, mask=in_range)
+                vis = s < visible
+                page = tl.load(bt_ptr + req * stride_bt + s // E, mask=vis & (s // E < bt_cols),
+                               other=-1)
+                vis = vis & (page >= 0)
+                page64 = tl.maximum(page, 0).to(tl.int64)
+                off = (s % E).to(tl.int64)
+                pair_off = page64 * page_stride_units + off * (DATA_BYTES // UNIT)
+                scale_off = page64 * page_stride + E * DATA_BYTES + off * SCALE_BYTES
+                if SCALE_BYTES == 4:  # one aligned 32-bit scale word per key (mxfp4 / fp8, dim 128)
+                    scale_arg = scale_off // 4
+                else:
+                    scale_arg = scale_off
+                if KP == DI // 2:
+                    kmask = vis[None, :]
+                else:
+                    kmask = vis[None, :] & (j[:, None] < DI // 2)
+                k_e, k_o = load_entry_pairs(cache_ptr, pair_off[None, :], scale_arg[None, :],
+                                            j[:, None], kmask, FMT,
+                                            SCALE_BYTES == 4)        # [KP, BLOCK_S] each
+                if DOT == 0:
+                    logits = tl.dot(q_e, k_e, input_precision="ieee")
+                    logits = tl.dot(q_o, k_o, logits, input_precision="ieee")
+                else:
+                    # keys are exact in bf16 (fp8 codes unscaled, e2m1 * 2^e, bf16): tensor cores
+                    ke = k_e.to(tl.bfloat16)
+                    ko = k_o.to(tl.bfloat16)
+                    logits = tl.dot(qe_hi, ke)
+                    logits = tl.dot(qo_hi, ko, logits)
+                    if DOT == 2:
+                        logits = tl.dot(qe_lo, ke, logits)
+                        logits = tl.dot(qo_lo, ko, logits)
+                if FMT == 3:  # FMT_FP8_INDEXER: the key's power-of-two scale on the logits (exact)
+                    scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_off // 4,
+                                    mask=vis, other=1.0)
+                    logits = logits * scale[None, :]
+                score = tl.sum(w[:, None] * tl.maximum(logits, 0.0), axis=0)   # [BLOCK_S]
+                score = tl.where(vis, score, float("-inf"))
+                tl.store(out_row + s, score, mask=in_range)
 
 
 @triton.jit
