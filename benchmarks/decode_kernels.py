@@ -67,9 +67,9 @@ def graph_us(fn, n_sets: int, inner: int = INNER, reps: int = 7) -> float:
     return ts[reps // 2] * 1e3 / inner
 
 
-def _try(fn, n_sets):
+def _try(fn, n_sets, inner: int = INNER, reps: int = 7):
     try:
-        return graph_us(fn, n_sets)
+        return graph_us(fn, n_sets, inner, reps)
     except Exception as exc:  # a config out of resources
         torch.cuda.synchronize()
         return f"{type(exc).__name__}: {str(exc)[:120]}"
@@ -139,6 +139,43 @@ def sweep_gemm(dev, batches):
     return rows
 
 
+def sweep_gemm_fold(dev, batches):
+    """Decode-sized M: the three ways of applying the block scale (``fp8_linear.FOLD``) at
+    each column block and stage count, split-K as the default chooses, each checked."""
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.quant.formats import quantize_fp8_block
+
+    rows = []
+    for name, (g, n, k) in GEMM_SHAPES.items():
+        n_sets = max(2, min(6, math.ceil(200e6 / (g * n * k))))
+        ws = []
+        for _ in range(n_sets):
+            w = torch.randn(g, n, k, device=dev) if g > 1 else torch.randn(n, k, device=dev)
+            ws.append(quantize_fp8_block(w) if g == 1 else tuple(
+                torch.stack(t) for t in zip(*[quantize_fp8_block(wi) for wi in w])))
+            del w
+        kb = math.ceil(k / 128)
+        for m in batches:
+            x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
+            want = fp8_block_linear(x, *ws[0], (128, 128), fold=0).float()
+            res = {"default": _try(lambda i: fp8_block_linear(x, *ws[i], (128, 128)), n_sets)}
+            for fold in (0, 1, 2):
+                for bn in (32, 64, 128):
+                    for st in (3, 4):
+                        key = f"fold={fold} bn={bn} stages={st}"
+                        kw = dict(fold=fold, block_n=bn, num_stages=st)
+                        got = fp8_block_linear(x, *ws[0], (128, 128), **kw).float()
+                        err = float((got - want).abs().max() / want.abs().max())
+                        res[key] = (_try(lambda i, kw=kw: fp8_block_linear(
+                            x, *ws[i], (128, 128), **kw), n_sets) if err < 1e-2
+                            else f"wrong: rel err {err:.2e}")
+            floor = (g * n * k + g * math.ceil(n / 128) * kb * 4) / HBM * 1e6
+            rows.append(_summary("gemm_fold", f"{name} M={m}", res, "default", floor))
+        del ws
+        torch.cuda.empty_cache()
+    return rows
+
+
 def sweep_gemm_prefill(dev, batches=None, ms=(4096, 8192)):
     """Prefill-sized M: row / column tiles, warps and stages of the product's FP8 GEMM against
     the dense bf16 matmul of the dequantized weight (cuBLAS: the unfused path), each config's
@@ -146,8 +183,13 @@ def sweep_gemm_prefill(dev, batches=None, ms=(4096, 8192)):
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
     from vllm_dsv4_hw.quant.formats import quantize_fp8_block
 
-    configs = [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
-               (128, 128, 8, 4), (64, 128, 4, 3), (128, 256, 8, 3), (256, 128, 8, 3)]
+    # (bm, bn, warps, stages, fold): fold 0 = a dot per K block then scaled into the accumulator,
+    # 1 = scale folded into the weight tile, 2 = 1 with the weight tile as the dot's A (y^T)
+    configs = [(64, 128, 4, 3, 0), (128, 128, 8, 3, 0)]
+    for fold in (1, 2):
+        configs += [(bm, bn, nw, st, fold) for bm, bn, nw, st in (
+            (64, 128, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4),
+            (128, 256, 8, 3), (256, 128, 8, 3), (64, 256, 8, 3), (128, 64, 4, 4))]
     rows = []
     for name in ("flash wq_a", "flash wq_b", "flash wo_b", "flash wo_a"):
         g, n, k = GEMM_SHAPES[name]
@@ -167,12 +209,12 @@ def sweep_gemm_prefill(dev, batches=None, ms=(4096, 8192)):
                 (lambda: x @ ref_w.t())
             res = {"dense bf16 (cuBLAS)": _try(lambda i: dense(), 1)}
             res["default"] = _try(lambda i: product_op(x, w8, s, (128, 128)), 1)
-            for bm, bn, nw, st in configs:
-                key = f"bm={bm} bn={bn} warps={nw} stages={st}"
+            for bm, bn, nw, st, fold in configs:
+                key = f"bm={bm} bn={bn} warps={nw} stages={st} fold={fold}"
 
-                def run(i, bm=bm, bn=bn, nw=nw, st=st):
+                def run(i, bm=bm, bn=bn, nw=nw, st=st, fold=fold):
                     return fp8_block_linear(x, w8, s, (128, 128), block_m=bm, block_n=bn,
-                                            split_k=1, num_warps=nw, num_stages=st)
+                                            split_k=1, num_warps=nw, num_stages=st, fold=fold)
                 try:
                     got = run(0).float()
                     err = float((got - want).abs().max() / want.abs().max())
@@ -239,6 +281,47 @@ def sweep_attn(dev, batches):
 
 
 # -- indexer ------------------------------------------------------------------------------------------
+def sweep_index_prefill(dev, batches, cases=((131072, 8192), (1048576, 2048))):
+    """A prefill chunk's scoring: T tokens at the end of one request of ``ctx`` positions (the
+    chunk's causal tail included), tokens per program x warps x entry block, each checked
+    against the one-token-per-program scores; the dot FLOPs / 790 TFLOP/s as the floor."""
+    from benchmarks.gpu.indexer import make_inputs
+    from vllm_dsv4_hw.ops.triton import indexer as ti
+
+    rows = []
+    for ctx, t in cases:
+        args = make_inputs(dev, "mxfp4", [(ctx - t, t, ctx // 4)])[0]
+        fmt = args[3]
+        n_max = args[4].shape[1] * fmt.entries_per_page
+        buf = torch.empty(t, n_max, device=dev)
+        want = ti.indexer_scores(*args, 4, out=torch.empty_like(buf), tokens_per_program=1)
+        fin = torch.isfinite(want)
+        res = {"default": _try(lambda i: ti.indexer_scores(*args, 4, out=buf), 1, 1, 3)}
+        for tb in (1, 2, 4, 8):
+            for nw in (4, 8):
+                for bs in (32, 64):
+                    key = f"tb={tb} warps={nw} block_s={bs}"
+                    kw = dict(tokens_per_program=tb, num_warps=nw, block_s=bs)
+                    try:
+                        got = ti.indexer_scores(*args, 4, out=buf, **kw)
+                        same_inf = bool(torch.equal(torch.isfinite(got), fin))
+                        err = float(((got[fin] - want[fin]).abs().max()
+                                     / want[fin].abs().max()))
+                    except Exception as exc:
+                        res[key] = f"{type(exc).__name__}"
+                        torch.cuda.synchronize()
+                        continue
+                    res[key] = (_try(lambda i, kw=kw: ti.indexer_scores(*args, 4, out=buf, **kw),
+                                     1, 1, 3) if same_inf and err < 1e-3
+                                else f"wrong: mask {same_inf} rel err {err:.2e}")
+        visible = sum(min(n_max, (ctx - t + i + 1) // 4) for i in range(t))
+        floor = 2 * 64 * 128 * visible / 790e12 * 1e6
+        rows.append(_summary("index_prefill", f"ctx={ctx} T={t}", res, "default", floor))
+        del args, buf, want
+        torch.cuda.empty_cache()
+    return rows
+
+
 def sweep_index(dev, batches):
     from benchmarks.gpu.indexer import _decode_reqs, make_inputs
     from vllm_dsv4_hw.ops.triton import indexer as ti
@@ -324,7 +407,8 @@ def sweep_pool(dev, batches):
 
 
 SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": sweep_index,
-          "gemm": sweep_gemm, "gemm_prefill": sweep_gemm_prefill}
+          "gemm": sweep_gemm, "gemm_prefill": sweep_gemm_prefill, "gemm_fold": sweep_gemm_fold,
+          "index_prefill": sweep_index_prefill}
 
 
 def main(argv=None) -> int:

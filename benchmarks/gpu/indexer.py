@@ -184,6 +184,14 @@ def check(device, smoke: bool = False) -> list[dict]:
         args, _ = make_inputs(device, fmt_name, reqs, h=h, pad_tokens=1)
         rows.append(_check_case(device, ref_fn, ref, ti, f"ragged {fmt_name} (decode+prefill+pad)",
                                 args, topk))
+    # a prefill chunk long enough for tokens scored together (ops.triton.indexer.GROUP_TOKENS),
+    # behind a decode token (a group across requests) and before a padding token
+    n_pf = 40 if smoke else 1100
+    c0 = contexts[0]
+    reqs = [(c0 - 1, 1, c0 // 4), (c0 - n_pf, n_pf, c0 // 4)]
+    args, _ = make_inputs(device, "mxfp4", reqs, h=h, pad_tokens=1)
+    rows.append(_check_case(device, ref_fn, ref, ti, f"prefill mxfp4 T={n_pf} after a decode",
+                            args, topk))
     if device.type == "cuda":
         from vllm_dsv4_hw.ops.registry import REGISTRY
 

@@ -274,6 +274,41 @@ def test_triton_split_k(m, n, k, g, split, dtype, gen):
     assert_close(got, x, wq, sc, block)
 
 
+@triton_only
+@pytest.mark.parametrize("fold", [1, 2])
+@pytest.mark.parametrize("m,n,k,g,block,split", [
+    (1, 200, 300, None, (128, 128), 1),     # decode, ragged N and K
+    (70, 130, 200, None, (32, 32), 1),      # two M tiles, ragged, V4.1 blocks
+    (5, 96, 384, 2, (128, 128), 2),         # grouped, split-K partials
+    (17, 100, 150, 2, (32, 32), 3),         # grouped, ragged, more splits
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_folded_scale(fold, m, n, k, g, block, split, dtype, gen):
+    """The scale folded into the weight tile (1) and the transposed product with the weight as
+    the dot's A operand (2): same bound against the oracle (x * (e4m3 * 2^e) is the same exact
+    product; only the summation order differs). Both ends of the scale range."""
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+
+    wq, sc = rand_weight(gen, ((g,) if g else ()) + (n, k), block, lo=100, hi=150)
+    x = rand_x(gen, m, g, k, dtype)
+    got = fp8_block_linear(x, wq, sc, block, split_k=split, fold=fold,
+                           block_m=16 if m < 32 else 32, block_n=32)
+    assert_close(got, x, wq, sc, block)
+
+
+@triton_only
+@pytest.mark.parametrize("g", [None, 2])
+def test_triton_prefill_tile(g, gen):
+    """From 2048 rows: the 128 x 256 tile with the scale folded (the interpreter takes it too),
+    ragged N and K, a partial last row tile."""
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+
+    m, n, k, block = 2100, 1100, 200, (128, 128)
+    wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
+    x = rand_x(gen, m, g, k, torch.bfloat16)
+    assert_close(fp8_block_linear(x, wq, sc, block), x, wq, sc, block)
+
+
 def test_triton_launch_heuristics():
     tf = pytest.importorskip("vllm_dsv4_hw.ops.triton.fp8_linear")
     sms = 132
@@ -283,6 +318,15 @@ def test_triton_launch_heuristics():
     assert tf._auto_split_k(kb=128, base=224, sms=sms) == 8     # Pro wo_b: long K splits anyway
     assert tf._auto_split_k(kb=2, base=1, sms=sms) == 2         # never more splits than K blocks
     assert tf._auto_block_n(8192, 1) == 32 and tf._auto_block_n(32768, 1) == 64
+    # from 17 rows the long-K weights with >= 1024 columns take 64 (wo_a, wo_b, Pro wq_a), not wkv
+    assert tf._auto_block_n(1024, 8, m=32, k=4096) == 64
+    assert tf._auto_block_n(1024, 8, m=16, k=4096) == 32
+    assert tf._auto_block_n(512, 1, m=32, k=4096) == 32
+    assert tf._auto_block_n(8192, 1, m=32, k=1024) == 32
+    # the prefill tile from 2048 rows, only where the declared shared memory holds it
+    assert tf._prefill_tile(2048, 1024, torch.device("cpu"))["fold"] == tf.FOLD_W
+    assert tf._prefill_tile(2047, 1024, torch.device("cpu")) == {}
+    assert tf._prefill_tile(8192, 512, torch.device("cpu")) == {}  # narrow weights keep theirs
     assert tf._split_k(torch.device("cpu"), 4096, 32, 4, 1) == 1  # no split off CUDA
     assert [tf.k_tile(b) for b in (128, 32, 16, 8, 100)] == [128, 32, 16, 16, 128]
 
@@ -315,21 +359,25 @@ def comp(fn, sig, consts, name, cap, **opts):
 
 ints = ("M", "N", "K", "KB", "kb_per_split", "n_nblk", "n_mblk", "sxg", "sxm", "swg", "swn",
         "ssg", "ssn", "sos", "sog", "som")
-for cap, x, out, math, hw, sbk, bm, bn in (
-        (90, "bf16", "bf16", f.MATH_X16, True, 128, 16, 32),   # decode, V4 blocks
-        (90, "bf16", "fp32", f.MATH_X16, True, 32, 64, 64),    # prefill tile, V4.1 blocks, split
-        (90, "fp16", "fp16", f.MATH_X16, True, 128, 16, 64),
-        (90, "fp32", "fp32", f.MATH_F32, True, 128, 32, 32),
-        (90, "fp64", "fp64", f.MATH_F64, False, 32, 16, 32),
-        (80, "bf16", "bf16", f.MATH_X16, False, 128, 16, 32),  # sm_80: no fp8e4nv in Triton
-        (80, "bf16", "fp32", f.MATH_X16, False, 32, 64, 64),
-        (80, "fp32", "fp32", f.MATH_F32, False, 128, 16, 32)):
+for cap, x, out, math, hw, sbk, bm, bn, fold in (
+        (90, "bf16", "bf16", f.MATH_X16, True, 128, 16, 32, 0),   # decode, V4 blocks
+        (90, "bf16", "fp32", f.MATH_X16, True, 32, 64, 64, 0),    # prefill tile, V4.1, split
+        (90, "fp16", "fp16", f.MATH_X16, True, 128, 16, 64, 0),
+        (90, "fp32", "fp32", f.MATH_F32, True, 128, 32, 32, 0),
+        (90, "fp64", "fp64", f.MATH_F64, False, 32, 16, 32, 0),
+        (90, "bf16", "bf16", f.MATH_X16, True, 128, 128, 128, 1),  # scale folded, large tile
+        (90, "bf16", "bf16", f.MATH_X16, True, 128, 16, 64, 2),    # weight tile as the A operand
+        (80, "bf16", "bf16", f.MATH_X16, False, 128, 16, 32, 0),  # sm_80: no fp8e4nv in Triton
+        (80, "bf16", "fp32", f.MATH_X16, False, 32, 64, 64, 0),
+        (80, "bf16", "bf16", f.MATH_X16, False, 128, 64, 64, 2),
+        (80, "fp32", "fp32", f.MATH_F32, False, 128, 16, 32, 0)):
     sig = dict(x_ptr="*" + x, w_ptr="*u8", s_ptr="*u8", out_ptr="*" + out,
                **{k: "i32" for k in ints})
     comp(f._fp8_block_linear_kernel, sig,
          dict(SBN=128, SBK=sbk, BM=bm, BN=bn, BK=f.k_tile(sbk), MATH=math, HW_CVT=hw,
-              OUT_BF16=out == "bf16"),
-         f"sm_{cap} x {x} -> {out} math {math} hw_cvt {hw} block {sbk} tile {bm}x{bn}", cap,
+              OUT_BF16=out == "bf16", FOLD=fold),
+         f"sm_{cap} x {x} -> {out} math {math} hw_cvt {hw} block {sbk} tile {bm}x{bn} fold {fold}",
+         cap,
          num_warps=4, num_stages=3)
 for cap in (90, 80):
     comp(f._splitk_sum_kernel, dict(part_ptr="*fp32", out_ptr="*bf16", n_splits="i32",
@@ -342,7 +390,7 @@ print("RESULTS" + json.dumps(results))
 def test_triton_kernels_compile_for_sm90_and_sm80():
     results = compile_results(_COMPILE_SCRIPT)
     failed = [f"{name}: {err}" for name, err, _ in results if err]
-    assert len(results) == 10
+    assert len(results) == 13
     assert not failed, "\n".join(failed)
     # hardware conversion exactly where asked for (sm_90 16-bit / fp32 kernels), never for sm_80
     hw = {name: used for name, _, used in results if "split-K" not in name}

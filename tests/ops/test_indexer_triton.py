@@ -129,6 +129,32 @@ def test_gpu_launch_config(gen, monkeypatch):
 
 
 
+@pytest.mark.parametrize("tb", [2, 4])
+@pytest.mark.parametrize("fmt_name", ["mxfp4", "fp8"])
+def test_tokens_scored_together(gen, tb, fmt_name):
+    """TB tokens per program (one key tile for all of them): groups inside one request (the
+    shared path), groups across requests and with padding tokens (scored one token at a time), a
+    partial last group; 64-entry blocks as on a GPU; a poisoned buffer."""
+    fmt = make_format(fmt_name, "indexer", 64)
+    reqs = [(0, 7, 1), (1, 0, 9), (2, 1200, 6), (3, 300, 2)]  # 1 + 9 + 6 + 2 tokens: ragged groups
+    cache, bt, keys, token_req, token_pos = _setup(gen, fmt, reqs)
+    token_req = torch.cat([token_req, torch.tensor([-1, -1, -1])])  # padding
+    token_pos = torch.cat([token_pos, torch.tensor([0, 5, 9])])
+    t = token_req.numel()
+    q = torch.randn(t, H, DI, generator=gen)
+    w = torch.randn(t, H, generator=gen)
+    n_max = bt.shape[1] * fmt.entries_per_page
+    want = _scores64(q, w, keys, token_req, token_pos, n_max)
+    got = ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, block_s=64, iters=2,
+                            tokens_per_program=tb, out=torch.full((t, n_max), float("nan")))
+    assert torch.equal(torch.isneginf(got), torch.isneginf(want))
+    fin = torch.isfinite(want)
+    scale = float(want[fin].abs().max())
+    torch.testing.assert_close(got[fin].double(), want[fin], rtol=1e-5, atol=1e-6 * scale)
+    with pytest.raises(ValueError, match="power of two"):
+        ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, tokens_per_program=3)
+
+
 def test_select_policy(monkeypatch):
     from vllm_dsv4_hw.ops.triton import indexer as ti
 

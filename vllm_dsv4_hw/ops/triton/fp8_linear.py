@@ -65,6 +65,15 @@ def _e4m3_tile(wq, DT: tl.constexpr, HW_CVT: tl.constexpr):
 
 
 @triton.jit
+def _widen(x):
+    """x as fp32; bf16 from its bits (the interpreter's conversion garbles subnormals)."""
+    if x.dtype == tl.bfloat16:
+        return bf16_bits_to_f32(x.to(tl.uint16, bitcast=True))
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
 def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
     """Store ``v`` converted to ptr's dtype; bf16 is rounded (nearest even) in fp32 first.
     OUT_BF16 == 2 (the interpreter): ``ptr`` is an int16 view and the bf16 bits are stored as
@@ -85,7 +94,8 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
                              sxg, sxm, swg, swn, ssg, ssn, sos, sog, som,
                              SBN: tl.constexpr, SBK: tl.constexpr,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                             MATH: tl.constexpr, HW_CVT: tl.constexpr, OUT_BF16: tl.constexpr):
+                             MATH: tl.constexpr, HW_CVT: tl.constexpr, OUT_BF16: tl.constexpr,
+                             FOLD: tl.constexpr):
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_n = pid % n_nblk          # column blocks fastest: neighbours share the activation tile
@@ -101,12 +111,41 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
     s_base = s_ptr + g * ssg + (offs_n // SBN).to(tl.int64) * ssn   # each column's scale row
     if MATH == _C_F64:
         acc = tl.zeros((BM, BN), dtype=tl.float64)
+    elif FOLD == 2:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)   # y^T: the weight tile is the dot's A
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
     kb0 = pid_s * kb_per_split
     for i in range(0, kb_per_split):
         kb = kb0 + i
-        if MATH == _C_F64:
+        if FOLD != 0:
+            # 16-bit tensor cores, the block's power-of-two scale folded into the weight tile
+            # (exact while scale * e4m3 stays a normal bf16 / fp16), accumulated in the dot
+            lane = tl.arange(0, BK)
+            offs_k = kb * SBK + lane
+            k_ok = offs_k < K
+            if BK != SBK:
+                k_ok = k_ok & (lane < SBK)
+            x = tl.load(x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            wq = tl.load(w_rows[:, None] + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                         other=0)
+            sb = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127)
+            if MATH == _C_X16:
+                dt = x_ptr.dtype.element_ty
+                wt = _e4m3_tile(wq, dt, HW_CVT) * ue8m0_to_f32(sb).to(dt)[:, None]
+                if FOLD == 2:
+                    acc = tl.dot(wt, tl.trans(x), acc)
+                else:
+                    acc = tl.dot(x, tl.trans(wt), acc)
+            else:
+                xf = _widen(x)
+                wt = _e4m3_tile(wq, tl.float32, HW_CVT) * ue8m0_to_f32(sb)[:, None]
+                if FOLD == 2:
+                    acc = tl.dot(wt, tl.trans(xf), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(xf, tl.trans(wt), acc, input_precision="ieee")
+        elif MATH == _C_F64:
             # float64 (the exact test path): rank-1 updates, no tl.dot (Triton 3.6 fails to lower
             # a float64 dot for sm_90). Vector indices: the interpreter mis-types vector & scalar.
             part = tl.zeros((BM, BN), dtype=tl.float64)
@@ -129,15 +168,14 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
             if MATH == _C_X16:
                 part = tl.dot(x, tl.trans(_e4m3_tile(wq, x_ptr.dtype.element_ty, HW_CVT)))
             else:
-                if x_ptr.dtype.element_ty == tl.bfloat16:  # from the bits: exact for subnormals
-                    xf = bf16_bits_to_f32(x.to(tl.uint16, bitcast=True))
-                else:
-                    xf = x.to(tl.float32)
-                part = tl.dot(xf, tl.trans(_e4m3_tile(wq, tl.float32, HW_CVT)),
+                part = tl.dot(_widen(x), tl.trans(_e4m3_tile(wq, tl.float32, HW_CVT)),
                               input_precision="ieee")
-        # past the last K block (uneven split) x and w load as 0: any finite scale will do
-        sb = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127)
-        acc += part * ue8m0_to_f32(sb).to(acc.dtype)[None, :]
+        if FOLD == 0:
+            # past the last K block (uneven split) x and w load as 0: any finite scale will do
+            sb = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127)
+            acc += part * ue8m0_to_f32(sb).to(acc.dtype)[None, :]
+    if FOLD == 2:
+        acc = tl.trans(acc)
     out = (out_ptr + pid_s.to(tl.int64) * sos + g * sog + offs_m.to(tl.int64)[:, None] * som
            + offs_n[None, :])
     _store_out(out, acc, m_ok[:, None] & n_ok[None, :], OUT_BF16)
@@ -161,10 +199,41 @@ def _sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _auto_block_n(n: int, g: int) -> int:
-    # decode sweep (benchmarks/decode_kernels.py, H200): 32-wide column blocks win up to 8192
-    # output columns in all (wq_a, wkv, wo_a, indexer wq_b, wo_b), 64 for the wide wq_b
-    return 32 if n * g <= 8192 else 64
+def _auto_block_n(n: int, g: int, m: int = 1, k: int = 0) -> int:
+    """Column block below the prefill tile. Decode sweep (benchmarks/decode_kernels.py, H200):
+    32-wide column blocks win up to 8192 output columns in all (wq_a, wkv, wo_a, indexer wq_b,
+    wo_b) at M <= 16, 64 for the wide wq_b; from M = 17 (32-row tiles) 64 also wins on the long-K
+    weights (K >= 4096, at least 1024 columns; gemm_fold 2026-12-02, M = 32: wo_a 30.0 -> 22.3 us,
+    wo_b 30.1 -> 25.0, V4-Pro wo_b 84.2 -> 58.5, V4-Pro wq_a 17.6 -> 13.5; wkv's 512 columns
+    lose)."""
+    if n * g > 8192 or (m > 16 and k >= 4096 and n * g >= 1024):
+        return 64
+    return 32
+
+
+# Prefill tile (from PREFILL_TILE["from_m"] rows): 128 x 256 blocks, 8 warps, 3 stages, the scale
+# folded into the weight tile (benchmarks.decode_kernels --only gemm_prefill, H200 2026-12-02, M =
+# 4096 / 8192, V4-Flash wq_a / wq_b / wo_a / wo_b: 1.55-1.63x the 64 x 32-64 tiles, e.g. wq_b at
+# 8192 rows 3075 -> 1992 us; still 2.7x cuBLAS on the dequantized weight: the e4m3 tile is
+# converted in registers, where an FP8 x FP8 dot would read both operands as they lie).
+# Only for weights of >= 1024 columns (the measured ones; a 256-wide tile leaves a narrow
+# weight's device mostly idle: in the stack the prefill chunk's constant part grew with every
+# weight on it). The tile needs 224 KiB of shared memory (sm_90's pipelined compile; sm_80's would
+# need 128.5, unmeasured): only where the device declares that much (sm_90 / sm_100), and in the
+# interpreter.
+PREFILL_TILE = {"from_m": 2048, "from_n": 1024, "block_m": 128, "block_n": 256, "num_warps": 8,
+                "num_stages": 3, "fold": 1}
+PREFILL_TILE_SHARED = 224 * 1024
+
+
+def _prefill_tile(m: int, n: int, device: torch.device) -> dict:
+    if m < PREFILL_TILE["from_m"] or n < PREFILL_TILE["from_n"]:
+        return {}
+    if device.type == "cpu":
+        return PREFILL_TILE
+    if adaptor_for(device.type).capabilities.shared_mem < PREFILL_TILE_SHARED:
+        return {}
+    return PREFILL_TILE
 
 
 def _auto_split_k(kb: int, base: int, sms: int) -> int:
@@ -202,6 +271,17 @@ def k_tile(bk: int) -> int:
     return max(16, triton.next_power_of_2(bk))
 
 
+# FOLD (constexpr): how a K block's scale is applied. 0: a dot per block, scaled and added to the
+# accumulator (decode: measured fastest up to 32 rows); 1: folded into the weight tile, the dot
+# accumulates (the prefill tile); 2: as 1 with the weight tile as the dot's A operand (y^T = W
+# x^T; measured, never ahead). float64 x always takes 0 (rank-1 updates).
+FOLD_NONE, FOLD_W, FOLD_WT = 0, 1, 2
+
+
+def _fold(math: int, forced: int | None) -> int:
+    return FOLD_NONE if math == MATH_F64 or forced is None else forced
+
+
 def _math(dtype: torch.dtype, interpreting: bool) -> int:
     if dtype == torch.float64:
         return MATH_F64
@@ -214,8 +294,8 @@ def _math(dtype: torch.dtype, interpreting: bool) -> int:
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      block: tuple[int, int], out_dtype: torch.dtype | None = None, *,
                      block_n: int | None = None, split_k: int | None = None,
-                     num_warps: int = 4, num_stages: int = 3,
-                     block_m: int | None = None) -> torch.Tensor:
+                     num_warps: int | None = None, num_stages: int | None = None,
+                     block_m: int | None = None, fold: int | None = None) -> torch.Tensor:
     """The op contract (``ops.api.fp8_block_linear``); the keyword-only knobs are for benchmarks
     and tests (column block, forced split-K, launch options)."""
     a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
@@ -235,9 +315,15 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     hw_cvt = not interp and adaptor_for(dev.type).capabilities.fp8_cvt
     kb = triton.cdiv(k, a.bk)
     bk_tile = k_tile(a.bk)
-    bm = min(64, max(16, triton.next_power_of_2(m))) if block_m is None else block_m
+    tile = _prefill_tile(m, n, dev) if block_m is None and block_n is None else {}
+    if block_m is None:
+        block_m = tile.get("block_m", min(64, max(16, triton.next_power_of_2(m))))
+    bm = block_m
     n_mblk = triton.cdiv(m, bm)
-    bn_tile = _auto_block_n(n, g) if block_n is None else block_n
+    bn_tile = (tile.get("block_n") or _auto_block_n(n, g, m, k)) if block_n is None else block_n
+    num_warps = tile.get("num_warps", 4) if num_warps is None else num_warps
+    num_stages = tile.get("num_stages", 3) if num_stages is None else num_stages
+    fold = tile.get("fold") if fold is None else fold
     n_nblk = triton.cdiv(n, bn_tile)
     base = n_nblk * g * n_mblk
     if split_k is None:
@@ -246,8 +332,8 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     split_k = triton.cdiv(kb, kps)
     rows = _rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
     if rows < m:  # a grid over the device's bound (Ascend, long prefill): launches of fewer rows
-        kw = dict(block_n=block_n, split_k=split_k, num_warps=num_warps, num_stages=num_stages,
-                  block_m=bm)
+        kw = dict(block_n=bn_tile, split_k=split_k, num_warps=num_warps, num_stages=num_stages,
+                  block_m=bm, fold=fold)
         return torch.cat([fp8_block_linear(x[r:r + rows], weight, scale, block, out_dtype, **kw)
                           for r in range(0, m, rows)])
     acc_dtype = torch.float64 if math == MATH_F64 else torch.float32
@@ -265,7 +351,8 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         xv.stride(1), xv.stride(0), wb.stride(0), wb.stride(1), sc.stride(0), sc.stride(1),
         sos, out.stride(-2), out.stride(-3),
         SBN=a.bn, SBK=a.bk, BM=bm, BN=bn_tile, BK=bk_tile, MATH=math, HW_CVT=hw_cvt,
-        OUT_BF16=direct_bf16, num_warps=num_warps, num_stages=num_stages)
+        OUT_BF16=direct_bf16, FOLD=_fold(math, fold),
+        num_warps=num_warps, num_stages=num_stages)
     if split_k > 1:
         red = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
         red_arg = red.view(torch.int16) if bf16_mode == 2 else red

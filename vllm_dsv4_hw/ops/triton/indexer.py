@@ -51,93 +51,131 @@ _MAX_SCORE_ELEMS = 1 << 27
 
 
 @triton.jit
+def _q_operands(q_row, row_mask, j, DI: tl.constexpr, KP: tl.constexpr, DOT: tl.constexpr):
+    """The dots' q operands from rows ``q_row`` ([R, 1] pointers): even and odd dims, as fp32
+    (``DOT_F32``), bf16, or a bf16 hi + lo pair (``DOT_BF16X2``; lo is 0 otherwise). Pairs beyond
+    DI/2 (KP > DI/2) load as 0: exact zeros in the logits."""
+    m = row_mask & (j[None, :] < DI // 2)
+    q_e = tl.load(q_row + 2 * j[None, :], mask=m, other=0.0).to(tl.float32)
+    q_o = tl.load(q_row + 2 * j[None, :] + 1, mask=m, other=0.0).to(tl.float32)
+    if DOT == 0:
+        return q_e, q_o, q_e, q_o
+    qe_hi = q_e.to(tl.bfloat16)
+    qo_hi = q_o.to(tl.bfloat16)
+    if DOT == 2:
+        return qe_hi, qo_hi, (q_e - qe_hi.to(tl.float32)).to(tl.bfloat16), \
+            (q_o - qo_hi.to(tl.float32)).to(tl.bfloat16)
+    return qe_hi, qo_hi, qe_hi, qo_hi
+
+
+@triton.jit
+def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, vis, bt_cols,
+                  page_stride, page_stride_units, j, DI: tl.constexpr, E: tl.constexpr,
+                  DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, UNIT: tl.constexpr,
+                  FMT: tl.constexpr, DOT: tl.constexpr, KP: tl.constexpr):
+    """Logits [R, BLOCK_S] of the q rows against the keys of entries ``s`` of request ``req``
+    (those with ``vis``), and which entries were read (visible and in an allocated page)."""
+    page = tl.load(bt_ptr + req * stride_bt + s // E, mask=vis & (s // E < bt_cols), other=-1)
+    vis = vis & (page >= 0)
+    page64 = tl.maximum(page, 0).to(tl.int64)
+    off = (s % E).to(tl.int64)
+    pair_off = page64 * page_stride_units + off * (DATA_BYTES // UNIT)
+    scale_off = page64 * page_stride + E * DATA_BYTES + off * SCALE_BYTES
+    if SCALE_BYTES == 4:  # one aligned 32-bit scale word per key (mxfp4 / fp8, dim 128)
+        scale_arg = scale_off // 4
+    else:
+        scale_arg = scale_off
+    if KP == DI // 2:
+        kmask = vis[None, :]
+    else:
+        kmask = vis[None, :] & (j[:, None] < DI // 2)
+    k_e, k_o = load_entry_pairs(cache_ptr, pair_off[None, :], scale_arg[None, :], j[:, None],
+                                kmask, FMT, SCALE_BYTES == 4)        # [KP, BLOCK_S] each
+    if DOT == 0:
+        logits = tl.dot(qe, k_e, input_precision="ieee")
+        logits = tl.dot(qo, k_o, logits, input_precision="ieee")
+    else:
+        # keys are exact in bf16 (fp8 codes unscaled, e2m1 * 2^e, bf16): tensor cores
+        ke = k_e.to(tl.bfloat16)
+        ko = k_o.to(tl.bfloat16)
+        logits = tl.dot(qe, ke)
+        logits = tl.dot(qo, ko, logits)
+        if DOT == 2:
+            logits = tl.dot(qe_lo, ke, logits)
+            logits = tl.dot(qo_lo, ko, logits)
+    if FMT == 3:  # FMT_FP8_INDEXER: the key's power-of-two scale on the logits (exact)
+        scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_off // 4, mask=vis,
+                        other=1.0)
+        logits = logits * scale[None, :]
+    return logits, vis
+
+
+@triton.jit
 def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
                           stride_qt, stride_wt, stride_bt, stride_out, page_stride,
-                          page_stride_units, n_max, n_split, bt_cols, n_programs,
+                          page_stride_units, n_max, n_split, bt_cols, n_programs, n_tokens,
                           H: tl.constexpr, DI: tl.constexpr, E: tl.constexpr,
                           DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
                           UNIT: tl.constexpr, RATIO: tl.constexpr, FMT: tl.constexpr,
                           DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr,
-                          KP: tl.constexpr):
-    """Program = (token, split of ITERS entry blocks). Keys are read as (even, odd) dim pairs
-    (``quant.load_entry_pairs``: one contiguous load per pair), so logits = q_even @ k_even +
-    q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode). KP: the dots' K, DI/2 padded with
-    zero pairs up to the device's smallest tl.dot (``launch.dot_dim``; KP == DI/2 at real dims)."""
+                          KP: tl.constexpr, TB: tl.constexpr):
+    """Program = (TB consecutive tokens, split of ITERS entry blocks). Keys are read as (even,
+    odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per pair), so logits =
+    q_even @ k_even + q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode), for the TB
+    tokens' TB * H q rows at once: each key tile is loaded and dequantized once per TB tokens
+    (prefill, where consecutive tokens share their request; a group whose tokens belong to
+    different requests, or to none, is scored one token at a time). KP: the dots' K, DI/2 padded
+    with zero pairs up to the device's smallest tl.dot (``launch.dot_dim``)."""
+    r = tl.arange(0, TB * H)
+    tok_of_row = r // H
+    head = r % H
+    i = tl.arange(0, TB)
+    j = tl.arange(0, KP)
     for pid in range(tl.program_id(0), n_programs, tl.num_programs(0)):  # grid-stride (Ascend cap)
-        t = pid // n_split
+        t0 = (pid // n_split) * TB
         sp = pid % n_split
-        req = tl.load(req_ptr + t).to(tl.int64)
-        pos = tl.load(pos_ptr + t).to(tl.int64)
-        visible = tl.where(req >= 0, (pos + 1) // RATIO, 0)
-        visible = tl.minimum(visible, n_max)
-        req = tl.maximum(req, 0)
-        t64 = t.to(tl.int64)
-
-        h = tl.arange(0, H)
-        j = tl.arange(0, KP)
-        w = tl.load(w_ptr + t64 * stride_wt + h).to(tl.float32)
-        q_row = q_ptr + t64 * stride_qt + h[:, None] * DI + 2 * j[None, :]
-        if KP == DI // 2:
-            q_e = tl.load(q_row).to(tl.float32)                   # [H, DI/2] even dims
-            q_o = tl.load(q_row + 1).to(tl.float32)               # odd dims
-        else:  # zero pairs beyond DI/2: they add exact zeros to the logits
-            q_e = tl.load(q_row, mask=j[None, :] < DI // 2, other=0.0).to(tl.float32)
-            q_o = tl.load(q_row + 1, mask=j[None, :] < DI // 2, other=0.0).to(tl.float32)
-        if DOT != 0:
-            qe_hi = q_e.to(tl.bfloat16)
-            qo_hi = q_o.to(tl.bfloat16)
-            if DOT == 2:
-                qe_lo = (q_e - qe_hi.to(tl.float32)).to(tl.bfloat16)
-                qo_lo = (q_o - qo_hi.to(tl.float32)).to(tl.bfloat16)
-        out_row = out_ptr + t64 * stride_out
-        for it in range(ITERS):
-            s0 = (sp * ITERS + it) * BLOCK_S
-            s = s0 + tl.arange(0, BLOCK_S)
-            in_range = s < n_max
-            if s0 >= visible:
-                # a block past the token's visible entries (the causal tail of a prefill chunk,
-                # the table beyond a short request): no key loads and no dots, only -inf
-                tl.store(out_row + s, tl.full([BLOCK_S], float("-inf"), tl.float32),
-                         mask=in_range)
-            else:
-                vis = s < visible
-                page = tl.load(bt_ptr + req * stride_bt + s // E, mask=vis & (s // E < bt_cols),
-                               other=-1)
-                vis = vis & (page >= 0)
-                page64 = tl.maximum(page, 0).to(tl.int64)
-                off = (s % E).to(tl.int64)
-                pair_off = page64 * page_stride_units + off * (DATA_BYTES // UNIT)
-                scale_off = page64 * page_stride + E * DATA_BYTES + off * SCALE_BYTES
-                if SCALE_BYTES == 4:  # one aligned 32-bit scale word per key (mxfp4 / fp8, dim 128)
-                    scale_arg = scale_off // 4
+        tok = t0 + i
+        tok_ok = tok < n_tokens
+        req0 = tl.load(req_ptr + t0)
+        reqs = tl.load(req_ptr + tok, mask=tok_ok, other=req0)
+        shared = (tl.min(reqs, axis=0) == tl.max(reqs, axis=0)) & (req0 >= 0)
+        # rows of the tokens scored together: all TB (shared request) or one at a time
+        for one in range(0, tl.where(shared, 1, TB)):
+            # (sums of int32 flags: the interpreter types bool | bool as an integer)
+            sh = shared.to(tl.int32)
+            rows_ok = ((t0 + tok_of_row) < n_tokens) & ((tok_of_row == one).to(tl.int32) + sh > 0)
+            tok_sel = tok_ok & ((i == one).to(tl.int32) + sh > 0)
+            rt = (t0 + tok_of_row).to(tl.int64)
+            req = tl.maximum(tl.max(tl.where(tok_sel, reqs, -1), axis=0), -1)
+            pos = tl.load(pos_ptr + tok, mask=tok_sel, other=-1).to(tl.int64)
+            visible = tl.where(tok_sel & (reqs >= 0), (pos + 1) // RATIO, 0)
+            visible = tl.minimum(visible, n_max)                     # [TB]
+            v_max = tl.max(visible, axis=0)
+            req = tl.maximum(req, 0).to(tl.int64)
+            w = tl.load(w_ptr + rt * stride_wt + head, mask=rows_ok, other=0.0).to(tl.float32)
+            qe, qo, qe_lo, qo_lo = _q_operands(q_ptr + rt[:, None] * stride_qt
+                                               + head[:, None] * DI, rows_ok[:, None], j, DI, KP,
+                                               DOT)
+            out_rows = out_ptr + tok.to(tl.int64)[:, None] * stride_out
+            for it in range(ITERS):
+                s0 = (sp * ITERS + it) * BLOCK_S
+                s = s0 + tl.arange(0, BLOCK_S)
+                st_mask = tok_sel[:, None] & (s < n_max)[None, :]
+                if s0 >= v_max:
+                    # a block past every selected token's visible entries (the causal tail of a
+                    # prefill chunk, the table beyond a short request): no loads, no dots
+                    tl.store(out_rows + s[None, :],
+                             tl.full([TB, BLOCK_S], float("-inf"), tl.float32), mask=st_mask)
                 else:
-                    scale_arg = scale_off
-                if KP == DI // 2:
-                    kmask = vis[None, :]
-                else:
-                    kmask = vis[None, :] & (j[:, None] < DI // 2)
-                k_e, k_o = load_entry_pairs(cache_ptr, pair_off[None, :], scale_arg[None, :],
-                                            j[:, None], kmask, FMT,
-                                            SCALE_BYTES == 4)        # [KP, BLOCK_S] each
-                if DOT == 0:
-                    logits = tl.dot(q_e, k_e, input_precision="ieee")
-                    logits = tl.dot(q_o, k_o, logits, input_precision="ieee")
-                else:
-                    # keys are exact in bf16 (fp8 codes unscaled, e2m1 * 2^e, bf16): tensor cores
-                    ke = k_e.to(tl.bfloat16)
-                    ko = k_o.to(tl.bfloat16)
-                    logits = tl.dot(qe_hi, ke)
-                    logits = tl.dot(qo_hi, ko, logits)
-                    if DOT == 2:
-                        logits = tl.dot(qe_lo, ke, logits)
-                        logits = tl.dot(qo_lo, ko, logits)
-                if FMT == 3:  # FMT_FP8_INDEXER: the key's power-of-two scale on the logits (exact)
-                    scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_off // 4,
-                                    mask=vis, other=1.0)
-                    logits = logits * scale[None, :]
-                score = tl.sum(w[:, None] * tl.maximum(logits, 0.0), axis=0)   # [BLOCK_S]
-                score = tl.where(vis, score, float("-inf"))
-                tl.store(out_row + s, score, mask=in_range)
+                    logits, read = _block_logits(
+                        qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, s < v_max,
+                        bt_cols, page_stride, page_stride_units, j, DI, E, DATA_BYTES,
+                        SCALE_BYTES, UNIT, FMT, DOT, KP)
+                    wl = w[:, None] * tl.maximum(logits, 0.0)          # [TB * H, BLOCK_S]
+                    score = tl.sum(tl.reshape(wl, (TB, H, BLOCK_S)), axis=1)   # [TB, BLOCK_S]
+                    ok = read[None, :] & (s[None, :] < visible[:, None])
+                    tl.store(out_rows + s[None, :], tl.where(ok, score, float("-inf")),
+                             mask=st_mask)
 
 
 @triton.jit
@@ -187,14 +225,28 @@ def _launch_config(num_tokens: int, n_blocks: int, device: torch.device) -> int:
     return iters
 
 
+# Tokens scored together (one key tile read and dequantized for all of them) from this many tokens
+# in a call on (prefill chunks; decode batches keep one token per program). H200, 2026-12-02
+# (benchmarks.decode_kernels --only index_prefill, mxfp4 keys, 64-entry blocks, 4 warps): 8192
+# tokens at the end of a 128K request 38.7 -> 32.4 ms, 2048 at the end of 1M 79.5 -> 66.1 ms
+# (2 tokens: 37.5 / 76.3; 8 tokens, 8 warps: 35.2 / 72.0).
+GROUP_TOKENS = {"from_tokens": 512, "tokens": 4}
+
+
+def _tokens_per_program(t: int) -> int:
+    return GROUP_TOKENS["tokens"] if t >= GROUP_TOKENS["from_tokens"] else 1
+
+
 def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, ratio,
                    n_max: int | None = None, block_s: int | None = None,
                    out: torch.Tensor | None = None, iters: int | None = None,
-                   num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                   num_warps: int | None = None, num_stages: int = 2,
+                   tokens_per_program: int | None = None) -> torch.Tensor:
     """The [T, n_max] fp32 score buffer (masked entries -inf) of step 1 (also used by benchmarks).
 
     ``out``: an optional preallocated [T, n_max] fp32 buffer (every element is written).
-    ``block_s`` / ``iters`` / ``num_warps`` / ``num_stages``: launch knobs (benchmark sweeps)."""
+    ``block_s`` / ``iters`` / ``num_warps`` / ``num_stages`` / ``tokens_per_program``: launch
+    knobs (benchmark sweeps)."""
     t, h, di = q.shape
     dev = q.device
     fmt_code = quant.format_code(key_fmt)
@@ -232,16 +284,22 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         # the interpreter pays per op, not per element: few large blocks there
         block_s = 64 if dev.type != "cpu" else min(1024, max(16, triton.next_power_of_2(n_max)))
     n_blocks = triton.cdiv(n_max, block_s)
+    tb = _tokens_per_program(t) if tokens_per_program is None else tokens_per_program
+    if tb < 1 or tb & (tb - 1):
+        raise ValueError(f"tokens_per_program must be a power of two >= 1, got {tb}")
+    groups = triton.cdiv(t, tb)
     if iters is None:
-        iters = _launch_config(t, n_blocks, dev)
+        iters = _launch_config(groups, n_blocks, dev)
+    if num_warps is None:
+        num_warps = 4
     n_split = triton.cdiv(n_blocks, iters)
-    _indexer_score_kernel[(_grid(t * n_split, dev, cube=True),)](
+    _indexer_score_kernel[(_grid(groups * n_split, dev, cube=True),)](
         q, weights, key_cache, bt, req, pos, out,
         q.stride(0), weights.stride(0), bt.stride(0), out.stride(0), key_cache.stride(0),
-        key_cache.stride(0) // unit, n_max, n_split, bt.shape[1], t * n_split,
+        key_cache.stride(0) // unit, n_max, n_split, bt.shape[1], groups * n_split, t,
         H=h, DI=di, E=e, DATA_BYTES=key_fmt.data_bytes, SCALE_BYTES=key_fmt.scale_bytes, UNIT=unit,
         RATIO=ratio, FMT=fmt_code, DOT=_dot_mode(q, fmt_code), BLOCK_S=block_s, ITERS=iters,
-        KP=dot_dim(di // 2, dev), num_warps=num_warps, num_stages=num_stages)
+        KP=dot_dim(di // 2, dev), TB=tb, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
