@@ -1,13 +1,16 @@
 """Triton lightning-indexer top-k: ``indexer_topk`` of ``ops.api`` (spec section 4).
 
-Step 1, ``_indexer_score_kernel`` (1-D grid over (token, entry split)): a program owns one token and
-``ITERS`` consecutive blocks of ``BLOCK_S`` compressed entries of that token's request. It loads the
-token's q [H, Di] (as even / odd dims) and head weights once, then per block reads the keys straight
+Step 1, ``_indexer_score_kernel`` (1-D grid over (token group, entry split)): a program owns
+``TB`` consecutive tokens (1 for decode, ``GROUP_TOKENS`` in prefill-sized calls) and ``ITERS``
+consecutive blocks of ``BLOCK_S`` compressed entries of their request. It loads the tokens' q
+[TB * H, Di] (as even / odd dims) and head weights once, then per block reads the keys straight
 from the paged cache as (even, odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per
 pair and key, dequantized on the fly: bf16, fp8 (scale applied to the logits), mxfp4, fp32 test
-format), computes all H heads' logits with tl.dot [H, Di/2] x [Di/2, BLOCK_S] on the even and the
-odd halves (so every key is read once per token and no interleave is needed), and reduces
-``score = sum_h w[h] * relu(logit[h])`` in fp32. Entries not visible to the token
+format), computes all heads' logits with tl.dot [TB * H, Di/2] x [Di/2, BLOCK_S] on the even and
+the odd halves (every key is read once per token group and no interleave is needed), and reduces
+``score = sum_h w[h] * relu(logit[h])`` per token in fp32. A group whose tokens belong to more than
+one request (or to none) is scored token by token; blocks past every token's visible entries
+only store -inf. Entries not visible to the token
 (``ratio*s + ratio - 1 > pos``, beyond the block table, in an unallocated page, or any entry of a
 token with request -1) get -inf. Scores go to a [T, n_max] fp32 buffer, n_max = block-table width
 * entries per page (known on the host: no device sync). Unlike the reference (which raises), a
