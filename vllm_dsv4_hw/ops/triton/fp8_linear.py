@@ -11,8 +11,10 @@ dtype (exact: 3 mantissa bits), a tensor-core dot with fp32 accumulation, multip
 block's scale (decoded from its byte: a power of two, exact, so any byte 0..254 works as long as
 the result is representable) and accumulated. The K tile is ``bk`` rounded up to a power of two
 >= 16 (extra lanes masked); ``bn`` only picks each column's scale row, so any block works. fp32 x
-runs an fp32 ``ieee`` dot. Any M: the grid covers ceil(M / BM) row tiles
-(BM <= 64; large-M tiles are correct but not tuned). Small grids get split-K (partials [S, M, G,
+runs an fp32 ``ieee`` dot. Any M: the grid covers ceil(M / BM) row tiles (BM <= 64; from 2048
+rows of a weight with >= 1024 columns, where the device's shared memory holds it, the
+``PREFILL_TILE``: 128 x 256 with the block scale folded into the converted weight tile, so the
+dot accumulates in place, ``FOLD``). Small grids get split-K (partials [S, M, G,
 N] in the accumulator dtype, summed and cast by ``_splitk_sum_kernel``); with more than one row
 tile, only while the grid does not fill the device (partials cost S * M * N * 4 bytes). float64 x
 (the exact test path) takes rank-1 float64 updates instead of a dot.
