@@ -98,15 +98,24 @@ GEMM_SHAPES = {  # name: (groups, N, K)
 }
 
 
-def sweep_gemm(dev, batches):
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+def _shipped_weights(dev, g, n, k, n_sets):
+    """``n_sets`` random [G,] N x K weights as shipped: e4m3 + ue8m0 128x128-block scales."""
     from vllm_dsv4_hw.quant.formats import quantize_fp8_block
 
-    def quantize_blockwise(w):  # [G, N, K] or [N, K] -> e4m3 + ue8m0 scales, as shipped
-        if w.dim() == 2:
-            return quantize_fp8_block(w)
-        pairs = [quantize_fp8_block(wi) for wi in w]
-        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+    sets = []
+    for _ in range(n_sets):
+        w = torch.randn(g, n, k, device=dev) if g > 1 else torch.randn(n, k, device=dev)
+        if g > 1:
+            pairs = [quantize_fp8_block(wi) for wi in w]
+            sets.append((torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])))
+        else:
+            sets.append(quantize_fp8_block(w))
+        del w
+    return sets
+
+
+def sweep_gemm(dev, batches):
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
 
     def w8a16_matmul(x, w8, s, **kw):
         return fp8_block_linear(x, w8, s, (128, 128), **kw)
@@ -114,11 +123,7 @@ def sweep_gemm(dev, batches):
     rows = []
     for name, (g, n, k) in GEMM_SHAPES.items():
         n_sets = max(2, min(6, math.ceil(200e6 / (g * n * k))))
-        ws = []
-        for _ in range(n_sets):
-            w = torch.randn(g, n, k, device=dev) if g > 1 else torch.randn(n, k, device=dev)
-            ws.append(quantize_blockwise(w))
-            del w
+        ws = _shipped_weights(dev, g, n, k, n_sets)
         kb = math.ceil(k / 128)
         for m in batches:
             x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
@@ -143,17 +148,11 @@ def sweep_gemm_fold(dev, batches):
     """Decode-sized M: the three ways of applying the block scale (``fp8_linear.FOLD``) at
     each column block and stage count, split-K as the default chooses, each checked."""
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
-    from vllm_dsv4_hw.quant.formats import quantize_fp8_block
 
     rows = []
     for name, (g, n, k) in GEMM_SHAPES.items():
         n_sets = max(2, min(6, math.ceil(200e6 / (g * n * k))))
-        ws = []
-        for _ in range(n_sets):
-            w = torch.randn(g, n, k, device=dev) if g > 1 else torch.randn(n, k, device=dev)
-            ws.append(quantize_fp8_block(w) if g == 1 else tuple(
-                torch.stack(t) for t in zip(*[quantize_fp8_block(wi) for wi in w])))
-            del w
+        ws = _shipped_weights(dev, g, n, k, n_sets)
         kb = math.ceil(k / 128)
         for m in batches:
             x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
@@ -181,7 +180,6 @@ def sweep_gemm_prefill(dev, batches=None, ms=(4096, 8192)):
     the dense bf16 matmul of the dequantized weight (cuBLAS: the unfused path), each config's
     result checked against that matmul."""
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
-    from vllm_dsv4_hw.quant.formats import quantize_fp8_block
 
     # (bm, bn, warps, stages, fold): fold 0 = a dot per K block then scaled into the accumulator,
     # 1 = scale folded into the weight tile, 2 = 1 with the weight tile as the dot's A (y^T)
@@ -193,13 +191,7 @@ def sweep_gemm_prefill(dev, batches=None, ms=(4096, 8192)):
     rows = []
     for name in ("flash wq_a", "flash wq_b", "flash wo_b", "flash wo_a"):
         g, n, k = GEMM_SHAPES[name]
-        w = torch.randn(g, n, k, device=dev) if g > 1 else torch.randn(n, k, device=dev)
-        if g > 1:
-            pairs = [quantize_fp8_block(wi) for wi in w]
-            w8, s = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-        else:
-            w8, s = quantize_fp8_block(w)
-        del w
+        (w8, s), = _shipped_weights(dev, g, n, k, 1)
         from vllm_dsv4_hw.ops.api import fp8_block_linear as product_op
         for m in ms:
             x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
