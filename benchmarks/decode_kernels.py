@@ -12,9 +12,15 @@ Ops and knobs:
 
 * ``gemm``: the W8A16 FP8 GEMM (``ops.triton.fp8_linear``, the product's op) at every projection of V4-Flash / Pro,
   M = 1, 4, 32: BN x split-K x stages (the split-K reduction's extra launch included);
+* ``gemm_cvt``: the same GEMM's e4m3 decode (integer / hardware cvt / packed PTX,
+  ``ops.triton.ptx_codecs``) at the default tiles (bit-equal results checked) and the packed one at
+  BN x stages; M = the batches and 4096 for three wide weights;
 * ``attn``: ``sparse_attention`` at window 128 + K compressed (0, 512 = top-k, 8192 = c128a at 1M),
   B = 1, 4, 32: BLOCK_H x BLOCK_N x warps x candidates per split;
-* ``index``: the indexer score kernel at 128K / 1M context, B = 1, 4, 32: BLOCK_S x ITERS x warps;
+* ``index``: the indexer score kernel at 128K / 1M context, B = 1, 4, 32: keys as the dots' A or
+  B operand x BLOCK_S x ITERS x warps;
+* ``index_prefill``: the same kernel over a prefill chunk (8192 tokens at the end of 128K, 2048
+  at the end of 1M): keys as A / B operand x tokens per program x warps x BLOCK_S;
 * ``topk``: ``torch.topk`` sorted vs unsorted over the score row vs ``radix_topk`` (its output's
   -1 fill is not timed: the indexer allocates that buffer anyway). A two-stage torch variant
   (top-k of chunks, then of the survivors) was tried on 2026-11-29 and lost at every shape: 71-150
@@ -175,6 +181,45 @@ def sweep_gemm_fold(dev, batches):
     return rows
 
 
+def sweep_gemm_cvt(dev, batches, prefill_ms=(4096,)):
+    """The e4m3 decode of the weight tile (``ptx_codecs``: integer, hardware cvt, packed PTX) at
+    the default tiles (each result equal to the hardware cvt's bit for bit: the same values enter
+    the same dots), and the packed decode at other column blocks / stage counts (within bf16
+    rounding of it: the split-K, so the summation order, follows the column block)."""
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_INT, CVT_PTX
+
+    rows = []
+    for name, (g, n, k) in GEMM_SHAPES.items():
+        n_sets = max(2, min(6, math.ceil(200e6 / (g * n * k))))
+        ws = _shipped_weights(dev, g, n, k, n_sets)
+        kb = math.ceil(k / 128)
+        prefill = prefill_ms if name in ("flash wq_b", "flash wo_b", "flash wo_a") else ()
+        for m in list(batches) + list(prefill):
+            x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
+            want = fp8_block_linear(x, *ws[0], (128, 128), cvt=CVT_HW)
+            res = {"default": _try(lambda i: fp8_block_linear(x, *ws[i], (128, 128)), n_sets)}
+            configs = [{"cvt": c} for c in (CVT_INT, CVT_HW, CVT_PTX)]
+            if m <= 64:
+                configs += [{"cvt": CVT_PTX, "block_n": bn, "num_stages": st}
+                            for bn in (32, 64) for st in (3, 4)]
+            for kw in configs:
+                key = " ".join(f"{a}={b}" for a, b in kw.items())
+                got = fp8_block_linear(x, *ws[0], (128, 128), **kw)
+                ok = torch.equal(got, want) if len(kw) == 1 else (
+                    float((got.float() - want.float()).abs().max() / want.float().abs().max())
+                    < 2 ** -7)
+                res[key] = (_try(lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128), **kw),
+                                 n_sets) if ok else "wrong: differs from the hardware cvt")
+            floor = (g * n * k + g * math.ceil(n / 128) * kb * 4) / HBM * 1e6
+            if m > 64:
+                floor = max(floor, 2 * m * g * n * k / 790e12 * 1e6)
+            rows.append(_summary("gemm_cvt", f"{name} M={m}", res, "default", floor))
+        del ws
+        torch.cuda.empty_cache()
+    return rows
+
+
 def sweep_gemm_prefill(dev, batches=None, ms=(4096, 8192)):
     """Prefill-sized M: row / column tiles, warps and stages of the product's FP8 GEMM against
     the dense bf16 matmul of the dequantized weight (cuBLAS: the unfused path), each config's
@@ -286,26 +331,28 @@ def sweep_index_prefill(dev, batches, cases=((131072, 8192), (1048576, 2048))):
         fmt = args[3]
         n_max = args[4].shape[1] * fmt.entries_per_page
         buf = torch.empty(t, n_max, device=dev)
-        want = ti.indexer_scores(*args, 4, out=torch.empty_like(buf), tokens_per_program=1)
+        want = ti.indexer_scores(*args, 4, out=torch.empty_like(buf), tokens_per_program=1,
+                                 keys_a=False)
         fin = torch.isfinite(want)
         res = {"default": _try(lambda i: ti.indexer_scores(*args, 4, out=buf), 1, 1, 3)}
-        for tb in (1, 2, 4, 8):
-            for nw in (4, 8):
-                for bs in (32, 64):
-                    key = f"tb={tb} warps={nw} block_s={bs}"
-                    kw = dict(tokens_per_program=tb, num_warps=nw, block_s=bs)
-                    try:
-                        got = ti.indexer_scores(*args, 4, out=buf, **kw)
-                        same_inf = bool(torch.equal(torch.isfinite(got), fin))
-                        err = float(((got[fin] - want[fin]).abs().max()
-                                     / want[fin].abs().max()))
-                    except Exception as exc:
-                        res[key] = f"{type(exc).__name__}"
-                        torch.cuda.synchronize()
-                        continue
-                    res[key] = (_try(lambda i, kw=kw: ti.indexer_scores(*args, 4, out=buf, **kw),
-                                     1, 1, 3) if same_inf and err < 1e-3
-                                else f"wrong: mask {same_inf} rel err {err:.2e}")
+        # (keys as the dots' A operand, tokens per program, warps, entry block)
+        configs = [(False, 4, 4, 64)] + [(True, tb, nw, bs) for tb, nw, bs in (
+            (1, 4, 64), (2, 4, 64), (4, 4, 64), (4, 8, 64), (4, 4, 32), (4, 8, 128), (8, 8, 64),
+            (8, 4, 32), (8, 8, 32), (16, 8, 32))]
+        for ka, tb, nw, bs in configs:
+            key = f"keys_a={int(ka)} tb={tb} warps={nw} block_s={bs}"
+            kw = dict(tokens_per_program=tb, num_warps=nw, block_s=bs, keys_a=ka)
+            try:
+                got = ti.indexer_scores(*args, 4, out=buf, **kw)
+                same_inf = bool(torch.equal(torch.isfinite(got), fin))
+                err = float(((got[fin] - want[fin]).abs().max() / want[fin].abs().max()))
+            except Exception as exc:
+                res[key] = f"{type(exc).__name__}"
+                torch.cuda.synchronize()
+                continue
+            res[key] = (_try(lambda i, kw=kw: ti.indexer_scores(*args, 4, out=buf, **kw),
+                             1, 1, 3) if same_inf and err < 1e-3
+                        else f"wrong: mask {same_inf} rel err {err:.2e}")
         visible = sum(min(n_max, (ctx - t + i + 1) // 4) for i in range(t))
         floor = 2 * 64 * 128 * visible / 790e12 * 1e6
         rows.append(_summary("index_prefill", f"ctx={ctx} T={t}", res, "default", floor))
@@ -327,14 +374,14 @@ def sweep_index(dev, batches):
             n_max = sets[0][4].shape[1] * fmt.entries_per_page
             bufs = [torch.empty(b, n_max, device=dev) for _ in range(n_sets)]
             res = {"default": _try(lambda i: ti.indexer_scores(*sets[i], 4, out=bufs[i]), n_sets)}
-            for bs in (32, 64, 128, 256):
-                for it in (1, 4, 16):
-                    for nw in (4, 8):
-                        for st in (2, 3):
-                            key = f"block_s={bs} iters={it} warps={nw} stages={st}"
+            for ka in (False, True):
+                for bs in (32, 64, 128):
+                    for it in (1, 4, 16):
+                        for nw in (4, 8):
+                            key = f"keys_a={int(ka)} block_s={bs} iters={it} warps={nw}"
                             res[key] = _try(lambda i: ti.indexer_scores(
                                 *sets[i], 4, out=bufs[i], block_s=bs, iters=it, num_warps=nw,
-                                num_stages=st), n_sets)
+                                keys_a=ka), n_sets)
             floor = b * (ctx // 4) * fmt.entry_bytes / HBM * 1e6
             rows.append(_summary("index", f"ctx={ctx} B={b}", res, "default", floor))
             del sets, bufs
@@ -400,7 +447,7 @@ def sweep_pool(dev, batches):
 
 SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": sweep_index,
           "gemm": sweep_gemm, "gemm_prefill": sweep_gemm_prefill, "gemm_fold": sweep_gemm_fold,
-          "index_prefill": sweep_index_prefill}
+          "index_prefill": sweep_index_prefill, "gemm_cvt": sweep_gemm_cvt}
 
 
 def main(argv=None) -> int:

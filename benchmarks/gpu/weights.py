@@ -42,6 +42,42 @@ def _fp8_weight(torch, n, k, g, device, gen):
     return torch.stack(w8), torch.stack(s)
 
 
+def _all_codes_weight(torch, n, k, device, gen):
+    """An N x K e4m3 weight holding every finite code (0x7F / 0xFF are NaN) in shuffled order and
+    random ue8m0 block scales 2^-24..2^4: the decode paths must agree on every code."""
+    codes = torch.arange(256, device=device).to(torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F]
+    flat = codes.repeat(-(-n * k // codes.numel()))[:n * k]
+    flat = flat[torch.randperm(flat.numel(), device=device, generator=gen)]
+    w8 = flat.view(n, k).view(torch.float8_e4m3fn)
+    s = torch.randint(127 - 24, 127 + 5, (-(-n // 128), -(-k // 128)), device=device,
+                      generator=gen).to(torch.uint8).view(torch.float8_e8m0fnu)
+    return w8, s
+
+
+def _decode_modes(torch, device, gen, smoke):
+    """Every e4m3 decode the device can run (``ops.triton.ptx_codecs``) gives the auto choice's
+    bits, at a decode and a prefill-tile M, on a weight of every finite code."""
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_INT, CVT_PTX, e4m3_mode
+
+    n, k = (256, 256) if smoke else (1024, 1024)
+    w8, s = _all_codes_weight(torch, n, k, device, gen)
+    auto = e4m3_mode(device)
+    modes = [CVT_INT] if device.type == "cpu" else [c for c in (CVT_INT, CVT_HW, CVT_PTX)
+                                                    if c <= max(auto, CVT_HW)]
+    rows = []
+    for m in ((1, 3) if smoke else (1, 4096)):
+        x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
+        got = fp8_block_linear(x, w8, s, (128, 128))
+        for mode in modes:
+            same = torch.equal(fp8_block_linear(x, w8, s, (128, 128), cvt=mode), got)
+            rows.append({"op": "fp8_block_linear", "case": f"all e4m3 codes M={m} auto "
+                         f"decode {auto} == decode {mode}", "ok": same
+                         and bool(torch.isfinite(got).all())})
+    return rows
+
+
 def _experts(torch, e, d, i, device, gen):
     from vllm_dsv4_hw.quant.formats import quantize_fp4_experts
 
@@ -90,6 +126,7 @@ def check(device, smoke=False):
             r = _rel(got, ref)
             rows.append({"op": "fp8_block_linear", "case": f"{name} M={m}", "rel_err": r,
                          "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all())})
+    rows += _decode_modes(torch, device, gen, smoke)
     e, d, i, k = (8, 256, 128, 2) if smoke else EXPERTS["v4-flash"]
     w13, s13, w2, s2 = _experts(torch, e, d, i, device, gen)
     for t in ((1, 3) if smoke else (1, 8, 64, 300)):

@@ -29,6 +29,16 @@ def unique(records: list[dict]) -> list[dict]:
     return out
 
 
+def for_backend(record: dict, backend: str) -> dict:
+    """The record as the target's device would launch it: a ROCm device declares no inline PTX,
+    so its e4m3 decode is the hardware cvt (``ops.triton.ptx_codecs.e4m3_mode``)."""
+    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_PTX
+
+    if backend == "hip" and record["constexprs"].get("CVT") == CVT_PTX:
+        record = dict(record, constexprs=dict(record["constexprs"], CVT=CVT_HW))
+    return record
+
+
 def main(path: str, backend: str, arch: str, warp: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -37,6 +47,7 @@ def main(path: str, backend: str, arch: str, warp: str) -> None:
     target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, int(warp))
     results = []
     for r in unique(json.load(open(path))["launches"]):
+        r = for_backend(r, backend)
         name = f"{r['module'].rsplit('.', 1)[-1]}.{r['kernel']}"
         row = {"kernel": name, "constexprs": r["constexprs"], "num_warps": r["num_warps"],
                "num_stages": r["num_stages"], "error": None, "shared": None}

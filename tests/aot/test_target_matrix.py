@@ -3,9 +3,10 @@ options the product really uses, on a machine without a GPU.
 
 The launches are recorded on the H200 by the GPU tier (``DSV4_RECORD_LAUNCHES``,
 ``tests/gpu/launches.py``): every kernel specialization the tier compiled, natively
-(``launches-h200-native.json``: sm_89+ paths, hardware e4m3 conversion) and with
-``VLLM_DSV4_HW_CUDA_CAPABILITY=8.0`` (``launches-h200-declared-sm80.json``: what an sm_80 / sm_86
-part launches, integer e4m3 paths). Each target compiles the set its capability selects, down to
+(``launches-h200-native.json``: sm_89+ paths, hardware e4m3 conversion, the packed PTX decode in
+the FP8 GEMM) and with ``VLLM_DSV4_HW_CUDA_CAPABILITY=8.0`` (``launches-h200-declared-sm80.json``:
+what an sm_80 / sm_86 part launches, integer e4m3 paths). ROCm targets compile the native set with
+the hardware cvt where the record has the PTX decode (``compile_launches.for_backend``). Each target compiles the set its capability selects, down to
 the device binary, and its shared memory must fit the target's per-block limit (Triton checks that
 only when it loads a binary on the device). A kernel whose arguments changed since the recording,
 or a launched kernel with no record, fails here: re-record on a GPU with
@@ -88,13 +89,24 @@ def test_every_launch_compiles_for(target, compiled):
 
 def test_targets_without_e4m3_conversion_take_the_integer_paths():
     """The sm_80 file holds no launch with the hardware e4m3 conversion switched on, the native
-    one does (the integer paths are what sm_80 / sm_86 compile)."""
+    one does (the integer paths are what sm_80 / sm_86 compile); the FP8 GEMM decodes its weight
+    tile with the packed PTX integer decode on every CUDA part (``ops.triton.ptx_codecs``), the
+    hardware cvt on ROCm (``compile_launches.for_backend``)."""
+    from tests.aot.compile_launches import for_backend
+    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_PTX
+
     def hw(path):
-        return {r["kernel"]: r["constexprs"].get("FP8_HW", r["constexprs"].get("HW_CVT"))
+        return {r["kernel"]: r["constexprs"].get("FP8_HW")
+                for r in json.loads(path.read_text())["launches"] if r["constexprs"].get("FP8_HW")}
+
+    def gemm_cvt(path, backend="cuda"):
+        return {for_backend(r, backend)["constexprs"]["CVT"]
                 for r in json.loads(path.read_text())["launches"]
-                if r["constexprs"].get("FP8_HW", r["constexprs"].get("HW_CVT"))}
+                if r["kernel"] == "_fp8_block_linear_kernel"}
     assert hw(SM80) == {}
-    assert set(hw(NATIVE)) == {"_fp8_block_linear_kernel", "_sparse_attn_fwd"}
+    assert set(hw(NATIVE)) == {"_sparse_attn_fwd"}
+    assert gemm_cvt(SM80) == gemm_cvt(NATIVE) == {CVT_PTX}
+    assert gemm_cvt(NATIVE, "hip") == {CVT_HW}
 
 
 def _launched_kernels() -> set[str]:

@@ -351,32 +351,39 @@ def comp(fn, sig, consts, name, cap, **opts):
     try:
         k = triton.compile(ASTSource(fn, full, constexprs=consts, attrs=attrs),
                            target=GPUTarget("cuda", cap, 32), options=opts)
-        # whether the e4m3 bytes went through the hardware conversion (cvt ... e4m3x2)
-        results.append((name, None, "e4m3x2" in k.asm["ptx"]))
+        # which e4m3 decode the PTX holds: the hardware cvt (e4m3x2) or the packed PTX one
+        ptx = k.asm["ptx"]
+        results.append((name, None, "hw" if "e4m3x2" in ptx else "ptx" if "prmt.b32" in ptx
+                        and "x2 " in ptx.split("prmt.b32", 1)[1] else "int"))
     except Exception as exc:  # report every failure, not just the first
         results.append((name, f"{type(exc).__name__}: {str(exc)[:1500]}", None))
 
 
 ints = ("M", "N", "K", "KB", "kb_per_split", "n_nblk", "n_mblk", "sxg", "sxm", "swg", "swn",
         "ssg", "ssn", "sos", "sog", "som")
-for cap, x, out, math, hw, sbk, bm, bn, fold in (
-        (90, "bf16", "bf16", f.MATH_X16, True, 128, 16, 32, 0),   # decode, V4 blocks
-        (90, "bf16", "fp32", f.MATH_X16, True, 32, 64, 64, 0),    # prefill tile, V4.1, split
-        (90, "fp16", "fp16", f.MATH_X16, True, 128, 16, 64, 0),
-        (90, "fp32", "fp32", f.MATH_F32, True, 128, 32, 32, 0),
-        (90, "fp64", "fp64", f.MATH_F64, False, 32, 16, 32, 0),
-        (90, "bf16", "bf16", f.MATH_X16, True, 128, 128, 128, 1),  # scale folded, large tile
-        (90, "bf16", "bf16", f.MATH_X16, True, 128, 16, 64, 2),    # weight tile as the A operand
-        (80, "bf16", "bf16", f.MATH_X16, False, 128, 16, 32, 0),  # sm_80: no fp8e4nv in Triton
-        (80, "bf16", "fp32", f.MATH_X16, False, 32, 64, 64, 0),
-        (80, "bf16", "bf16", f.MATH_X16, False, 128, 64, 64, 2),
-        (80, "fp32", "fp32", f.MATH_F32, False, 128, 16, 32, 0)):
+HW, PTX, INT = 1, 2, 0  # ptx_codecs.CVT_*
+for cap, x, out, math, cvt, sbk, bm, bn, fold in (
+        (90, "bf16", "bf16", f.MATH_X16, HW, 128, 16, 32, 0),    # decode, V4 blocks
+        (90, "bf16", "bf16", f.MATH_X16, PTX, 128, 16, 32, 0),   # decode, packed PTX decode
+        (90, "bf16", "fp32", f.MATH_X16, PTX, 32, 64, 64, 0),    # prefill tile, V4.1, split
+        (90, "fp16", "fp16", f.MATH_X16, PTX, 128, 16, 64, 0),
+        (90, "fp32", "fp32", f.MATH_F32, PTX, 128, 32, 32, 0),
+        (90, "fp32", "fp32", f.MATH_F32, HW, 128, 32, 32, 0),
+        (90, "fp64", "fp64", f.MATH_F64, INT, 32, 16, 32, 0),
+        (90, "bf16", "bf16", f.MATH_X16, PTX, 128, 128, 128, 1),  # scale folded, large tile
+        (90, "bf16", "bf16", f.MATH_X16, HW, 128, 16, 64, 2),    # weight tile as the A operand
+        (80, "bf16", "bf16", f.MATH_X16, INT, 128, 16, 32, 0),   # sm_80: no fp8e4nv in Triton
+        (80, "bf16", "bf16", f.MATH_X16, PTX, 128, 16, 32, 0),
+        (80, "bf16", "fp32", f.MATH_X16, PTX, 32, 64, 64, 0),
+        (80, "bf16", "bf16", f.MATH_X16, PTX, 128, 64, 64, 2),
+        (80, "fp32", "fp32", f.MATH_F32, INT, 128, 16, 32, 0)):
     sig = dict(x_ptr="*" + x, w_ptr="*u8", s_ptr="*u8", out_ptr="*" + out,
                **{k: "i32" for k in ints})
+    name = {HW: "hw", PTX: "ptx", INT: "int"}[cvt]
     comp(f._fp8_block_linear_kernel, sig,
-         dict(SBN=128, SBK=sbk, BM=bm, BN=bn, BK=f.k_tile(sbk), MATH=math, HW_CVT=hw,
+         dict(SBN=128, SBK=sbk, BM=bm, BN=bn, BK=f.k_tile(sbk), MATH=math, CVT=cvt,
               OUT_BF16=out == "bf16", FOLD=fold),
-         f"sm_{cap} x {x} -> {out} math {math} hw_cvt {hw} block {sbk} tile {bm}x{bn} fold {fold}",
+         f"sm_{cap} x {x} -> {out} math {math} cvt {name} block {sbk} tile {bm}x{bn} fold {fold}",
          cap,
          num_warps=4, num_stages=3)
 for cap in (90, 80):
@@ -390,11 +397,11 @@ print("RESULTS" + json.dumps(results))
 def test_triton_kernels_compile_for_sm90_and_sm80():
     results = compile_results(_COMPILE_SCRIPT)
     failed = [f"{name}: {err}" for name, err, _ in results if err]
-    assert len(results) == 13
+    assert len(results) == 16
     assert not failed, "\n".join(failed)
-    # hardware conversion exactly where asked for (sm_90 16-bit / fp32 kernels), never for sm_80
-    hw = {name: used for name, _, used in results if "split-K" not in name}
-    assert all(used == ("hw_cvt True" in name) for name, used in hw.items()), hw
+    # each kernel holds the e4m3 decode it was compiled for (the float64 path: integer)
+    got = {name: used for name, _, used in results if "split-K" not in name}
+    assert all(name.split(" cvt ")[1].startswith(used) for name, used in got.items()), got
 
 # -- the conformance kit's cases -------------------------------------------------------------------
 @pytest.mark.parametrize("backend,caps_name",  # float8 dtypes (cpu caps) / raw bytes (no fp8)

@@ -25,6 +25,9 @@ class DeviceCapabilities:
     # the grid is bound to the physical cores (Ascend): at most one program per core, the kernels'
     # grid-stride loops cover the rest; False = the hardware schedules any grid up to max_grid
     grid_cores: bool = False
+    # the Triton backend emits NVIDIA PTX and takes inline PTX (tl.inline_asm_elementwise): the
+    # packed e4m3 decode of ops/triton/ptx_codecs.py (CUDA sm_80+, not ROCm)
+    ptx_inline: bool = False
 
     def has(self, name: str) -> bool:
         if name not in {f.name for f in fields(self)}:
@@ -51,7 +54,7 @@ def cuda_capabilities(major: int, minor: int, hip: bool = False) -> DeviceCapabi
     # every CUDA part keeps the fp8 cache formats and FP8 weights as shipped.
     return DeviceCapabilities("cuda", fp8=True, fp8_cvt=(major, minor) >= (8, 9), mxfp4=True,
                               bf16=major >= 8, fp64=True, streams=True, graphs=True,
-                              max_grid=2**31 - 1,
+                              max_grid=2**31 - 1, ptx_inline=not hip and major >= 8,
                               shared_mem=HIP_SHARED if hip else _CUDA_SHARED.get(
                                   (major, minor), _CUDA_SHARED_BY_MAJOR.get(major, 48 * KIB)))
 

@@ -39,6 +39,7 @@ from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
 from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.launch import grid_limit
+from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit, e4m3_mode
 from vllm_dsv4_hw.ops.triton.quant import (
     bf16_bits_to_f32,
     e4m3_bits_to_f32,
@@ -58,9 +59,13 @@ _C_F64 = tl.constexpr(MATH_F64)
 
 
 @triton.jit
-def _e4m3_tile(wq, DT: tl.constexpr, HW_CVT: tl.constexpr):
-    """e4m3 bytes -> values of dtype DT (exact): hardware cvt or integer decode."""
-    if HW_CVT:
+def _e4m3_tile(wq, DT: tl.constexpr, CVT: tl.constexpr):
+    """e4m3 bytes -> values of dtype DT (exact): packed PTX decode, hardware cvt or integer
+    decode (``ptx_codecs.e4m3_mode``)."""
+    if CVT == C_CVT_PTX:
+        # fp32 x: the exact bf16 values widened (a shift)
+        return e4m3_bits_to_16bit(wq, tl.float16 if DT == tl.float16 else tl.bfloat16).to(DT)
+    elif CVT == C_CVT_HW:
         return wq.to(tl.float8e4nv, bitcast=True).to(DT)
     else:
         return e4m3_bits_to_f32(wq).to(DT)
@@ -96,7 +101,7 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
                              sxg, sxm, swg, swn, ssg, ssn, sos, sog, som,
                              SBN: tl.constexpr, SBK: tl.constexpr,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                             MATH: tl.constexpr, HW_CVT: tl.constexpr, OUT_BF16: tl.constexpr,
+                             MATH: tl.constexpr, CVT: tl.constexpr, OUT_BF16: tl.constexpr,
                              FOLD: tl.constexpr):
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -135,14 +140,14 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
             sb = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127)
             if MATH == _C_X16:
                 dt = x_ptr.dtype.element_ty
-                wt = _e4m3_tile(wq, dt, HW_CVT) * ue8m0_to_f32(sb).to(dt)[:, None]
+                wt = _e4m3_tile(wq, dt, CVT) * ue8m0_to_f32(sb).to(dt)[:, None]
                 if FOLD == 2:
                     acc = tl.dot(wt, tl.trans(x), acc)
                 else:
                     acc = tl.dot(x, tl.trans(wt), acc)
             else:
                 xf = _widen(x)
-                wt = _e4m3_tile(wq, tl.float32, HW_CVT) * ue8m0_to_f32(sb)[:, None]
+                wt = _e4m3_tile(wq, tl.float32, CVT) * ue8m0_to_f32(sb)[:, None]
                 if FOLD == 2:
                     acc = tl.dot(wt, tl.trans(xf), acc, input_precision="ieee")
                 else:
@@ -168,9 +173,9 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
             wq = tl.load(w_rows[:, None] + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
                          other=0)
             if MATH == _C_X16:
-                part = tl.dot(x, tl.trans(_e4m3_tile(wq, x_ptr.dtype.element_ty, HW_CVT)))
+                part = tl.dot(x, tl.trans(_e4m3_tile(wq, x_ptr.dtype.element_ty, CVT)))
             else:
-                part = tl.dot(_widen(x), tl.trans(_e4m3_tile(wq, tl.float32, HW_CVT)),
+                part = tl.dot(_widen(x), tl.trans(_e4m3_tile(wq, tl.float32, CVT)),
                               input_precision="ieee")
         if FOLD == 0:
             # past the last K block (uneven split) x and w load as 0: any finite scale will do
@@ -297,7 +302,8 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      block: tuple[int, int], out_dtype: torch.dtype | None = None, *,
                      block_n: int | None = None, split_k: int | None = None,
                      num_warps: int | None = None, num_stages: int | None = None,
-                     block_m: int | None = None, fold: int | None = None) -> torch.Tensor:
+                     block_m: int | None = None, fold: int | None = None,
+                     cvt: int | None = None) -> torch.Tensor:
     """The op contract (``ops.api.fp8_block_linear``); the keyword-only knobs are for benchmarks
     and tests (column block, forced split-K, launch options)."""
     a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
@@ -313,8 +319,8 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     sc = a.s.contiguous()
     interp = dev.type == "cpu"
     math = _math(x.dtype, interp)
-    # hardware e4m3 conversion only where the device declares it (never in the interpreter)
-    hw_cvt = not interp and adaptor_for(dev.type).capabilities.fp8_cvt
+    # the e4m3 decode the device declares (the integer one in the interpreter)
+    cvt = e4m3_mode(dev) if cvt is None else cvt
     kb = triton.cdiv(k, a.bk)
     bk_tile = k_tile(a.bk)
     tile = _prefill_tile(m, n, dev) if block_m is None and block_n is None else {}
@@ -335,7 +341,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     rows = _rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
     if rows < m:  # a grid over the device's bound (Ascend, long prefill): launches of fewer rows
         kw = dict(block_n=bn_tile, split_k=split_k, num_warps=num_warps, num_stages=num_stages,
-                  block_m=bm, fold=fold)
+                  block_m=bm, fold=fold, cvt=cvt)
         return torch.cat([fp8_block_linear(x[r:r + rows], weight, scale, block, out_dtype, **kw)
                           for r in range(0, m, rows)])
     acc_dtype = torch.float64 if math == MATH_F64 else torch.float32
@@ -352,7 +358,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         xv, wb, sc, out_arg, m, n, k, kb, kps, n_nblk, n_mblk,
         xv.stride(1), xv.stride(0), wb.stride(0), wb.stride(1), sc.stride(0), sc.stride(1),
         sos, out.stride(-2), out.stride(-3),
-        SBN=a.bn, SBK=a.bk, BM=bm, BN=bn_tile, BK=bk_tile, MATH=math, HW_CVT=hw_cvt,
+        SBN=a.bn, SBK=a.bk, BM=bm, BN=bn_tile, BK=bk_tile, MATH=math, CVT=cvt,
         OUT_BF16=direct_bf16, FOLD=_fold(math, fold),
         num_warps=num_warps, num_stages=num_stages)
     if split_k > 1:

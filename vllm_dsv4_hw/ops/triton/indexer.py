@@ -3,12 +3,13 @@
 Step 1, ``_indexer_score_kernel`` (1-D grid over (token group, entry split)): a program owns
 ``TB`` consecutive tokens (1 for decode, ``GROUP_TOKENS`` in prefill-sized calls) and ``ITERS``
 consecutive blocks of ``BLOCK_S`` compressed entries of their request. It loads the tokens' q
-[TB * H, Di] (as even / odd dims) and head weights once, then per block reads the keys straight
-from the paged cache as (even, odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per
-pair and key, dequantized on the fly: bf16, fp8 (scale applied to the logits), mxfp4, fp32 test
-format), computes all heads' logits with tl.dot [TB * H, Di/2] x [Di/2, BLOCK_S] on the even and
-the odd halves (every key is read once per token group and no interleave is needed), and reduces
-``score = sum_h w[h] * relu(logit[h])`` per token in fp32. A group whose tokens belong to more than
+[TB * H, Di] (whole rows, then split into even / odd dims) and head weights once, then per block
+reads the keys straight from the paged cache as (even, odd) dim pairs (``quant.load_entry_pairs``:
+one contiguous load per pair and key, dequantized on the fly: bf16, fp8 (scale applied to the
+logits), mxfp4, fp32 test format), computes all heads' logits with tl.dot [BLOCK_S, Di/2] x
+[Di/2, TB * H] on the even and the odd halves (keys as the A operand, ``KEYS_A``; every key is
+read once per token group and no interleave is needed), and reduces ``score = sum_h w[h] *
+relu(logit[h])`` per token in fp32. A group whose tokens belong to more than
 one request (or to none) is scored token by token; blocks past every token's visible entries
 only store -inf. Entries not visible to the token
 (``ratio*s + ratio - 1 > pos``, beyond the block table, in an unallocated page, or any entry of a
@@ -54,13 +55,15 @@ _MAX_SCORE_ELEMS = 1 << 27
 
 
 @triton.jit
-def _q_operands(q_row, row_mask, j, DI: tl.constexpr, KP: tl.constexpr, DOT: tl.constexpr):
+def _q_operands(q_row, row_mask, R: tl.constexpr, DI: tl.constexpr, KP: tl.constexpr,
+                DOT: tl.constexpr):
     """The dots' q operands from rows ``q_row`` ([R, 1] pointers): even and odd dims, as fp32
-    (``DOT_F32``), bf16, or a bf16 hi + lo pair (``DOT_BF16X2``; lo is 0 otherwise). Pairs beyond
+    (``DOT_F32``), bf16, or a bf16 hi + lo pair (``DOT_BF16X2``; lo is 0 otherwise). Each row is
+    read as one contiguous run (wide loads), then split into its even / odd dims. Pairs beyond
     DI/2 (KP > DI/2) load as 0: exact zeros in the logits."""
-    m = row_mask & (j[None, :] < DI // 2)
-    q_e = tl.load(q_row + 2 * j[None, :], mask=m, other=0.0).to(tl.float32)
-    q_o = tl.load(q_row + 2 * j[None, :] + 1, mask=m, other=0.0).to(tl.float32)
+    d = tl.arange(0, 2 * KP)
+    q = tl.load(q_row + d[None, :], mask=row_mask & (d[None, :] < DI), other=0.0)
+    q_e, q_o = tl.split(tl.reshape(q.to(tl.float32), (R, KP, 2)))
     if DOT == 0:
         return q_e, q_o, q_e, q_o
     qe_hi = q_e.to(tl.bfloat16)
@@ -75,9 +78,12 @@ def _q_operands(q_row, row_mask, j, DI: tl.constexpr, KP: tl.constexpr, DOT: tl.
 def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, vis, bt_cols,
                   page_stride, page_stride_units, j, DI: tl.constexpr, E: tl.constexpr,
                   DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, UNIT: tl.constexpr,
-                  FMT: tl.constexpr, DOT: tl.constexpr, KP: tl.constexpr):
+                  FMT: tl.constexpr, DOT: tl.constexpr, KP: tl.constexpr, KT: tl.constexpr):
     """Logits [R, BLOCK_S] of the q rows against the keys of entries ``s`` of request ``req``
-    (those with ``vis``), and which entries were read (visible and in an allocated page)."""
+    (those with ``vis``), and which entries were read (visible and in an allocated page).
+    ``KT``: the keys are the dots' A operand and the q operands come transposed ([KP, R]): the
+    logits come back as [BLOCK_S, R] (the heads along the accumulator's columns, so the head sum
+    after it stays mostly inside a thread)."""
     page = tl.load(bt_ptr + req * stride_bt + s // E, mask=vis & (s // E < bt_cols), other=-1)
     vis = vis & (page >= 0)
     page64 = tl.maximum(page, 0).to(tl.int64)
@@ -88,28 +94,41 @@ def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, vi
         scale_arg = scale_off // 4
     else:
         scale_arg = scale_off
-    if KP == DI // 2:
-        kmask = vis[None, :]
-    else:
-        kmask = vis[None, :] & (j[:, None] < DI // 2)
-    k_e, k_o = load_entry_pairs(cache_ptr, pair_off[None, :], scale_arg[None, :], j[:, None],
-                                kmask, FMT, SCALE_BYTES == 4)        # [KP, BLOCK_S] each
+    if KT:  # [BLOCK_S, KP] key tiles
+        kmask = vis[:, None] if KP == DI // 2 else vis[:, None] & (j[None, :] < DI // 2)
+        k_e, k_o = load_entry_pairs(cache_ptr, pair_off[:, None], scale_arg[:, None], j[None, :],
+                                    kmask, FMT, SCALE_BYTES == 4)
+    else:   # [KP, BLOCK_S]
+        kmask = vis[None, :] if KP == DI // 2 else vis[None, :] & (j[:, None] < DI // 2)
+        k_e, k_o = load_entry_pairs(cache_ptr, pair_off[None, :], scale_arg[None, :], j[:, None],
+                                    kmask, FMT, SCALE_BYTES == 4)
     if DOT == 0:
-        logits = tl.dot(qe, k_e, input_precision="ieee")
-        logits = tl.dot(qo, k_o, logits, input_precision="ieee")
+        if KT:
+            logits = tl.dot(k_e, qe, input_precision="ieee")
+            logits = tl.dot(k_o, qo, logits, input_precision="ieee")
+        else:
+            logits = tl.dot(qe, k_e, input_precision="ieee")
+            logits = tl.dot(qo, k_o, logits, input_precision="ieee")
     else:
         # keys are exact in bf16 (fp8 codes unscaled, e2m1 * 2^e, bf16): tensor cores
         ke = k_e.to(tl.bfloat16)
         ko = k_o.to(tl.bfloat16)
-        logits = tl.dot(qe, ke)
-        logits = tl.dot(qo, ko, logits)
-        if DOT == 2:
-            logits = tl.dot(qe_lo, ke, logits)
-            logits = tl.dot(qo_lo, ko, logits)
+        if KT:
+            logits = tl.dot(ke, qe)
+            logits = tl.dot(ko, qo, logits)
+            if DOT == 2:
+                logits = tl.dot(ke, qe_lo, logits)
+                logits = tl.dot(ko, qo_lo, logits)
+        else:
+            logits = tl.dot(qe, ke)
+            logits = tl.dot(qo, ko, logits)
+            if DOT == 2:
+                logits = tl.dot(qe_lo, ke, logits)
+                logits = tl.dot(qo_lo, ko, logits)
     if FMT == 3:  # FMT_FP8_INDEXER: the key's power-of-two scale on the logits (exact)
         scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_off // 4, mask=vis,
                         other=1.0)
-        logits = logits * scale[None, :]
+        logits = logits * (scale[:, None] if KT else scale[None, :])
     return logits, vis
 
 
@@ -121,7 +140,7 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                           DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
                           UNIT: tl.constexpr, RATIO: tl.constexpr, FMT: tl.constexpr,
                           DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr,
-                          KP: tl.constexpr, TB: tl.constexpr):
+                          KP: tl.constexpr, TB: tl.constexpr, KT: tl.constexpr):
     """Program = (TB consecutive tokens, split of ITERS entry blocks). Keys are read as (even,
     odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per pair), so logits =
     q_even @ k_even + q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode), for the TB
@@ -157,8 +176,10 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
             req = tl.maximum(req, 0).to(tl.int64)
             w = tl.load(w_ptr + rt * stride_wt + head, mask=rows_ok, other=0.0).to(tl.float32)
             qe, qo, qe_lo, qo_lo = _q_operands(q_ptr + rt[:, None] * stride_qt
-                                               + head[:, None] * DI, rows_ok[:, None], j, DI, KP,
-                                               DOT)
+                                               + head[:, None] * DI, rows_ok[:, None], TB * H,
+                                               DI, KP, DOT)
+            if KT:
+                qe, qo, qe_lo, qo_lo = tl.trans(qe), tl.trans(qo), tl.trans(qe_lo), tl.trans(qo_lo)
             out_rows = out_ptr + tok.to(tl.int64)[:, None] * stride_out
             for it in range(ITERS):
                 s0 = (sp * ITERS + it) * BLOCK_S
@@ -173,10 +194,14 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                     logits, read = _block_logits(
                         qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, s < v_max,
                         bt_cols, page_stride, page_stride_units, j, DI, E, DATA_BYTES,
-                        SCALE_BYTES, UNIT, FMT, DOT, KP)
-                    wl = w[:, None] * tl.maximum(logits, 0.0)          # [TB * H, BLOCK_S]
-                    score = tl.sum(tl.reshape(wl, (TB, H, BLOCK_S)), axis=1)   # [TB, BLOCK_S]
-                    ok = read[None, :] & (s[None, :] < visible[:, None])
+                        SCALE_BYTES, UNIT, FMT, DOT, KP, KT)
+                    if KT:
+                        wl = w[None, :] * tl.maximum(logits, 0.0)      # [BLOCK_S, TB * H]
+                        score = tl.trans(tl.sum(tl.reshape(wl, (BLOCK_S, TB, H)), axis=2))
+                    else:
+                        wl = w[:, None] * tl.maximum(logits, 0.0)      # [TB * H, BLOCK_S]
+                        score = tl.sum(tl.reshape(wl, (TB, H, BLOCK_S)), axis=1)
+                    ok = read[None, :] & (s[None, :] < visible[:, None])   # [TB, BLOCK_S]
                     tl.store(out_rows + s[None, :], tl.where(ok, score, float("-inf")),
                              mask=st_mask)
 
@@ -236,6 +261,15 @@ def _launch_config(num_tokens: int, n_blocks: int, device: torch.device) -> int:
 GROUP_TOKENS = {"from_tokens": 512, "tokens": 4}
 
 
+# Keys as the dots' A operand (``_block_logits``'s KT): the logits come out as [BLOCK_S, TB * H],
+# the heads along the accumulator's columns, so the weighted head sum is mostly in-thread adds
+# (sm_90 SASS of the prefill program: 24 shuffles instead of 328). H200, 2026-12-02
+# (benchmarks.decode_kernels --only index_prefill,index, mxfp4 keys): 8192 tokens at the end of
+# 128K 23.2 -> 11.7 ms (floor 5.4), 2048 at the end of 1M 47.9 -> 23.8 ms; decode at 1M, B = 1
+# 59.5 -> 35.8 us, B = 32 1396 -> 894 us. False keeps the [TB * H, BLOCK_S] form (a knob).
+KEYS_A = True
+
+
 def _tokens_per_program(t: int) -> int:
     return GROUP_TOKENS["tokens"] if t >= GROUP_TOKENS["from_tokens"] else 1
 
@@ -244,7 +278,8 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
                    n_max: int | None = None, block_s: int | None = None,
                    out: torch.Tensor | None = None, iters: int | None = None,
                    num_warps: int | None = None, num_stages: int = 2,
-                   tokens_per_program: int | None = None) -> torch.Tensor:
+                   tokens_per_program: int | None = None,
+                   keys_a: bool | None = None) -> torch.Tensor:
     """The [T, n_max] fp32 score buffer (masked entries -inf) of step 1 (also used by benchmarks).
 
     ``out``: an optional preallocated [T, n_max] fp32 buffer (every element is written).
@@ -302,7 +337,8 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         key_cache.stride(0) // unit, n_max, n_split, bt.shape[1], groups * n_split, t,
         H=h, DI=di, E=e, DATA_BYTES=key_fmt.data_bytes, SCALE_BYTES=key_fmt.scale_bytes, UNIT=unit,
         RATIO=ratio, FMT=fmt_code, DOT=_dot_mode(q, fmt_code), BLOCK_S=block_s, ITERS=iters,
-        KP=dot_dim(di // 2, dev), TB=tb, num_warps=num_warps, num_stages=num_stages)
+        KP=dot_dim(di // 2, dev), TB=tb, KT=KEYS_A if keys_a is None else keys_a,
+        num_warps=num_warps, num_stages=num_stages)
     return out
 
 

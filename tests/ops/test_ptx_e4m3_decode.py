@@ -1,0 +1,97 @@
+"""The packed PTX e4m3 decode (``ops.triton.ptx_codecs``) checked without a GPU: its assembly text,
+run instruction by instruction by a small emulator of the six PTX instructions it uses, decodes
+every finite e4m3 code exactly as torch does (bf16 and fp16 outputs), signs and zeros included;
+which devices select it. On the H200 the GPU tier compares it bit for bit with the hardware cvt
+(``benchmarks/gpu/weights.py``: a weight of every code, decode and prefill tiles)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from vllm_dsv4_hw.ops.triton import ptx_codecs  # noqa: E402
+from vllm_dsv4_hw.platform.capabilities import CPU, NPU_A2_A3, cuda_capabilities  # noqa: E402
+
+MASK32 = 0xFFFFFFFF
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    return sum(src[(sel >> (4 * i)) & 0x7] << (8 * i) for i in range(4))
+
+
+def _lanes(word: int, dtype: torch.dtype) -> list[float]:
+    halves = torch.tensor([word & 0xFFFF, word >> 16], dtype=torch.int32).to(torch.int16)
+    return halves.view(dtype).double().tolist()
+
+
+def _pack(values: list[float], dtype: torch.dtype) -> int:
+    h = torch.tensor(values, dtype=torch.float64).to(dtype).view(torch.int16).int() & 0xFFFF
+    return int(h[0]) | int(h[1]) << 16
+
+
+def _run(asm: str, word: int) -> tuple[int, int]:
+    """Execute the decode's PTX on one 32-bit input ($2); returns ($0, $1)."""
+    regs = {"$2": word}
+
+    def val(tok):
+        tok = tok.strip()
+        return int(tok, 16) if tok.startswith("0x") else int(tok) if tok.isdigit() else regs[tok]
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line[0] in "{}." or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        dst, *args = [t.strip() for t in rest.split(",")]
+        v = [val(t) for t in args]
+        if op == "and.b32":
+            regs[dst] = v[0] & v[1]
+        elif op == "or.b32":
+            regs[dst] = v[0] | v[1]
+        elif op == "shl.b32":
+            regs[dst] = (v[0] << v[1]) & MASK32
+        elif op == "mov.b32":
+            regs[dst] = v[0]
+        elif op == "prmt.b32":
+            regs[dst] = _prmt(v[0], v[1], v[2])
+        elif op.startswith("fma.rn."):  # packed: exact products of powers of two, then rounded
+            dt = torch.bfloat16 if op.endswith("bf16x2") else torch.float16
+            a, b, c = (_lanes(x, dt) for x in v)
+            regs[dst] = _pack([a[i] * b[i] + c[i] for i in range(2)], dt)
+        else:
+            raise AssertionError(f"the emulator does not know {op!r}: extend it with the asm")
+    return regs["$0"], regs["$1"]
+
+
+@pytest.mark.parametrize("dtype,asm", [(torch.bfloat16, ptx_codecs._ASM_BF16.value),
+                                       (torch.float16, ptx_codecs._ASM_F16.value)])
+def test_every_finite_code_decodes_exactly(dtype, asm):
+    codes = list(range(256))
+    want = torch.tensor(codes, dtype=torch.uint8).view(torch.float8_e4m3fn).to(dtype)
+    got = []
+    for i in range(0, 256, 4):
+        lo, hi = _run(asm, codes[i] | codes[i + 1] << 8 | codes[i + 2] << 16 | codes[i + 3] << 24)
+        got += [lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16]
+    got = torch.tensor(got, dtype=torch.int32).to(torch.int16).view(dtype)
+    finite = torch.tensor([(c & 0x7F) != 0x7F for c in codes])
+    # bit patterns, so -0.0 against +0.0 and every subnormal count
+    assert torch.equal(got[finite].view(torch.int16), want[finite].view(torch.int16))
+    # the NaN codes (never in a shipped checkpoint) come out as -+480, as documented
+    assert got[~finite].double().tolist() == [480.0, -480.0]
+
+
+def test_asm_uses_only_the_emulated_instructions():
+    ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", ptx_codecs._ASM_BF16.value, re.M))
+    assert ops == {"and.b32", "prmt.b32", "shl.b32", "or.b32", "mov.b32", "fma.rn.bf16x2"}, ops
+
+
+def test_which_devices_take_the_packed_decode():
+    assert cuda_capabilities(8, 0).ptx_inline and cuda_capabilities(9, 0).ptx_inline
+    assert cuda_capabilities(12, 0).ptx_inline
+    assert not cuda_capabilities(9, 4, hip=True).ptx_inline  # ROCm: hardware cvt
+    assert not CPU.ptx_inline and not NPU_A2_A3.ptx_inline
+    assert ptx_codecs.e4m3_mode(torch.device("cpu")) == ptx_codecs.CVT_INT

@@ -1,0 +1,83 @@
+"""e4m3 -> bf16 / fp16 decode in packed integer instructions (NVIDIA PTX inline assembly, sm_80+).
+
+Why: a weight-streaming GEMM converts every byte it reads. The hardware conversion Triton emits
+for e4m3 -> bf16 on sm_89 / sm_90 is a packed e4m3x2 -> f16x2 ``cvt`` plus one f16 -> bf16
+``cvt`` per element, and conversions issue at 16 lanes per clock per SM (a quarter of the integer
+and a sixteenth of the half-precision FMA rate): at decode sizes that, not HBM, bounds the FP8
+GEMMs (~2.1 TB/s on the H200; cuobjdump of the decode tile: 16 F2FP + 32 F2F per 32 weight bytes
+and thread).
+
+How (exact for all 254 finite codes): an e4m3 byte's 7 exponent + mantissa bits moved into a
+16-bit lane at the right place *are* a bf16 (fp16) of the same value times 2^-120 (2^-8), for
+subnormal codes too (they land on subnormal bf16 / fp16 of the same mantissa); one packed FMA by
+2^120 (2^8) rescales two lanes exactly. Four codes cost two ``and``, four ``prmt``, two shifts, two
+``or`` and two packed FMAs, all at full integer / FMA rate. The NaN codes 0x7F / 0xFF (never in
+a shipped checkpoint) decode as -+480 here, not NaN.
+
+Only where the device declares ``ptx_inline`` (``platform.capabilities``): the CPU interpreter,
+AMD and Ascend keep ``quant.e4m3_bits_to_f32`` or the hardware cvt.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from vllm_dsv4_hw.platform.device import adaptor_for
+
+# E4M3 decode modes (constexpr ``CVT`` of the kernels that read e4m3 bytes)
+CVT_INT = 0   # quant.e4m3_bits_to_f32: integer decode to fp32 (interpreter, no PTX, no cvt)
+CVT_HW = 1    # the hardware e4m3 cvt (sm_89+ where PTX is not declared, AMD)
+CVT_PTX = 2   # this module: packed integer decode + packed FMA
+# (a GPU compile reads only constexpr globals inside @triton.jit bodies)
+C_CVT_HW = tl.constexpr(CVT_HW)
+C_CVT_PTX = tl.constexpr(CVT_PTX)
+
+
+def e4m3_mode(device) -> int:
+    """The fastest exact e4m3 decode the device declares (``platform.capabilities``); the
+    integer decode under the interpreter (CPU tensors)."""
+    if device.type == "cpu":
+        return CVT_INT
+    caps = adaptor_for(device.type).capabilities
+    if caps.ptx_inline:
+        return CVT_PTX
+    return CVT_HW if caps.fp8_cvt else CVT_INT
+
+# $2: four codes (byte i = element i); $0 / $1: elements 0, 1 / 2, 3 as two 16-bit lanes each.
+# Magnitudes and signs are spread apart (prmt: byte j to the low byte of a lane), the 7 magnitude
+# bits shifted to bits 4..10 (bf16: exponent from bit 7, mantissa bits 4..6) or 7..13 (fp16:
+# exponent from bit 10), the sign put back at bit 15, then one packed FMA by the rescale factor.
+_ASM = """{{
+.reg .b32 mag, sgn, m0, m1, s0, s1, k, z;
+and.b32 mag, $2, 0x7f7f7f7f;
+and.b32 sgn, $2, 0x80808080;
+prmt.b32 m0, mag, 0, 0x4140;
+prmt.b32 m1, mag, 0, 0x4342;
+prmt.b32 s0, sgn, 0, 0x1404;
+prmt.b32 s1, sgn, 0, 0x3424;
+shl.b32 m0, m0, {shift};
+shl.b32 m1, m1, {shift};
+or.b32 m0, m0, s0;
+or.b32 m1, m1, s1;
+mov.b32 k, {scale};
+mov.b32 z, 0x80008000;
+fma.rn.{ty} $0, m0, k, z;
+fma.rn.{ty} $1, m1, k, z;
+}}"""
+
+# bf16: 2^120 = exponent byte 247 -> 0x7b80; fp16: 2^8 -> 0x5c00. The addend -0.0 keeps -0.0.
+_ASM_BF16 = tl.constexpr(_ASM.format(shift=4, scale="0x7b807b80", ty="bf16x2"))
+_ASM_F16 = tl.constexpr(_ASM.format(shift=7, scale="0x5c005c00", ty="f16x2"))
+
+
+@triton.jit
+def e4m3_bits_to_16bit(codes, DT: tl.constexpr):
+    """e4m3 codes (uint8 tensor, any shape whose per-thread runs are multiples of 4) -> values of
+    DT (tl.bfloat16 or tl.float16), exact for every finite code."""
+    if DT == tl.float16:
+        return tl.inline_asm_elementwise(_ASM_F16, "=r,=r,r", [codes], dtype=tl.float16,
+                                         is_pure=True, pack=4)
+    else:
+        return tl.inline_asm_elementwise(_ASM_BF16, "=r,=r,r", [codes], dtype=tl.bfloat16,
+                                         is_pure=True, pack=4)
