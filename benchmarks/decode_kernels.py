@@ -17,6 +17,8 @@ Ops and knobs:
   BN x stages; M = the batches and 4096 for three wide weights;
 * ``attn``: ``sparse_attention`` at window 128 + K compressed (0, 512 = top-k, 8192 = c128a at 1M),
   B = 1, 4, 32: BLOCK_H x BLOCK_N x warps x candidates per split;
+* ``attn_prefill``: ``sparse_attention`` over an 8192-token prefill chunk (64 heads, window 128 +
+  512 / 1024 compressed): e4m3 decode x head block x tile x warps x prefetch, no split;
 * ``index``: the indexer score kernel at 128K / 1M context, B = 1, 4, 32: keys as the dots' A or
   B operand x BLOCK_S x ITERS x warps;
 * ``index_prefill``: the same kernel over a prefill chunk (8192 tokens at the end of 128K, 2048
@@ -317,6 +319,47 @@ def sweep_attn(dev, batches):
     return rows
 
 
+def sweep_attn_prefill(dev, batches, t=8192):
+    """A prefill chunk's sparse attention (T tokens, 64 heads, window 128 + K compressed: 512 =
+    c4a top-k, 1024 = c128a at 128K): the e4m3 decode (``ptx_codecs``) x head block x tile x warps,
+    no split; each config checked against the default's output (bf16 rounding)."""
+    from benchmarks.gpu.sparse_attention import make_inputs
+    from vllm_dsv4_hw.ops.triton import sparse_attention as tsa
+    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_PTX
+
+    rows = []
+    for k_comp in (512, 1024):
+        args = make_inputs(dev, "fp8_ds_mla", t, topk=k_comp, cache_entries=1 << 17)[0]
+        out = torch.empty_like(args[0])
+        want = tsa.sparse_attention_triton(*args).float()
+        res = {"default": _try(lambda i: tsa.sparse_attention_triton(*args, out=out), 1, 1, 3)}
+        for cvt in (CVT_HW, CVT_PTX):
+            for bh, bn, nw, pf in ((64, 32, 8, False), (64, 16, 8, False), (64, 32, 8, True),
+                                   (32, 32, 8, False), (32, 32, 4, True), (16, 32, 4, True),
+                                   (64, 32, 16, False)):
+                kw = dict(cvt=cvt, block_h=bh, block_n=bn, num_warps=nw, prefetch=pf, num_splits=1)
+                key = " ".join(f"{a}={int(b) if isinstance(b, bool) else b}" for a, b in kw.items())
+                try:
+                    got = tsa.sparse_attention_triton(*args, **kw)
+                    if cvt == CVT_PTX:  # the same values enter the same dots as with the cvt
+                        hw = tsa.sparse_attention_triton(*args, **dict(kw, cvt=CVT_HW))
+                        res[key + " bit-equal to cvt=1"] = str(bool(torch.equal(got, hw)))
+                    got = got.float()
+                    err = float((got - want).abs().max() / want.abs().max())
+                except Exception as exc:  # out of shared memory / registers
+                    res[key] = f"{type(exc).__name__}"
+                    torch.cuda.synchronize()
+                    continue
+                res[key] = (_try(lambda i, kw=kw: tsa.sparse_attention_triton(
+                    *args, out=out, **kw), 1, 1, 3) if err < 2 ** -6 else f"wrong: {err:.2e}")
+        flops = 4 * t * 64 * (128 + k_comp) * 512
+        rows.append(_summary("attn_prefill", f"T={t} W=128 K={k_comp}", res, "default",
+                             flops / 790e12 * 1e6))
+        del args, out, want
+        torch.cuda.empty_cache()
+    return rows
+
+
 # -- indexer ------------------------------------------------------------------------------------------
 def sweep_index_prefill(dev, batches, cases=((131072, 8192), (1048576, 2048))):
     """A prefill chunk's scoring: T tokens at the end of one request of ``ctx`` positions (the
@@ -447,7 +490,8 @@ def sweep_pool(dev, batches):
 
 SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": sweep_index,
           "gemm": sweep_gemm, "gemm_prefill": sweep_gemm_prefill, "gemm_fold": sweep_gemm_fold,
-          "index_prefill": sweep_index_prefill, "gemm_cvt": sweep_gemm_cvt}
+          "index_prefill": sweep_index_prefill, "gemm_cvt": sweep_gemm_cvt,
+          "attn_prefill": sweep_attn_prefill}
 
 
 def main(argv=None) -> int:

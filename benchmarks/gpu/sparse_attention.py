@@ -96,12 +96,14 @@ def _ops():
 # ------------------------------------------------------------------------------------------------
 def _variants(fmt_name, q_dtype, t, splits, smoke):
     """Kernel options checked per case: the defaults, plus (fp8, bf16 q, auto splits) the portable
-    integer e4m3 decode and the loop without prefetch."""
+    integer e4m3 decode, the hardware cvt and the loop without prefetch."""
     import torch
+
+    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_INT
 
     out = [{}]
     if fmt_name == "fp8_ds_mla" and q_dtype == torch.bfloat16 and splits is None:
-        out += [dict(fp8_hw=False), dict(prefetch=False)]
+        out += [dict(cvt=CVT_INT), dict(cvt=CVT_HW), dict(prefetch=False)]
     return out
 
 

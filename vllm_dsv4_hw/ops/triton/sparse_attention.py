@@ -25,8 +25,9 @@ Design (decode: T small, H = 64 / 128 heads sharing one KV vector per candidate,
   the codecs of ``ops.triton.quant``); the launch plan (tunables per device, split-K) in
   ``sparse_attention_launch``. Optionally (``prefetch``) the raw
   bytes of the next tile are loaded before the current one is computed. fp8 decoding is integer
-  bit manipulation (portable to triton-ascend, which has no fp8 dtypes) unless the GPU converts
-  e4m3 in hardware (sm_89+). No inline assembly; grids are 1-D and split into launches of at most
+  bit manipulation (portable to triton-ascend, which has no fp8 dtypes), the hardware conversion
+  (sm_89+), or where the device declares inline PTX the packed decode of ``ptx_codecs`` straight to
+  bf16 (fewer conversion instructions per element); grids are 1-D and split into launches of at most
   ``max_grid`` programs (Ascend: 65535).
 
 Slots must be -1 or lie inside their cache (not checked here: a check would need a device sync).
@@ -47,10 +48,10 @@ from vllm_dsv4_hw.kv_cache.paged import gather_rows
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION
 from vllm_dsv4_hw.ops.checks import check_sparse_attention_args
 from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_INT, e4m3_mode
 from vllm_dsv4_hw.ops.triton.quant import FMT_BF16, FMT_FP8_DS_MLA, FMT_FP32
 from vllm_dsv4_hw.ops.triton.sparse_attention_launch import (
     _config,
-    _fp8_hw,
     _interpreting,
     _max_grid,
     _num_cores,
@@ -75,7 +76,7 @@ def _sparse_attn_fwd(
     H, num_hb, num_splits, chunk, t_start, qk_scale2,
     FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    FP8_HW: tl.constexpr, DOT_BF16: tl.constexpr, SPLIT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    CVT: tl.constexpr, DOT_BF16: tl.constexpr, SPLIT: tl.constexpr, ROUND_BF16: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -90,9 +91,9 @@ def _sparse_attn_fwd(
     dmask = dims < D
     qmask = hmask[:, None] & dmask[None, :]
     q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + dims[None, :], mask=qmask,
-                other=0.0).to(tl.float32)
-    if DOT_BF16:
-        q = q.to(tl.bfloat16)
+                other=0.0)
+    if not DOT_BF16:  # bf16 q goes to the dots as loaded (no register round trip: it can stay
+        q = q.to(tl.float32)  # in shared memory, which the 64-head prefill tile needs)
 
     sink2 = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
     m_i = tl.maximum(sink2, -1.0e30)  # finite even for a -inf sink
@@ -107,11 +108,11 @@ def _sparse_attn_fwd(
     m_i, l_i, acc = _attend_range(q, m_i, l_i, acc, w_u8_ptr, w_typed_ptr,
                                   w_slots_ptr + t * stride_ws, tl.minimum(lo, W), tl.minimum(hi, W),
                                   w_E, w_page_bytes, w_page_elems, qk_scale2, FMT, D, DATA_ELEMS,
-                                  BLOCK_N, BLOCK_D, FP8_HW, DOT_BF16, PREFETCH)
+                                  BLOCK_N, BLOCK_D, CVT, DOT_BF16, PREFETCH)
     m_i, l_i, acc = _attend_range(q, m_i, l_i, acc, c_u8_ptr, c_typed_ptr,
                                   c_slots_ptr + t * stride_cs, tl.maximum(lo, W) - W,
                                   tl.maximum(hi, W) - W, c_E, c_page_bytes, c_page_elems,
-                                  qk_scale2, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D, FP8_HW, DOT_BF16,
+                                  qk_scale2, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D, CVT, DOT_BF16,
                                   PREFETCH)
 
     if SPLIT:
@@ -213,14 +214,14 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
                             num_splits: int | None = None, block_h: int | None = None,
                             block_n: int | None = None, num_warps: int | None = None,
                             num_stages: int | None = None, prefetch: bool | None = None,
-                            maxnreg: int | None = None, fp8_hw: bool | None = None,
+                            maxnreg: int | None = None, cvt: int | None = None,
                             poison_workspace: bool = False,
                             max_grid: int | None = None) -> torch.Tensor:
     """The op contract of ``ops.api.sparse_attention`` plus tuning / testing knobs: ``out``
     (written in full, q's dtype), forced ``num_splits`` / blocks / warps, ``poison_workspace``
     (fill the split workspace with NaN first: every element read must have been written),
-    ``max_grid`` (programs per launch) and ``fp8_hw`` (False: decode e4m3 with integer ops even
-    where the GPU converts fp8 in hardware, as on Ascend)."""
+    ``max_grid`` (programs per launch) and ``cvt`` (the e4m3 decode, ``ptx_codecs.CVT_*``; e.g.
+    CVT_INT: integer ops even where the GPU converts fp8 in hardware, as on Ascend)."""
     comp_fmt = fmt if comp_fmt is None else comp_fmt
     t, h, d, use_comp = check_sparse_attention_args(q, window_slots, comp_cache, comp_slots, fmt,
                                                      sink, comp_fmt)
@@ -289,9 +290,10 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
     dot_bf16 = (dev.type != "cpu" and not _interpreting() and q.dtype == torch.bfloat16
                 and code in (FMT_BF16, FMT_FP8_DS_MLA))
     round_bf16 = _interpreting() and q.dtype == torch.bfloat16
-    if fp8_hw is None:
-        fp8_hw = not _interpreting() and _fp8_hw(dev)
-    fp8_hw = bool(fp8_hw) and code == FMT_FP8_DS_MLA
+    if cvt is None:
+        cvt = CVT_INT if _interpreting() else e4m3_mode(dev)
+    if code != FMT_FP8_DS_MLA:
+        cvt = CVT_INT  # no e4m3 in the entries (one compiled variant less)
     qk_scale2 = float(scale) * _LOG2E
 
     grid_cap = max_grid or _max_grid(dev)
@@ -307,7 +309,7 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
             sink_f, out, out.stride(0), out.stride(1), ws_acc, ws_ml,
             h, num_hb, splits, chunk, t0, qk_scale2,
             FMT=code, D=d, DATA_ELEMS=data_elems, BLOCK_H=bh, BLOCK_N=bn, BLOCK_D=block_d,
-            FP8_HW=fp8_hw, DOT_BF16=dot_bf16, SPLIT=split, ROUND_BF16=round_bf16, PREFETCH=pf,
+            CVT=cvt, DOT_BF16=dot_bf16, SPLIT=split, ROUND_BF16=round_bf16, PREFETCH=pf,
             **launch_opts,
         )
     if split:

@@ -1,5 +1,5 @@
 """Launch plan of the Triton ``sparse_attention`` kernels: what the device offers (cores, grid
-limit, hardware fp8 conversion), the tunables per device kind (:data:`CONFIGS`, from decode
+limit), the tunables per device kind (:data:`CONFIGS`, from decode
 sweeps) and the split-K plan (how many candidate splits, how long each).
 """
 
@@ -37,15 +37,6 @@ def _max_grid(device: torch.device) -> int:
         return int(device_capabilities(device.type).max_grid)
     except Exception:
         return 65535
-
-
-def _fp8_hw(device: torch.device) -> bool:
-    """Hardware e4m3 conversion: the device's declared capability (``fp8_cvt``)."""
-    if device.type != "cuda":
-        return False
-    from vllm_dsv4_hw.platform.device import adaptor_for
-
-    return adaptor_for("cuda").capabilities.fp8_cvt
 
 
 # Tunables per device kind: BLOCK_H cap, BLOCK_N, num_warps, num_stages, candidates per split

@@ -3,8 +3,8 @@ loading one tile of candidate entries as stored (fp8_ds_mla, bf16 or fp32), dequ
 registers, one online-softmax step of a head block over a tile, a range of candidates in tiles
 (optionally with the next tile's loads in flight), and the output store.
 
-fp8 decoding is integer bit manipulation (portable to triton-ascend, which has no fp8 dtypes)
-unless the GPU converts e4m3 in hardware (sm_89+).
+fp8 decoding is integer bit manipulation (portable to triton-ascend, which has no fp8 dtypes),
+the hardware conversion, or the packed PTX decode of ``ptx_codecs`` where the device declares it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit
 from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, round_to_bf16, ue8m0_to_f32
 
 # fp8_ds_mla entry geometry (kv_cache.formats.fp8_ds_mla): 448 e4m3 dims in 7 blocks of 64 with one
@@ -26,9 +27,12 @@ _FP8_DATA_ELEM = tl.constexpr(288)  # 576 bytes / 2
 
 
 @triton.jit
-def _e4m3_to_f32(code, FP8_HW: tl.constexpr):
-    """e4m3fn codes (uint8) -> fp32: hardware conversion on sm_89+, else integer bit tricks."""
-    if FP8_HW:
+def _e4m3_to_f32(code, CVT: tl.constexpr):
+    """e4m3fn codes (uint8) -> fp32: the decode the device declares (``ptx_codecs.e4m3_mode``:
+    packed PTX integer ops, hardware conversion, or portable integer bit tricks)."""
+    if CVT == C_CVT_PTX:
+        v = e4m3_bits_to_16bit(code, tl.bfloat16).to(tl.float32)
+    elif CVT == C_CVT_HW:
         v = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     else:
         v = e4m3_bits_to_f32(code)
@@ -83,13 +87,24 @@ def _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, start, hi, E, PAGE_BYTES, P
 
 @triton.jit
 def _dequant_tile(a, b, c, FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  FP8_HW: tl.constexpr):
-    """The raw tile of :func:`_load_raw_tile` -> [BLOCK_N, BLOCK_D] fp32 (zeros where not read)."""
+                  CVT: tl.constexpr, DOT_BF16: tl.constexpr):
+    """The raw tile of :func:`_load_raw_tile` -> [BLOCK_N, BLOCK_D] (zeros where not read): fp32,
+    or straight to bf16 where the dots take bf16 and no fp32 step is needed (the packed PTX
+    decode, bf16 entries): two conversions per element fewer (fp32 -> bf16 and the f16 -> fp32
+    step of the hardware cvt)."""
     if FMT == 2:  # e4m3 * 2^(ue8m0 - 127) for dims 0..447, the bf16 rope dims for 448..511
         g = tl.arange(0, _FP8_NGROUP)
-        nope = _e4m3_to_f32(a, FP8_HW) * ue8m0_to_f32(b)[:, :, None]
         is_rope = (g == _FP8_NGROUP - 1)[None, :, None]
-        kv = tl.reshape(tl.where(is_rope, c.to(tl.float32), nope), (BLOCK_N, BLOCK_D))
+        if DOT_BF16 and CVT == C_CVT_PTX:
+            # the power-of-two scale applied in bf16 (exact for every normal product)
+            nope = e4m3_bits_to_16bit(a, tl.bfloat16) * \
+                ue8m0_to_f32(b).to(tl.bfloat16)[:, :, None]
+            kv = tl.reshape(tl.where(is_rope, c, nope), (BLOCK_N, BLOCK_D))
+        else:
+            nope = _e4m3_to_f32(a, CVT) * ue8m0_to_f32(b)[:, :, None]
+            kv = tl.reshape(tl.where(is_rope, c.to(tl.float32), nope), (BLOCK_N, BLOCK_D))
+    elif DOT_BF16:  # bf16 entries as stored (of the other formats only bf16 takes bf16 dots)
+        kv = a
     else:
         kv = a.to(tl.float32)
     return kv
@@ -121,7 +136,7 @@ def _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16: tl.constexpr)
 def _attend_range(q, m_i, l_i, acc, u8_ptr, typed_ptr, slots_row_ptr, lo, hi,
                   E, PAGE_BYTES, PAGE_ELEMS, qk_scale2,
                   FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP8_HW: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CVT: tl.constexpr,
                   DOT_BF16: tl.constexpr, PREFETCH: tl.constexpr):
     """Candidates ``[lo, hi)`` of one token's slot list (one cache) in tiles of BLOCK_N."""
     if PREFETCH:  # one tile in flight ahead of the compute (register double buffering)
@@ -131,7 +146,7 @@ def _attend_range(q, m_i, l_i, acc, u8_ptr, typed_ptr, slots_row_ptr, lo, hi,
             n_valid, n_a, n_b, n_c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr,
                                                     start + BLOCK_N, hi, E, PAGE_BYTES, PAGE_ELEMS,
                                                     FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D)
-            kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, FP8_HW)
+            kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, CVT, DOT_BF16)
             m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
             valid, a, b, c = n_valid, n_a, n_b, n_c
     else:
@@ -139,7 +154,7 @@ def _attend_range(q, m_i, l_i, acc, u8_ptr, typed_ptr, slots_row_ptr, lo, hi,
             valid, a, b, c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, start, hi, E,
                                             PAGE_BYTES, PAGE_ELEMS, FMT, D, DATA_ELEMS, BLOCK_N,
                                             BLOCK_D)
-            kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, FP8_HW)
+            kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, CVT, DOT_BF16)
             m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
     return m_i, l_i, acc
 
