@@ -96,6 +96,9 @@ def _formats(device_type: str) -> dict:
 def _e4m3(caps) -> str:
     if not caps.fp8:
         return "none (no fp8 storage: bf16 caches, FP8 checkpoints refused)"
+    if caps.ptx_inline:
+        return ("packed PTX integer decode in sparse_attention and fp8_block_linear; integer bit "
+                "operations in the cache encoders / decoders")
     if caps.fp8_cvt:
         return ("hardware conversion in sparse_attention and fp8_block_linear; integer bit "
                 "operations in the cache encoders / decoders")
