@@ -1,6 +1,6 @@
 """Worker of the ahead-of-time target matrix (``test_target_matrix.py``): compile recorded launches
 for one target and print one ``RESULTS<json>`` line. Run as ``python -m tests.aot.compile_launches
-RECORDS.json BACKEND ARCH WARP`` without ``TRITON_INTERPRET`` (under the interpreter the kernels
+RECORDS.json BACKEND ARCH WARP SHARED_LIMIT`` without ``TRITON_INTERPRET`` (under the interpreter the kernels
 are not compilable JIT functions).
 
 Each record is rebuilt as Triton's own ``ASTSource`` (the kernel object from its module, the
@@ -39,15 +39,53 @@ def for_backend(record: dict, backend: str) -> dict:
     return record
 
 
-def main(path: str, backend: str, arch: str, warp: str) -> None:
+def forced_decode(record: dict, backend: str) -> bool:
+    """A launch with an e4m3 decode the target never selects: the GPU tier also runs the FP8
+    GEMM and the fp8 sparse attention with the integer decode and the hardware cvt on purpose
+    (to compare them bit for bit); a CUDA part launches the packed PTX decode, ROCm the cvt."""
+    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_PTX
+    from vllm_dsv4_hw.ops.triton.quant import FMT_FP8_DS_MLA
+
+    c = record["constexprs"]
+    decodes = record["kernel"] == "_fp8_block_linear_kernel" or (
+        record["kernel"] == "_sparse_attn_fwd" and c.get("FMT") == FMT_FP8_DS_MLA)
+    if not decodes or "CVT" not in c:
+        return False
+    return c["CVT"] != (CVT_HW if backend == "hip" else CVT_PTX)
+
+
+def selected_on(record: dict, limit: int) -> bool:
+    """Whether a target with ``limit`` bytes of shared memory per block launches this recorded
+    H200 launch: the tiles the product takes only where the declared shared memory holds them
+    (the FP8 GEMM's prefill tile, sparse attention's full-device tiles) are not its launches, so
+    they are not compiled for it."""
+    from vllm_dsv4_hw.ops.triton import fp8_linear, sparse_attention_launch as sal
+    from vllm_dsv4_hw.ops.triton.quant import FMT_BF16, FMT_FP8_DS_MLA
+
+    c = record["constexprs"]
+    if record["kernel"] == "_fp8_block_linear_kernel":
+        tile = fp8_linear.PREFILL_TILE
+        return not ((c["BM"], c["BN"]) == (tile["block_m"], tile["block_n"])
+                    and limit < fp8_linear.PREFILL_TILE_SHARED)
+    if record["kernel"] == "_sparse_attn_fwd":
+        fmt = {FMT_BF16: "bf16", FMT_FP8_DS_MLA: "fp8_ds_mla"}.get(c["FMT"])
+        for (_, name), (tiles, needs) in sal.FULL_DEVICE_TILES.items():
+            if (name == fmt and (c["BLOCK_H"], c["BLOCK_N"]) == (tiles["block_h"], tiles["block_n"])
+                    and needs > limit):
+                return False
+    return True
+
+
+def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, int(warp))
     results = []
-    for r in unique(json.load(open(path))["launches"]):
-        r = for_backend(r, backend)
+    records = [for_backend(r, backend) for r in json.load(open(path))["launches"]]
+    for r in unique([r for r in records if not forced_decode(r, backend)
+                     and selected_on(r, int(limit))]):
         name = f"{r['module'].rsplit('.', 1)[-1]}.{r['kernel']}"
         row = {"kernel": name, "constexprs": r["constexprs"], "num_warps": r["num_warps"],
                "num_stages": r["num_stages"], "error": None, "shared": None}
@@ -70,4 +108,4 @@ def main(path: str, backend: str, arch: str, warp: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])
