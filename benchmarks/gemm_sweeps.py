@@ -33,6 +33,20 @@ def _shipped_weights(dev, g, n, k, n_sets):
     return sets
 
 
+def _shape_cases(dev, batches, extra_ms=lambda name: ()):
+    """Per projection and M: (label, weight sets, n_sets, x, weight-streaming floor us); the
+    weight sets are freed after each projection's rows."""
+    for name, (g, n, k) in GEMM_SHAPES.items():
+        n_sets = max(2, min(6, math.ceil(200e6 / (g * n * k))))
+        ws = _shipped_weights(dev, g, n, k, n_sets)
+        floor = (g * n * k + g * math.ceil(n / 128) * math.ceil(k / 128) * 4) / HBM * 1e6
+        for m in list(batches) + list(extra_ms(name)):
+            x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
+            yield f"{name} M={m}", ws, n_sets, x, floor
+        del ws
+        torch.cuda.empty_cache()
+
+
 def sweep_gemm(dev, batches):
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
 
@@ -40,26 +54,19 @@ def sweep_gemm(dev, batches):
         return fp8_block_linear(x, w8, s, (128, 128), **kw)
 
     rows = []
-    for name, (g, n, k) in GEMM_SHAPES.items():
-        n_sets = max(2, min(6, math.ceil(200e6 / (g * n * k))))
-        ws = _shipped_weights(dev, g, n, k, n_sets)
-        kb = math.ceil(k / 128)
-        for m in batches:
-            x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
-            res = {}
-            res["default"] = _try(lambda i: w8a16_matmul(x, *ws[i]), n_sets)
-            for bn in (32, 64, 128):
-                for sk in (1, 2, 4, 8, 16):
-                    if sk > kb:
-                        continue
-                    for st in (3, 4, 6):
-                        key = f"bn={bn} split={sk} stages={st}"
-                        res[key] = _try(lambda i: w8a16_matmul(x, *ws[i], block_n=bn, split_k=sk,
-                                                               num_stages=st), n_sets)
-            floor = (g * n * k + g * math.ceil(n / 128) * kb * 4) / HBM * 1e6
-            rows.append(_summary("gemm", f"{name} M={m}", res, "default", floor))
-        del ws
-        torch.cuda.empty_cache()
+    for label, ws, n_sets, x, floor in _shape_cases(dev, batches):
+        kb = math.ceil(x.shape[-1] / 128)
+        res = {}
+        res["default"] = _try(lambda i: w8a16_matmul(x, *ws[i]), n_sets)
+        for bn in (32, 64, 128):
+            for sk in (1, 2, 4, 8, 16):
+                if sk > kb:
+                    continue
+                for st in (3, 4, 6):
+                    key = f"bn={bn} split={sk} stages={st}"
+                    res[key] = _try(lambda i: w8a16_matmul(x, *ws[i], block_n=bn, split_k=sk,
+                                                           num_stages=st), n_sets)
+        rows.append(_summary("gemm", label, res, "default", floor))
     return rows
 
 
@@ -69,28 +76,20 @@ def sweep_gemm_fold(dev, batches):
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
 
     rows = []
-    for name, (g, n, k) in GEMM_SHAPES.items():
-        n_sets = max(2, min(6, math.ceil(200e6 / (g * n * k))))
-        ws = _shipped_weights(dev, g, n, k, n_sets)
-        kb = math.ceil(k / 128)
-        for m in batches:
-            x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
-            want = fp8_block_linear(x, *ws[0], (128, 128), fold=0).float()
-            res = {"default": _try(lambda i: fp8_block_linear(x, *ws[i], (128, 128)), n_sets)}
-            for fold in (0, 1, 2):
-                for bn in (32, 64, 128):
-                    for st in (3, 4):
-                        key = f"fold={fold} bn={bn} stages={st}"
-                        kw = dict(fold=fold, block_n=bn, num_stages=st)
-                        got = fp8_block_linear(x, *ws[0], (128, 128), **kw).float()
-                        err = float((got - want).abs().max() / want.abs().max())
-                        res[key] = (_try(lambda i, kw=kw: fp8_block_linear(
-                            x, *ws[i], (128, 128), **kw), n_sets) if err < 1e-2
-                            else f"wrong: rel err {err:.2e}")
-            floor = (g * n * k + g * math.ceil(n / 128) * kb * 4) / HBM * 1e6
-            rows.append(_summary("gemm_fold", f"{name} M={m}", res, "default", floor))
-        del ws
-        torch.cuda.empty_cache()
+    for label, ws, n_sets, x, floor in _shape_cases(dev, batches):
+        want = fp8_block_linear(x, *ws[0], (128, 128), fold=0).float()
+        res = {"default": _try(lambda i: fp8_block_linear(x, *ws[i], (128, 128)), n_sets)}
+        for fold in (0, 1, 2):
+            for bn in (32, 64, 128):
+                for st in (3, 4):
+                    key = f"fold={fold} bn={bn} stages={st}"
+                    kw = dict(fold=fold, block_n=bn, num_stages=st)
+                    got = fp8_block_linear(x, *ws[0], (128, 128), **kw).float()
+                    err = float((got - want).abs().max() / want.abs().max())
+                    res[key] = (_try(lambda i, kw=kw: fp8_block_linear(
+                        x, *ws[i], (128, 128), **kw), n_sets) if err < 1e-2
+                        else f"wrong: rel err {err:.2e}")
+        rows.append(_summary("gemm_fold", label, res, "default", floor))
     return rows
 
 
@@ -102,34 +101,29 @@ def sweep_gemm_cvt(dev, batches, prefill_ms=(4096,)):
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
     from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_INT, CVT_PTX
 
+    def extra(name):
+        return prefill_ms if name in ("flash wq_b", "flash wo_b", "flash wo_a") else ()
+
     rows = []
-    for name, (g, n, k) in GEMM_SHAPES.items():
-        n_sets = max(2, min(6, math.ceil(200e6 / (g * n * k))))
-        ws = _shipped_weights(dev, g, n, k, n_sets)
-        kb = math.ceil(k / 128)
-        prefill = prefill_ms if name in ("flash wq_b", "flash wo_b", "flash wo_a") else ()
-        for m in list(batches) + list(prefill):
-            x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
-            want = fp8_block_linear(x, *ws[0], (128, 128), cvt=CVT_HW)
-            res = {"default": _try(lambda i: fp8_block_linear(x, *ws[i], (128, 128)), n_sets)}
-            configs = [{"cvt": c} for c in (CVT_INT, CVT_HW, CVT_PTX)]
-            if m <= 64:
-                configs += [{"cvt": CVT_PTX, "block_n": bn, "num_stages": st}
-                            for bn in (32, 64) for st in (3, 4)]
-            for kw in configs:
-                key = " ".join(f"{a}={b}" for a, b in kw.items())
-                got = fp8_block_linear(x, *ws[0], (128, 128), **kw)
-                ok = torch.equal(got, want) if len(kw) == 1 else (
-                    float((got.float() - want.float()).abs().max() / want.float().abs().max())
-                    < 2 ** -7)
-                res[key] = (_try(lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128), **kw),
-                                 n_sets) if ok else "wrong: differs from the hardware cvt")
-            floor = (g * n * k + g * math.ceil(n / 128) * kb * 4) / HBM * 1e6
-            if m > 64:
-                floor = max(floor, 2 * m * g * n * k / 790e12 * 1e6)
-            rows.append(_summary("gemm_cvt", f"{name} M={m}", res, "default", floor))
-        del ws
-        torch.cuda.empty_cache()
+    for label, ws, n_sets, x, floor in _shape_cases(dev, batches, extra):
+        m = x.shape[0]
+        want = fp8_block_linear(x, *ws[0], (128, 128), cvt=CVT_HW)
+        res = {"default": _try(lambda i: fp8_block_linear(x, *ws[i], (128, 128)), n_sets)}
+        configs = [{"cvt": c} for c in (CVT_INT, CVT_HW, CVT_PTX)]
+        if m <= 64:
+            configs += [{"cvt": CVT_PTX, "block_n": bn, "num_stages": st}
+                        for bn in (32, 64) for st in (3, 4)]
+        for kw in configs:
+            key = " ".join(f"{a}={b}" for a, b in kw.items())
+            got = fp8_block_linear(x, *ws[0], (128, 128), **kw)
+            ok = torch.equal(got, want) if len(kw) == 1 else (
+                float((got.float() - want.float()).abs().max() / want.float().abs().max())
+                < 2 ** -7)
+            res[key] = (_try(lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128), **kw),
+                             n_sets) if ok else "wrong: differs from the hardware cvt")
+        if m > 64:  # weight elements = g * n * k
+            floor = max(floor, 2 * m * ws[0][0].numel() / 790e12 * 1e6)
+        rows.append(_summary("gemm_cvt", label, res, "default", floor))
     return rows
 
 
