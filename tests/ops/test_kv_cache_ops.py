@@ -8,7 +8,7 @@ import torch
 from tests.backends import cpu_backends, impl
 from vllm_dsv4_hw.kv_cache import paged
 from vllm_dsv4_hw.kv_cache.formats import FORMAT_NAMES, make_format
-from vllm_dsv4_hw.ops.api import KV_GATHER, KV_INSERT
+from vllm_dsv4_hw.ops.api import ENTRY_SLOTS, KV_GATHER, KV_INSERT
 
 # every distinct format ("fp8_ds_mla" is an alias of main "fp8")
 ALL_FORMATS = [(kind, name) for kind in FORMAT_NAMES for name in FORMAT_NAMES[kind]
@@ -202,3 +202,21 @@ def test_logical_to_slot_errors():
         paged.logical_to_slot(bt, torch.tensor([0]), torch.tensor([0.5]), 4)
     assert paged.logical_to_slot(bt, torch.zeros(0, dtype=torch.long),
                                  torch.zeros(0, dtype=torch.long), 4).shape == (0,)
+
+
+@pytest.mark.parametrize("backend", cpu_backends(ENTRY_SLOTS))
+@pytest.mark.parametrize("per_page,k", [(4, 7), (64, 513), (2, 1)])
+def test_entry_slots_matches_the_validating_mapping(backend, per_page, k, gen):
+    """``entry_slots`` (no validation, indices past the table -> -1) equals ``logical_to_slot`` on
+    valid indices, -1 elsewhere, for int32 and int64 indices."""
+    r, b = 3, 5
+    bt = torch.randperm(40, generator=gen)[: r * b].reshape(r, b).to(torch.int32)
+    bt[1, 2:] = -1
+    req = torch.randint(0, r, (6,), generator=gen)
+    index = torch.randint(-1, b * per_page + 2 * per_page, (6, k), generator=gen)
+    inside = (index >= 0) & (index < b * per_page)
+    want = torch.where(inside, paged.logical_to_slot(bt, req, torch.where(inside, index, -1),
+                                                     per_page), -1)
+    for dtype in (torch.int32, torch.int64):
+        got = impl(ENTRY_SLOTS, backend)(bt, req, index.to(dtype), per_page)
+        assert got.dtype == torch.int64 and torch.equal(got, want)

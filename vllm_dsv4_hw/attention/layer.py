@@ -138,20 +138,6 @@ def _shared_rope_table(cfg: DSV4Config, ratio: int, max_positions: int,
     return rope_tables_for(cfg, ratio, max_positions, device)
 
 
-def _entry_slots(block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.Tensor,
-                 per_page: int) -> torch.Tensor:
-    """Cache slots of entry indices idx [T, K] (-1 stays -1) of each token's request. Same mapping
-    as ``kv_cache.paged.logical_to_slot`` without its host-side validation (no device sync inside
-    the forward; the indices come from ``indexer_topk`` and are visible entries)."""
-    idx = idx.to(torch.int64)
-    valid = idx >= 0
-    safe = torch.where(valid, idx, torch.zeros_like(idx))
-    pages = block_table.to(device=idx.device, dtype=torch.int64)[token_req[:, None],
-                                                                  safe // per_page]
-    slots = pages * per_page + safe % per_page
-    return torch.where(valid & (pages >= 0), slots, torch.full_like(slots, -1))
-
-
 class DSV4Attention(nn.Module):
     """One attention layer. ``quant_config``: the method of the linears the checkpoint quantizes
     (``quant.config.DSV4HwQuantConfig``; default: the formats ``cfg.weights`` declares);
@@ -316,8 +302,8 @@ class DSV4Attention(nn.Module):
                                self.ratio)
         if self.capture_topk:
             self.last_topk = top
-        return _entry_slots(meta.block_tables.comp, meta.token_req, top,
-                            meta.geometry.comp_entries_per_page)
+        return ops.entry_slots(meta.block_tables.comp, meta.token_req, top,
+                               meta.geometry.comp_entries_per_page)
 
     def _attend(self, q: torch.Tensor, meta: StepMetadata, caches: LayerCaches,
                 comp_slots: torch.Tensor | None) -> torch.Tensor:

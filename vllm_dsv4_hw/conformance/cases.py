@@ -193,7 +193,7 @@ def _register_builders() -> None:
         rope_cases,
     )
     from vllm_dsv4_hw.conformance.cases_indexer import indexer_topk_cases
-    from vllm_dsv4_hw.conformance.cases_layouts import layout_cases
+    from vllm_dsv4_hw.conformance.cases_layouts import entry_slots_cases, layout_cases
     from vllm_dsv4_hw.conformance.cases_metadata import decode_metadata_cases
     from vllm_dsv4_hw.conformance.cases_moe import moe_experts_cases
     from vllm_dsv4_hw.conformance.cases_sparse_attention import sparse_attention_cases
@@ -204,6 +204,7 @@ def _register_builders() -> None:
         api.QKV_RMS_NORM: qkv_rms_norm_cases,
         api.ROPE: rope_cases,
         "layouts": layout_cases,  # kv_insert + kv_gather
+        api.ENTRY_SLOTS: entry_slots_cases,
         api.QNORM_ROPE_KV_INSERT: qnorm_rope_kv_insert_cases,
         api.INV_ROPE_FP8_QUANT: inv_rope_fp8_quant_cases,
         api.SPARSE_ATTENTION: sparse_attention_cases,

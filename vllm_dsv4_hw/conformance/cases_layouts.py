@@ -1,6 +1,6 @@
 """Conformance cases of the cache layouts: ``kv_insert`` bytes at hand-computed offsets (data region,
 then scale region, padding intact) and ``kv_gather`` decoding, for every entry format the device
-holds.
+holds; ``entry_slots`` against slots computed by hand.
 """
 
 from __future__ import annotations
@@ -81,6 +81,41 @@ def layout_cases(ctx: Ctx) -> list[Case]:
 
         out.append(Case(api.KV_GATHER, f"layout {label}", (filled, query.to(ctx.device), fmt),
                         check_gather))
+    return out
+
+
+def entry_slots_cases(ctx: Ctx) -> list[Case]:
+    """Selected entry indices (-1 padding, int32 as ``indexer_topk`` returns them, and int64) of
+    tokens of several requests to slots, with absent (-1) pages and indices past the table: every
+    slot as computed by hand, -1 where there is none."""
+    out = []
+    for per_page, reqs, cols, k in ((64, 3, 5, 40), (2, 2, 300, 513)):
+        table = torch.randperm(reqs * cols * 2, generator=ctx.gen)[:reqs * cols].view(reqs, cols)
+        table[torch.rand(reqs, cols, generator=ctx.gen) < 0.2] = -1
+        t = 4
+        token_req = torch.randint(0, reqs, (t,), generator=ctx.gen)
+        idx = torch.randint(-1, cols * per_page + per_page, (t, k), generator=ctx.gen)
+        want = torch.full((t, k), -1, dtype=torch.int64)
+        for r in range(t):
+            for j, i in enumerate(idx[r].tolist()):
+                if 0 <= i < cols * per_page:
+                    page = int(table[token_req[r], i // per_page])
+                    if page >= 0:
+                        want[r, j] = page * per_page + i % per_page
+
+        def check(res, args, want=want):
+            bad = _same(res, want.shape, torch.int64)
+            if bad:
+                return False, bad, float("inf")
+            n_bad = int((res.cpu() != want).sum())
+            return (n_bad == 0, "every slot as computed by hand" if n_bad == 0 else
+                    f"{n_bad} of {want.numel()} slots differ", 0.0 if n_bad == 0 else float("inf"))
+
+        for dtype in (torch.int32, torch.int64):
+            out.append(Case(api.ENTRY_SLOTS, f"{t} tokens x {k} of {per_page} per page, "
+                            f"{reqs} requests x {cols} pages, {str(dtype)[6:]} indices",
+                            (table.to(torch.int32).to(ctx.device), token_req.to(ctx.device),
+                             idx.to(dtype).to(ctx.device), per_page), check))
     return out
 
 

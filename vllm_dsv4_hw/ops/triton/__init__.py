@@ -26,6 +26,7 @@ if importlib.util.find_spec("triton") is not None:
         from vllm_dsv4_hw.ops.triton import fp8_linear as _fp8_linear  # noqa: F401
         from vllm_dsv4_hw.ops.triton import moe as _moe  # noqa: F401
         from vllm_dsv4_hw.ops.triton import decode_metadata as _decode_metadata  # noqa: F401
+        from vllm_dsv4_hw.ops.triton import entry_slots as _entry_slots  # noqa: F401
     except ImportError as exc:  # a broken triton install must not break the reference path
         logger.warning("dsv4-hw: Triton kernels unavailable (%s); using other backends", exc)
 
