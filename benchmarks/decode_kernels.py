@@ -47,7 +47,8 @@ import sys
 
 import torch
 
-from benchmarks.gemm_sweeps import sweep_gemm, sweep_gemm_cvt, sweep_gemm_fold, sweep_gemm_prefill
+from benchmarks.gemm_sweeps import (sweep_gemm, sweep_gemm_cvt, sweep_gemm_fold, sweep_gemm_prefill,
+                                    sweep_gemm_split)
 from benchmarks.sweep_common import HBM, _summary, _try
 
 
@@ -213,6 +214,9 @@ def sweep_topk(dev, batches):
                                                                  sorted=srt), 3)
             outs = [torch.full((b, 512), -1, dtype=torch.int32, device=dev) for _ in range(3)]
             res["radix"] = _try(lambda i: radix_topk(sets[i], 512, outs[i]), 3)
+            for blk in (1024, 2048, 4096, 8192):
+                res[f"radix block={blk}"] = _try(lambda i, blk=blk: radix_topk(
+                    sets[i], 512, outs[i], block=blk), 3)
             rows.append(_summary("topk", f"n={n} B={b}", res, "sorted=True", b * n * 4 / HBM * 1e6))
     return rows
 
@@ -259,7 +263,7 @@ def sweep_pool(dev, batches):
 SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": sweep_index,
           "gemm": sweep_gemm, "gemm_prefill": sweep_gemm_prefill, "gemm_fold": sweep_gemm_fold,
           "index_prefill": sweep_index_prefill, "gemm_cvt": sweep_gemm_cvt,
-          "attn_prefill": sweep_attn_prefill}
+          "attn_prefill": sweep_attn_prefill, "gemm_split": sweep_gemm_split}
 
 
 def main(argv=None) -> int:

@@ -15,24 +15,25 @@ itself. Here every pass is spread over the whole row.
 Keys: fp32 bits mapped to uint32 so that unsigned order is float order (negative: all bits
 flipped; positive: sign bit set); -inf maps to 0x007FFFFF, below every finite score.
 
-Launches (8-bit digits, most significant first):
+Launches (8-bit digits, most significant first), 6 per call plus the state's zeroing:
 
 1. ``_hist_kernel`` x 4 (grid: rows x blocks of ``BLOCK`` scores): histogram of this pass's digit
    over the keys whose higher digits equal the prefix chosen so far, added to a [T, 4, 256]
-   int32 table with atomics (zero bins skipped);
-2. ``_select_kernel`` x 4 (one program per row): the digit d where the count of keys with digit
-   >= d first reaches the number still needed; the prefix grows by d and the need shrinks by the
-   count above d. After 4 passes the prefix is the k-th largest key tau and ``need`` the number of
-   keys equal to tau to take;
-3. ``_count_kernel`` (rows x blocks): per block, the keys > tau and the keys == tau (finite tau
-   only, so -inf entries stay -1); an exclusive cumulative sum over the row's blocks gives each
-   block its first slot of each kind;
-4. ``_gather_kernel`` (rows x blocks): keys > tau go to slots [0, k - need) in index order, keys ==
+   int32 table with atomics (zero bins skipped). The row's last program to finish (an acq_rel
+   arrival count, reset by it) then selects: the digit d where the count of keys with digit >= d
+   first reaches the number still needed; the prefix grows by d and the need shrinks by the count
+   above d. After 4 passes the prefix is the k-th largest key tau and ``need`` the number of keys
+   equal to tau to take. Integer counts: the same whichever program arrives last;
+2. ``_count_kernel`` (rows x blocks): per block, the keys > tau and the keys == tau (finite tau
+   only, so -inf entries stay -1); the row's last program turns the counts into each block's
+   first slot of each kind (an exclusive sum over the row's blocks, in block order);
+3. ``_gather_kernel`` (rows x blocks): keys > tau go to slots [0, k - need) in index order, keys ==
    tau to slots [k - need, k) in index order while fewer than need precede them.
 
-The state (histograms, prefix / need per row) is one zeroed int32 buffer of 1028 words per row
-(``_STATE``: histograms at 0..1023, prefix 1024, need 1025, 1026 / 1027 unused; the kernels use these
-offsets as literals).
+The state is one zeroed int32 buffer of ``_STATE`` words per row: histograms at 0..1023, prefix
+1024, need 1025, the arrival count 1026, 1027 unused (the kernels use these offsets as literals).
+Last-arrival selection: each program's atomics, a block barrier, then one acq_rel count; the last
+program reads the table from L2 (``.cg``), where the atomics landed.
 """
 
 from __future__ import annotations
@@ -41,8 +42,15 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 4096        # scores per program of the histogram / gather passes (GPU)
 INTERP_BLOCK = 1 << 16
+
+
+def auto_block(rows: int, n: int) -> int:
+    """Scores per program on a GPU: about 128 programs per call, 1,024..4,096 scores each. H200,
+    2026-12-02 (``decode_kernels --only topk``, k = 512, us): 1 x 32,768 scores 38.2 at 4,096 ->
+    27.6 at 1,024; 1 x 262,144: 39.0 -> 33.7 at 2,048; 32 x 32,768: 57.4 at 4,096 (57.1 at
+    2,048, 76.2 at 1,024)."""
+    return min(4096, max(1024, triton.next_power_of_2(max(1, rows * n // 128))))
 _NEG_INF_KEY = 0x007FFFFF
 _STATE = 4 * 256 + 4  # per row: 4 histograms, prefix, need, count above, count equal
 
@@ -61,7 +69,18 @@ def _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _hist_kernel(scores_ptr, state_ptr, n, stride, n_blk, PASS: tl.constexpr,
+def _last_of_row(st, n_blk):
+    """True in the row's last program to arrive (after its own atomics); resets the count."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(st + 1026, 1, sem="acq_rel", scope="gpu")
+    last = arrived == n_blk - 1
+    if last:
+        tl.store(st + 1026, 0)
+    return last
+
+
+@triton.jit
+def _hist_kernel(scores_ptr, state_ptr, k, n, stride, n_blk, PASS: tl.constexpr,
                  BLOCK: tl.constexpr):
     _, key, m, st = _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
     if PASS > 0:
@@ -71,21 +90,22 @@ def _hist_kernel(scores_ptr, state_ptr, n, stride, n_blk, PASS: tl.constexpr,
     digit = tl.where(m, digit, 256)                       # bins >= 256: not counted
     h = tl.histogram(digit, 512)
     bins = tl.arange(0, 512)
-    tl.atomic_add(st + PASS * 256 + bins, h, mask=(bins < 256) & (h > 0))
+    tl.atomic_add(st + PASS * 256 + bins, h, mask=(bins < 256) & (h > 0), sem="acq_rel",
+                  scope="gpu")
+    if _last_of_row(st, n_blk):
+        _select(st, k, PASS)
 
 
 @triton.jit
-def _select_kernel(state_ptr, k, PASS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    st = state_ptr + row * 1028
+def _select(st, k, PASS: tl.constexpr):
     bins = tl.arange(0, 256)
-    h = tl.load(st + PASS * 256 + bins)
+    h = tl.load(st + PASS * 256 + bins, cache_modifier=".cg")
     if PASS == 0:
         need = k
         prefix = tl.zeros([], dtype=tl.uint32)
     else:
-        need = tl.load(st + 1025)
-        prefix = tl.load(st + 1024).to(tl.uint32, bitcast=True)
+        need = tl.load(st + 1025, cache_modifier=".cg")
+        prefix = tl.load(st + 1024, cache_modifier=".cg").to(tl.uint32, bitcast=True)
     ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h     # keys with digit >= b
     d = tl.max(tl.where(ge >= need, bins, -1), axis=0)
     above = tl.sum(tl.where(bins > d, h, 0), axis=0)
@@ -104,11 +124,23 @@ def _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _count_kernel(scores_ptr, state_ptr, counts_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
-    _, gt, eq, _ = _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
-    pid = tl.program_id(0).to(tl.int64)
-    tl.store(counts_ptr + pid * 2, tl.sum(gt.to(tl.int32), axis=0))
-    tl.store(counts_ptr + pid * 2 + 1, tl.sum(eq.to(tl.int32), axis=0))
+def _count_kernel(scores_ptr, state_ptr, counts_ptr, n, stride, n_blk, BLOCK: tl.constexpr,
+                  NB: tl.constexpr):
+    _, gt, eq, st = _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
+    pid = tl.program_id(0)
+    row = (pid // n_blk).to(tl.int64)
+    cnt = counts_ptr + pid.to(tl.int64) * 2
+    tl.store(cnt, tl.sum(gt.to(tl.int32), axis=0))
+    tl.store(cnt + 1, tl.sum(eq.to(tl.int32), axis=0))
+    if _last_of_row(st, n_blk):
+        # exclusive sums over the row's blocks, in block order: each block's first slots
+        b = tl.arange(0, NB)
+        ok = b < n_blk
+        rc = counts_ptr + row * n_blk * 2 + b * 2
+        g = tl.load(rc, mask=ok, other=0, cache_modifier=".cg")
+        e = tl.load(rc + 1, mask=ok, other=0, cache_modifier=".cg")
+        tl.store(rc, tl.cumsum(g, axis=0) - g, mask=ok)
+        tl.store(rc + 1, tl.cumsum(e, axis=0) - e, mask=ok)
 
 
 @triton.jit
@@ -128,9 +160,11 @@ def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, n, stride, stride_o
     tl.store(orow + (k - need) + pe, offs.to(tl.int32), mask=eq & (pe < need))
 
 
-def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:
+def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor,
+               block: int | None = None) -> torch.Tensor:
     """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32 filled with -1:
-    columns [0, k) get the selected entries first, -1 after."""
+    columns [0, k) get the selected entries first, -1 after. ``block``: scores per program (a
+    power of two; benchmarks)."""
     t, n = scores.shape
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         raise ValueError("radix_topk: scores must be fp32 with unit inner stride")
@@ -138,18 +172,17 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"radix_topk: need 1 <= k={k} <= n={n} and int32 out [T, >= k]")
     if t == 0:
         return out
-    blk = INTERP_BLOCK if scores.device.type == "cpu" else BLOCK
+    blk = block or (INTERP_BLOCK if scores.device.type == "cpu" else auto_block(t, n))
     blk = min(blk, triton.next_power_of_2(n))
     n_blk = triton.cdiv(n, blk)
     state = torch.zeros(t, _STATE, dtype=torch.int32, device=scores.device)
     for p in range(4):
-        _hist_kernel[(t * n_blk,)](scores, state, n, scores.stride(0), n_blk, PASS=p,
+        _hist_kernel[(t * n_blk,)](scores, state, k, n, scores.stride(0), n_blk, PASS=p,
                                    BLOCK=blk, num_warps=8)
-        _select_kernel[(t,)](state, k, PASS=p, num_warps=4)
-    counts = torch.empty(t, n_blk, 2, dtype=torch.int32, device=scores.device)
-    _count_kernel[(t * n_blk,)](scores, state, counts, n, scores.stride(0), n_blk, BLOCK=blk,
-                                num_warps=8)
-    base = (counts.cumsum(1, dtype=torch.int32) - counts).contiguous()  # exclusive, per row
+    # counts, then (in place) each block's first slots
+    base = torch.empty(t, n_blk, 2, dtype=torch.int32, device=scores.device)
+    _count_kernel[(t * n_blk,)](scores, state, base, n, scores.stride(0), n_blk, BLOCK=blk,
+                                NB=triton.next_power_of_2(n_blk), num_warps=8)
     _gather_kernel[(t * n_blk,)](scores, state, base, out, n, scores.stride(0), out.stride(0),
                                  n_blk, k, BLOCK=blk, num_warps=8)
     return out
