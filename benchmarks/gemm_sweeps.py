@@ -70,6 +70,30 @@ def sweep_gemm(dev, batches):
     return rows
 
 
+def sweep_gemm_split(dev, batches):
+    """Split-K partials summed inside the launch by each tile's last split (``serial``, the
+    default) or by a second launch, at the default and forced splits; every result equal to the
+    separate sum's bit for bit."""
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+
+    rows = []
+    for label, ws, n_sets, x, floor in _shape_cases(dev, batches):
+        kb = math.ceil(x.shape[-1] / 128)
+        res = {"default": _try(lambda i: fp8_block_linear(x, *ws[i], (128, 128)), n_sets)}
+        for sk in (None, 2, 4, 8):
+            if sk is not None and sk > kb:
+                continue
+            want = fp8_block_linear(x, *ws[0], (128, 128), split_k=sk, serial=False)
+            for serial in (True, False):
+                kw = dict(split_k=sk, serial=serial)
+                same = torch.equal(fp8_block_linear(x, *ws[0], (128, 128), **kw), want)
+                res[f"split={sk or 'auto'} serial={serial}"] = (_try(
+                    lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128), **kw), n_sets)
+                    if same else "wrong: differs from the separate sum")
+        rows.append(_summary("gemm_split", label, res, "default", floor))
+    return rows
+
+
 def sweep_gemm_fold(dev, batches):
     """Decode-sized M: the three ways of applying the block scale (``fp8_linear.FOLD``) at
     each column block and stage count, split-K as the default chooses, each checked."""

@@ -20,7 +20,7 @@ def graph_us(fn, n_sets: int, inner: int = INNER, reps: int = 7) -> float:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=side):  # the warmed-up stream, as vLLM captures
         for i in range(inner):
             fn(i % n_sets)
     g.replay()

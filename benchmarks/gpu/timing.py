@@ -35,7 +35,7 @@ def time_ms(fn, device, graph: bool = True) -> float:
                 fn()
             torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            with torch.cuda.graph(g, stream=side):  # the warmed-up stream, as vLLM
                 fn()
             ms = float(triton.testing.do_bench(g.replay, return_mode="median"))
             MODES["graph"] += 1

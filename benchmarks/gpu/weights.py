@@ -109,6 +109,40 @@ def _routing(torch, t, e, k, device, gen):
     return w / w.sum(-1, keepdim=True), ids
 
 
+def _serial_split(torch, device, gen, smoke):
+    """The split-K partials summed inside the launch by each tile's last split give the separate
+    sum launch's bits (auto and forced splits, a grouped weight), and leave the arrival counters
+    zeroed, also after launches from two streams at once."""
+    from vllm_dsv4_hw.ops.triton import fp8_linear as tf
+
+    rows = []
+    shapes = ((256, 512, 1, 4), (128, 512, 2, 3)) if smoke else \
+        ((1536, 4096, 1, None), (4096, 8192, 1, None), (1024, 4096, 8, 4))
+    for n, k, g, split in shapes:
+        w8, s = _fp8_weight(torch, n, k, g, device, gen)
+        for m in (1, 5):
+            x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device,
+                            generator=gen).to(torch.bfloat16)
+            kw = dict(split_k=split)
+            two = tf.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=False)
+            ser = tf.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=True)
+            side = torch.cuda.Stream(device) if device.type == "cuda" else None
+            outs = []
+            if side is not None:  # the same launch on two streams at once: their own counters
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side):
+                    outs.append(tf.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=True))
+                outs.append(tf.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=True))
+                torch.cuda.current_stream(device).wait_stream(side)
+                torch.cuda.synchronize(device)
+            same = all(torch.equal(o, two) for o in [ser] + outs)
+            clean = not any(bool(c.any()) for c in tf._COUNTERS.values())
+            rows.append({"op": "fp8_block_linear", "case": f"serial split-K N={n} K={k} G={g} "
+                         f"M={m} split={split or 'auto'} == separate sum (2 streams)",
+                         "ok": same and clean})
+    return rows
+
+
 def check(device, smoke=False):
     import torch
 
@@ -127,6 +161,7 @@ def check(device, smoke=False):
             rows.append({"op": "fp8_block_linear", "case": f"{name} M={m}", "rel_err": r,
                          "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all())})
     rows += _decode_modes(torch, device, gen, smoke)
+    rows += _serial_split(torch, device, gen, smoke)
     e, d, i, k = (8, 256, 128, 2) if smoke else EXPERTS["v4-flash"]
     w13, s13, w2, s2 = _experts(torch, e, d, i, device, gen)
     for t in ((1, 3) if smoke else (1, 8, 64, 300)):

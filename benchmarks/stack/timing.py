@@ -49,7 +49,7 @@ def capture_cuda_graph(fn, warmups: int = 2):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):  # the warmed-up stream, as vLLM captures
         out = fn()
     return graph, out
 

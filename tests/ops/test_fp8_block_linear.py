@@ -275,6 +275,30 @@ def test_triton_split_k(m, n, k, g, split, dtype, gen):
 
 
 @triton_only
+@pytest.mark.parametrize("m,n,k,g,split", [
+    (1, 200, 300, None, 3),       # ragged, the last split shorter
+    (5, 96, 384, 2, 2),           # grouped, several row / column tiles
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_serial_split_k_same_bits(m, n, k, g, split, dtype, gen):
+    """The split-K partials summed by each tile's last split inside the launch give the bits of
+    the separate sum launch, against the oracle too, and leave the arrival counters zeroed (the
+    next launch on the stream reuses them)."""
+    from vllm_dsv4_hw.ops.triton import fp8_linear as tf
+
+    block = (128, 128)
+    wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
+    x = rand_x(gen, m, g, k, dtype)
+    serial = tf.fp8_block_linear(x, wq, sc, block, split_k=split, block_n=32, serial=True)
+    again = tf.fp8_block_linear(x, wq, sc, block, split_k=split, block_n=32, serial=True)
+    two = tf.fp8_block_linear(x, wq, sc, block, split_k=split, block_n=32, serial=False)
+    assert torch.equal(serial.view(torch.uint8), two.view(torch.uint8))
+    assert torch.equal(again.view(torch.uint8), two.view(torch.uint8))
+    assert_close(serial, x, wq, sc, block)
+    assert not tf.split_counters(x.device, 1).any()
+
+
+@triton_only
 @pytest.mark.parametrize("fold", [1, 2])
 @pytest.mark.parametrize("m,n,k,g,block,split", [
     (1, 200, 300, None, (128, 128), 1),     # decode, ragged N and K
@@ -377,12 +401,15 @@ for cap, x, out, math, cvt, sbk, bm, bn, fold in (
         (80, "bf16", "fp32", f.MATH_X16, PTX, 32, 64, 64, 0),
         (80, "bf16", "bf16", f.MATH_X16, PTX, 128, 64, 64, 2),
         (80, "fp32", "fp32", f.MATH_F32, INT, 128, 16, 32, 0)):
+    serial = x == "bf16" and out == "fp32"  # split-K partials, summed in the launch (bf16 out)
     sig = dict(x_ptr="*" + x, w_ptr="*u8", s_ptr="*u8", out_ptr="*" + out,
+               red_ptr="*bf16" if serial else "*" + out, cnt_ptr="*i32",
                **{k: "i32" for k in ints})
     name = {HW: "hw", PTX: "ptx", INT: "int"}[cvt]
     comp(f._fp8_block_linear_kernel, sig,
          dict(SBN=128, SBK=sbk, BM=bm, BN=bn, BK=f.k_tile(sbk), MATH=math, CVT=cvt,
-              OUT_BF16=out == "bf16", FOLD=fold),
+              OUT_BF16=out == "bf16", FOLD=fold, SERIAL=serial, SPLITS=4 if serial else 1,
+              RED_BF16=serial or out == "bf16"),
          f"sm_{cap} x {x} -> {out} math {math} cvt {name} block {sbk} tile {bm}x{bn} fold {fold}",
          cap,
          num_warps=4, num_stages=3)

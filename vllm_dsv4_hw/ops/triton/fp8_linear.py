@@ -96,13 +96,14 @@ def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
 # M (the batch) varies per call: no recompile per batch size for it (strides and N / K stay
 # specialized: they give the aligned wide weight loads).
 @triton.jit(do_not_specialize=["M", "n_mblk", "sos"])
-def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
+def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
                              M, N, K, KB, kb_per_split, n_nblk, n_mblk,
                              sxg, sxm, swg, swn, ssg, ssn, sos, sog, som,
                              SBN: tl.constexpr, SBK: tl.constexpr,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                              MATH: tl.constexpr, CVT: tl.constexpr, OUT_BF16: tl.constexpr,
-                             FOLD: tl.constexpr):
+                             FOLD: tl.constexpr, SERIAL: tl.constexpr, SPLITS: tl.constexpr,
+                             RED_BF16: tl.constexpr):
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_n = pid % n_nblk          # column blocks fastest: neighbours share the activation tile
@@ -183,9 +184,24 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
             acc += part * ue8m0_to_f32(sb).to(acc.dtype)[None, :]
     if FOLD == 2:
         acc = tl.trans(acc)
-    out = (out_ptr + pid_s.to(tl.int64) * sos + g * sog + offs_m.to(tl.int64)[:, None] * som
-           + offs_n[None, :])
-    _store_out(out, acc, m_ok[:, None] & n_ok[None, :], OUT_BF16)
+    rel = g * sog + offs_m.to(tl.int64)[:, None] * som + offs_n[None, :]
+    mask = m_ok[:, None] & n_ok[None, :]
+    _store_out(out_ptr + pid_s.to(tl.int64) * sos + rel, acc, mask, OUT_BF16)
+    if SERIAL:
+        # Serial split-K: the tile's last split to finish sums the partials in split order (the
+        # bits of the separate sum launch, whichever split is last) and resets the tile's counter
+        # for the next launch on this stream. The barrier orders every thread's partial stores
+        # before the acq_rel count; the partials are read from L2 (.cg), where they were written,
+        # all loads issued at once (unrolled over the SPLITS partials).
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if done == SPLITS - 1:
+            tot = tl.zeros((BM, BN), dtype=acc.dtype)
+            for s in tl.static_range(SPLITS):
+                tot += tl.load(out_ptr + s * sos + rel, mask=mask, other=0.0,
+                               cache_modifier=".cg")
+            _store_out(red_ptr + rel, tot, mask, RED_BF16)
+            tl.store(cnt_ptr + pid, 0)
 
 
 @triton.jit
@@ -297,13 +313,44 @@ def _math(dtype: torch.dtype, interpreting: bool) -> int:
     return MATH_X16
 
 
+# Split-K partials summed by the tile's last split inside the GEMM launch or by a second launch
+# (``_splitk_sum_kernel``); same bits either way. In the launch for one row tile of <= 16 rows
+# (decode): ``decode_kernels --only gemm_split`` (H200, 2026-12-02, us, in launch / second launch):
+# M = 1 wq_a 4.79 / 5.90, wkv 4.12 / 5.07, wo_b 16.43 / 16.75, V4-Pro wq_a 9.20 / 10.42, wo_b
+# 43.64 / 45.14; at M = 32 the last split's sum of a 32-row tile loses (wq_a 8.36 / 7.36, wo_b
+# 24.82 / 23.14). Knob ``serial=`` for benchmarks and tests.
+SERIAL_SPLIT_K = True
+SERIAL_MAX_ROWS = 16
+_COUNTER_WORDS = 4096      # tiles of one split launch (decode launches have <= 1,024)
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The zeroed int32 arrival counters of the serial split-K on this device's current stream
+    (each launch leaves them zeroed; launches on one stream run in order, so one set per stream
+    serves them all, CUDA-graph replays included: vLLM captures on the stream it also runs
+    eagerly). None, so that the launch takes the separate sum, for more tiles than a set holds
+    and on a stream first met under graph capture (a set allocated then would be the graph's
+    memory, zeroed only when that graph replays)."""
+    if tiles > _COUNTER_WORDS:
+        return None
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = _COUNTERS[key] = torch.zeros(_COUNTER_WORDS, dtype=torch.int32, device=device)
+    return buf
+
+
 @register_op(FP8_BLOCK_LINEAR, "triton")
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      block: tuple[int, int], out_dtype: torch.dtype | None = None, *,
                      block_n: int | None = None, split_k: int | None = None,
                      num_warps: int | None = None, num_stages: int | None = None,
                      block_m: int | None = None, fold: int | None = None,
-                     cvt: int | None = None) -> torch.Tensor:
+                     cvt: int | None = None, serial: bool | None = None) -> torch.Tensor:
     """The op contract (``ops.api.fp8_block_linear``); the keyword-only knobs are for benchmarks
     and tests (column block, forced split-K, launch options)."""
     a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
@@ -341,7 +388,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     rows = _rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
     if rows < m:  # a grid over the device's bound (Ascend, long prefill): launches of fewer rows
         kw = dict(block_n=bn_tile, split_k=split_k, num_warps=num_warps, num_stages=num_stages,
-                  block_m=bm, fold=fold, cvt=cvt)
+                  block_m=bm, fold=fold, cvt=cvt, serial=serial)
         return torch.cat([fp8_block_linear(x[r:r + rows], weight, scale, block, out_dtype, **kw)
                           for r in range(0, m, rows)])
     acc_dtype = torch.float64 if math == MATH_F64 else torch.float32
@@ -354,19 +401,27 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     bf16_mode = (2 if interp else 1) if a.out_dtype == torch.bfloat16 else 0
     direct_bf16 = bf16_mode if split_k == 1 else 0
     out_arg = out.view(torch.int16) if direct_bf16 == 2 else out
+    counters = None
+    if serial is None:
+        serial = SERIAL_SPLIT_K and n_mblk == 1 and bm <= SERIAL_MAX_ROWS
+    if split_k > 1 and serial:
+        counters = split_counters(dev, base)
+    red = out
+    if split_k > 1:
+        red = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
+    red_arg = red.view(torch.int16) if bf16_mode == 2 else red
     _fp8_block_linear_kernel[(base, split_k)](
-        xv, wb, sc, out_arg, m, n, k, kb, kps, n_nblk, n_mblk,
+        xv, wb, sc, out_arg, red_arg, counters if counters is not None else out_arg,
+        m, n, k, kb, kps, n_nblk, n_mblk,
         xv.stride(1), xv.stride(0), wb.stride(0), wb.stride(1), sc.stride(0), sc.stride(1),
         sos, out.stride(-2), out.stride(-3),
         SBN=a.bn, SBK=a.bk, BM=bm, BN=bn_tile, BK=bk_tile, MATH=math, CVT=cvt,
-        OUT_BF16=direct_bf16, FOLD=_fold(math, fold),
-        num_warps=num_warps, num_stages=num_stages)
-    if split_k > 1:
-        red = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
-        red_arg = red.view(torch.int16) if bf16_mode == 2 else red
+        OUT_BF16=direct_bf16, FOLD=_fold(math, fold), SERIAL=counters is not None,
+        SPLITS=split_k if counters is not None else 1, RED_BF16=bf16_mode, num_warps=num_warps, num_stages=num_stages)
+    if split_k > 1 and counters is None:
         ne = red.numel()
         _splitk_sum_kernel[(triton.cdiv(ne, 1024),)](
             out, red_arg, split_k, ne, out.stride(0), BLOCK=1024,
             OUT_BF16=bf16_mode, num_warps=4)
-        out = red
+    out = red
     return out if a.grouped else out.view(m, n)
