@@ -133,8 +133,9 @@ def _sparse_attn_combine(
     ws_acc_ptr, ws_ml_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, H, num_splits, t_start,
     D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DC: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
-    """Merge the splits of one (token, head): o = sum_s 2^(m_s-M) acc_s / (sum_s 2^(m_s-M) l_s +
-    2^(sink-M))."""
+    """Merge the splits of one (token, head) over dims [BLOCK_DC * program_id(1), +BLOCK_DC):
+    o = sum_s 2^(m_s-M) acc_s / (sum_s 2^(m_s-M) l_s + 2^(sink-M)). One dim chunk per program
+    (at decode one program per head looping over the chunks left the device idle)."""
     pid = tl.program_id(0)
     t = (pid // H + t_start).to(tl.int64)
     h = pid % H
@@ -148,13 +149,12 @@ def _sparse_attn_combine(
     w = tl.exp2(m_s - m)
     denom = tl.sum(w * l_s, axis=0) + tl.exp2(sink2 - m)
     inv = tl.where(denom > 0, 1.0 / tl.where(denom > 0, denom, 1.0), 0.0)
-    for d0 in range(0, D, BLOCK_DC):
-        dd = d0 + tl.arange(0, BLOCK_DC)
-        dm = dd < D
-        part = tl.load(ws_acc_ptr + row[:, None] * D + dd[None, :],
-                       mask=smask[:, None] & dm[None, :], other=0.0)
-        o = tl.sum(part * w[:, None], axis=0) * inv
-        _store_rows(out_ptr + t * stride_ot + h * stride_oh + dd, o, dm, ROUND_BF16)
+    dd = tl.program_id(1) * BLOCK_DC + tl.arange(0, BLOCK_DC)
+    dm = dd < D
+    part = tl.load(ws_acc_ptr + row[:, None] * D + dd[None, :],
+                   mask=smask[:, None] & dm[None, :], other=0.0)
+    o = tl.sum(part * w[:, None], axis=0) * inv
+    _store_rows(out_ptr + t * stride_ot + h * stride_oh + dd, o, dm, ROUND_BF16)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -313,12 +313,14 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
             **launch_opts,
         )
     if split:
-        c_step = max(1, grid_cap // h)
+        bdc = min(128, block_d)
+        n_dc = triton.cdiv(d, bdc)
+        c_step = max(1, grid_cap // (h * n_dc))
         for t0 in range(0, t, c_step):
             nt = min(c_step, t - t0)
-            _sparse_attn_combine[(nt * h,)](
+            _sparse_attn_combine[(nt * h, n_dc)](
                 ws_acc, ws_ml, sink_f, out, out.stride(0), out.stride(1), h, splits, t0,
-                D=d, BLOCK_S=triton.next_power_of_2(splits), BLOCK_DC=min(128, block_d),
+                D=d, BLOCK_S=triton.next_power_of_2(splits), BLOCK_DC=bdc,
                 ROUND_BF16=round_bf16, num_warps=4,
             )
     return out
