@@ -186,6 +186,12 @@ def sweep_index(dev, batches):
             n_max = sets[0][4].shape[1] * fmt.entries_per_page
             bufs = [torch.empty(b, n_max, device=dev) for _ in range(n_sets)]
             res = {"default": _try(lambda i: ti.indexer_scores(*sets[i], 4, out=bufs[i]), n_sets)}
+            # the integer MXFP4 decode (to fp32, then cvt) against the default (packed PTX where
+            # the device declares it): the same bf16 keys, so the same scores bit for bit
+            want = ti.indexer_scores(*sets[0], 4).clone()
+            same = torch.equal(ti.indexer_scores(*sets[0], 4, cvt=0), want)
+            res["cvt=int"] = (_try(lambda i: ti.indexer_scores(*sets[i], 4, out=bufs[i], cvt=0),
+                                   n_sets) if same else "wrong: differs from the default decode")
             for ka in (False, True):
                 for bs in (32, 64, 128):
                     for it in (1, 4, 16):

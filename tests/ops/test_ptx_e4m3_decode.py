@@ -34,9 +34,9 @@ def _pack(values: list[float], dtype: torch.dtype) -> int:
     return int(h[0]) | int(h[1]) << 16
 
 
-def _run(asm: str, word: int) -> tuple[int, int]:
-    """Execute the decode's PTX on one 32-bit input ($2); returns ($0, $1)."""
-    regs = {"$2": word}
+def _exec(asm: str, inputs: dict[str, int], outputs: tuple[str, ...]) -> tuple[int, ...]:
+    """Execute inline PTX on 32-bit input registers; returns the output registers."""
+    regs = dict(inputs)
 
     def val(tok):
         tok = tok.strip()
@@ -64,7 +64,12 @@ def _run(asm: str, word: int) -> tuple[int, int]:
             regs[dst] = _pack([a[i] * b[i] + c[i] for i in range(2)], dt)
         else:
             raise AssertionError(f"the emulator does not know {op!r}: extend it with the asm")
-    return regs["$0"], regs["$1"]
+    return tuple(regs[o] for o in outputs)
+
+
+def _run(asm: str, word: int) -> tuple[int, int]:
+    """The e4m3 decode's PTX on one 32-bit input ($2); returns ($0, $1)."""
+    return _exec(asm, {"$2": word}, ("$0", "$1"))
 
 
 @pytest.mark.parametrize("dtype,asm", [(torch.bfloat16, ptx_codecs._ASM_BF16.value),
@@ -84,8 +89,40 @@ def test_every_finite_code_decodes_exactly(dtype, asm):
     assert got[~finite].double().tolist() == [480.0, -480.0]
 
 
+def _e2m1(code: int) -> float:
+    mag = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][code & 7]
+    return -mag if code & 8 else mag
+
+
+@pytest.mark.parametrize("scale_byte", [1, 120, 127, 128, 134, 200, 254])
+def test_every_e2m1_pair_byte_decodes_exactly(scale_byte):
+    """``e2m1_pairs_to_bf16``'s assembly: every pair byte (both nibbles, signed zeros included)
+    times the block's ue8m0 scale, bit for bit as bf16, at scales from 2^-126 to 2^127."""
+    asm = ptx_codecs._E2M1_ASM.value
+    sbits = max(scale_byte << 7, 0x40)
+    pair = sbits | sbits << 16
+    got_e, got_o = [], []
+    for i in range(0, 256, 4):
+        word = i | (i + 1) << 8 | (i + 2) << 16 | (i + 3) << 24
+        e01, e23, o01, o23 = _exec(asm, {"$4": word, "$5": pair, "$6": pair},
+                                   ("$0", "$1", "$2", "$3"))
+        got_e += [e01 & 0xFFFF, e01 >> 16, e23 & 0xFFFF, e23 >> 16]
+        got_o += [o01 & 0xFFFF, o01 >> 16, o23 & 0xFFFF, o23 >> 16]
+    scale = 2.0 ** (scale_byte - 127)
+
+    def want(nibbles):
+        v = torch.tensor([_e2m1(c) * scale for c in nibbles], dtype=torch.float64)
+        bits = v.to(torch.bfloat16).view(torch.int16).int() & 0xFFFF
+        neg_zero = torch.tensor([c == 8 for c in nibbles])
+        return torch.where(neg_zero, 0x8000, bits).tolist()
+    assert got_e == want([b & 0xF for b in range(256)])
+    assert got_o == want([b >> 4 for b in range(256)])
+
+
 def test_asm_uses_only_the_emulated_instructions():
     ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", ptx_codecs._ASM_BF16.value, re.M))
+    assert ops == {"and.b32", "prmt.b32", "shl.b32", "or.b32", "mov.b32", "fma.rn.bf16x2"}, ops
+    ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", ptx_codecs._E2M1_ASM.value, re.M))
     assert ops == {"and.b32", "prmt.b32", "shl.b32", "or.b32", "mov.b32", "fma.rn.bf16x2"}, ops
 
 

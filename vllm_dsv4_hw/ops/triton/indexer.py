@@ -44,6 +44,7 @@ from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
 from vllm_dsv4_hw.ops.triton.launch import dot_dim, program_cap
 from vllm_dsv4_hw.ops.triton.quant import load_entry_pairs
+from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_PTX, CVT_INT, CVT_PTX, e4m3_mode
 from vllm_dsv4_hw.ops.triton.topk import radix_topk
 
 DOT_F32 = 0
@@ -78,7 +79,8 @@ def _q_operands(q_row, row_mask, R: tl.constexpr, DI: tl.constexpr, KP: tl.const
 def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, vis, bt_cols,
                   page_stride, page_stride_units, j, DI: tl.constexpr, E: tl.constexpr,
                   DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, UNIT: tl.constexpr,
-                  FMT: tl.constexpr, DOT: tl.constexpr, KP: tl.constexpr, KT: tl.constexpr):
+                  FMT: tl.constexpr, DOT: tl.constexpr, KP: tl.constexpr, KT: tl.constexpr,
+                  CVT: tl.constexpr):
     """Logits [R, BLOCK_S] of the q rows against the keys of entries ``s`` of request ``req``
     (those with ``vis``), and which entries were read (visible and in an allocated page).
     ``KT``: the keys are the dots' A operand and the q operands come transposed ([KP, R]): the
@@ -97,11 +99,11 @@ def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, vi
     if KT:  # [BLOCK_S, KP] key tiles
         kmask = vis[:, None] if KP == DI // 2 else vis[:, None] & (j[None, :] < DI // 2)
         k_e, k_o = load_entry_pairs(cache_ptr, pair_off[:, None], scale_arg[:, None], j[None, :],
-                                    kmask, FMT, SCALE_BYTES == 4)
+                                    kmask, FMT, SCALE_BYTES == 4, CVT == C_CVT_PTX)
     else:   # [KP, BLOCK_S]
         kmask = vis[None, :] if KP == DI // 2 else vis[None, :] & (j[:, None] < DI // 2)
         k_e, k_o = load_entry_pairs(cache_ptr, pair_off[None, :], scale_arg[None, :], j[:, None],
-                                    kmask, FMT, SCALE_BYTES == 4)
+                                    kmask, FMT, SCALE_BYTES == 4, CVT == C_CVT_PTX)
     if DOT == 0:
         if KT:
             logits = tl.dot(k_e, qe, input_precision="ieee")
@@ -140,7 +142,8 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                           DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
                           UNIT: tl.constexpr, RATIO: tl.constexpr, FMT: tl.constexpr,
                           DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr,
-                          KP: tl.constexpr, TB: tl.constexpr, KT: tl.constexpr):
+                          KP: tl.constexpr, TB: tl.constexpr, KT: tl.constexpr,
+                          CVT: tl.constexpr):
     """Program = (TB consecutive tokens, split of ITERS entry blocks). Keys are read as (even,
     odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per pair), so logits =
     q_even @ k_even + q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode), for the TB
@@ -194,7 +197,7 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                     logits, read = _block_logits(
                         qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, s < v_max,
                         bt_cols, page_stride, page_stride_units, j, DI, E, DATA_BYTES,
-                        SCALE_BYTES, UNIT, FMT, DOT, KP, KT)
+                        SCALE_BYTES, UNIT, FMT, DOT, KP, KT, CVT)
                     if KT:
                         wl = w[None, :] * tl.maximum(logits, 0.0)      # [BLOCK_S, TB * H]
                         score = tl.trans(tl.sum(tl.reshape(wl, (BLOCK_S, TB, H)), axis=2))
@@ -228,6 +231,14 @@ def _select_compact_kernel(vals_ptr, idx_ptr, out_ptr, k, n_rows, stride_v, stri
 def _grid(n: int, device: torch.device, cube: bool = False) -> int:
     """Programs for ``n`` units of work: one each, capped by the device (``launch.program_cap``)."""
     return max(1, min(n, program_cap(device, cube)))
+
+
+def _key_decode(fmt_code: int, dot: int, device: torch.device) -> int:
+    """MXFP4 keys into bf16 dots: the packed PTX e2m1 decode where the device declares inline
+    PTX (``ptx_codecs``: exact, the same bf16 keys); else the integer decode (``CVT_INT``)."""
+    if fmt_code != quant.FMT_MXFP4 or dot == DOT_F32:
+        return CVT_INT
+    return CVT_PTX if e4m3_mode(device) == CVT_PTX else CVT_INT
 
 
 def _dot_mode(q: torch.Tensor, fmt_code: int) -> int:
@@ -279,7 +290,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
                    out: torch.Tensor | None = None, iters: int | None = None,
                    num_warps: int | None = None, num_stages: int = 2,
                    tokens_per_program: int | None = None,
-                   keys_a: bool | None = None) -> torch.Tensor:
+                   keys_a: bool | None = None, cvt: int | None = None) -> torch.Tensor:
     """The [T, n_max] fp32 score buffer (masked entries -inf) of step 1 (also used by benchmarks).
 
     ``out``: an optional preallocated [T, n_max] fp32 buffer (every element is written).
@@ -331,13 +342,15 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     if num_warps is None:
         num_warps = 4
     n_split = triton.cdiv(n_blocks, iters)
+    dot = _dot_mode(q, fmt_code)
     _indexer_score_kernel[(_grid(groups * n_split, dev, cube=True),)](
         q, weights, key_cache, bt, req, pos, out,
         q.stride(0), weights.stride(0), bt.stride(0), out.stride(0), key_cache.stride(0),
         key_cache.stride(0) // unit, n_max, n_split, bt.shape[1], groups * n_split, t,
         H=h, DI=di, E=e, DATA_BYTES=key_fmt.data_bytes, SCALE_BYTES=key_fmt.scale_bytes, UNIT=unit,
-        RATIO=ratio, FMT=fmt_code, DOT=_dot_mode(q, fmt_code), BLOCK_S=block_s, ITERS=iters,
+        RATIO=ratio, FMT=fmt_code, DOT=dot, BLOCK_S=block_s, ITERS=iters,
         KP=dot_dim(di // 2, dev), TB=tb, KT=KEYS_A if keys_a is None else keys_a,
+        CVT=_key_decode(fmt_code, dot, dev) if cvt is None else cvt,
         num_warps=num_warps, num_stages=num_stages)
     return out
 

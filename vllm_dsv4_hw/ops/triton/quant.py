@@ -39,6 +39,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from vllm_dsv4_hw.ops.triton.ptx_codecs import e2m1_pairs_to_bf16
+
 FMT_FP32 = 0
 FMT_BF16 = 1
 FMT_FP8_DS_MLA = 2
@@ -303,7 +305,7 @@ def pair_unit_bytes(fmt_code: int) -> int:
 
 @triton.jit
 def load_entry_pairs(cache_ptr, pair_off, scale_off, j, mask, FMT: tl.constexpr,
-                     SCALE_WORD: tl.constexpr = False):
+                     SCALE_WORD: tl.constexpr = False, PTX: tl.constexpr = False):
     """Dims (2j, 2j+1) of entries as two fp32 tensors (even, odd), one load per pair.
 
     ``pair_off``: offset of the entry's data part in *pair units* (:func:`pair_unit_bytes`: fp32 8 B,
@@ -314,7 +316,9 @@ def load_entry_pairs(cache_ptr, pair_off, scale_off, j, mask, FMT: tl.constexpr,
     exactly 4 scale bytes, 4-byte aligned: dim 128) its offset in 32-bit words, read once per entry
     (shape it like ``pair_off``, e.g. [1, S]). fp8_indexer values come back *unscaled* (multiply
     dot products by the entry's scale). fp8_ds_mla is not supported here (see
-    :func:`fp8_ds_mla_dequant`).
+    :func:`fp8_ds_mla_dequant`). ``PTX`` (mxfp4, devices with ``ptx_inline``): bf16 values by the
+    packed decode of ``ptx_codecs.e2m1_pairs_to_bf16`` (the same values, exact; pair runs of 4
+    along the last axis).
     """
     if FMT == _CFMT_FP32:
         p = cache_ptr.to(tl.pointer_type(tl.float32)) + 2 * (pair_off + j)
@@ -337,14 +341,17 @@ def load_entry_pairs(cache_ptr, pair_off, scale_off, j, mask, FMT: tl.constexpr,
             sb = ((word >> (8 * (j // 16)).to(tl.uint32)) & 0xFF).to(tl.int32)
         else:
             sb = tl.load(cache_ptr + scale_off + j // 16, mask=mask, other=127).to(tl.int32)
-        # Integer decode with the scale folded into the exponent (e2m1_scaled_f32) for scale
-        # bytes in [2, 252] (every real key); a byte outside is clamped into that range and the
-        # value multiplied by the power of two left over (exact, as the general product is).
-        sbc = tl.minimum(tl.maximum(sb, 2), 252)
-        se = (sbc - 1) << 23
-        rest = ((sb - sbc + 127) << 23).to(tl.float32, bitcast=True)
-        ve = e2m1_scaled_f32(b & 0xF, se) * rest
-        vo = e2m1_scaled_f32(b >> 4, se) * rest
+        if PTX:
+            ve, vo = e2m1_pairs_to_bf16(b.to(tl.uint8), sb)
+        else:
+            # Integer decode with the scale folded into the exponent (e2m1_scaled_f32) for scale
+            # bytes in [2, 252] (every real key); a byte outside is clamped into that range and the
+            # value multiplied by the power of two left over (exact, as the general product is).
+            sbc = tl.minimum(tl.maximum(sb, 2), 252)
+            se = (sbc - 1) << 23
+            rest = ((sb - sbc + 127) << 23).to(tl.float32, bitcast=True)
+            ve = e2m1_scaled_f32(b & 0xF, se) * rest
+            vo = e2m1_scaled_f32(b >> 4, se) * rest
     return ve, vo
 
 
