@@ -21,7 +21,14 @@ MASK32 = 0xFFFFFFFF
 
 def _prmt(a: int, b: int, sel: int) -> int:
     src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
-    return sum(src[(sel >> (4 * i)) & 0x7] << (8 * i) for i in range(4))
+    out = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byte = src[nib & 0x7]
+        if nib & 0x8:  # sign-replicate mode: the selected byte's msb through all 8 bits
+            byte = 0xFF if byte & 0x80 else 0x00
+        out |= byte << (8 * i)
+    return out
 
 
 def _lanes(word: int, dtype: torch.dtype) -> list[float]:
@@ -120,8 +127,9 @@ def test_every_e2m1_pair_byte_decodes_exactly(scale_byte):
 
 
 def test_asm_uses_only_the_emulated_instructions():
-    ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", ptx_codecs._ASM_BF16.value, re.M))
-    assert ops == {"and.b32", "prmt.b32", "shl.b32", "or.b32", "mov.b32", "fma.rn.bf16x2"}, ops
+    for asm, fma in ((ptx_codecs._ASM_BF16, "fma.rn.bf16x2"), (ptx_codecs._ASM_F16, "fma.rn.f16x2")):
+        ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", asm.value, re.M))
+        assert ops == {"and.b32", "prmt.b32", "shl.b32", "mov.b32", fma}, ops
     ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", ptx_codecs._E2M1_ASM.value, re.M))
     assert ops == {"and.b32", "prmt.b32", "shl.b32", "or.b32", "mov.b32", "fma.rn.bf16x2"}, ops
 

@@ -10,8 +10,9 @@ and thread).
 How (exact for all 254 finite codes): an e4m3 byte's 7 exponent + mantissa bits moved into a
 16-bit lane at the right place *are* a bf16 (fp16) of the same value times 2^-120 (2^-8), for
 subnormal codes too (they land on subnormal bf16 / fp16 of the same mantissa); one packed FMA by
-2^120 (2^8) rescales two lanes exactly. Four codes cost two ``and``, four ``prmt``, two shifts, two
-``or`` and two packed FMAs, all at full integer / FMA rate. The NaN codes 0x7F / 0xFF (never in
+2^120 (2^8) rescales two lanes exactly. Four codes cost two sign-replicating ``prmt``, two
+shifts, two ``and`` and two packed FMAs, all at full integer / FMA rate (12 before the sign came
+along with the ``prmt``). The NaN codes 0x7F / 0xFF (never in
 a shipped checkpoint) decode as -+480 here, not NaN.
 
 Only where the device declares ``ptx_inline`` (``platform.capabilities``): the CPU interpreter,
@@ -45,21 +46,20 @@ def e4m3_mode(device) -> int:
     return CVT_HW if caps.fp8_cvt else CVT_INT
 
 # $2: four codes (byte i = element i); $0 / $1: elements 0, 1 / 2, 3 as two 16-bit lanes each.
-# Magnitudes and signs are spread apart (prmt: byte j to the low byte of a lane), the 7 magnitude
-# bits shifted to bits 4..10 (bf16: exponent from bit 7, mantissa bits 4..6) or 7..13 (fp16:
-# exponent from bit 10), the sign put back at bit 15, then one packed FMA by the rescale factor.
+# One ``prmt`` puts codes 0, 1 (2, 3) in the low bytes of two lanes with their sign bit replicated
+# through the high bytes (selector nibbles 8 / 9 / A / B: sign of byte 0 / 1 / 2 / 3); a shift by
+# 4 (bf16) or 7 (fp16) moves the 7 magnitude bits to bits 4..10 (bf16: exponent from bit 7) or
+# 7..13 (fp16: exponent from bit 10) and leaves a copy of the sign at bit 15; the mask keeps the
+# two and clears the rest (the code's own sign bit and what the 32-bit shift carried over from
+# the lower lane); then one packed FMA by the rescale factor. 8 instructions per 4 codes.
 _ASM = """{{
-.reg .b32 mag, sgn, m0, m1, s0, s1, k, z;
-and.b32 mag, $2, 0x7f7f7f7f;
-and.b32 sgn, $2, 0x80808080;
-prmt.b32 m0, mag, 0, 0x4140;
-prmt.b32 m1, mag, 0, 0x4342;
-prmt.b32 s0, sgn, 0, 0x1404;
-prmt.b32 s1, sgn, 0, 0x3424;
+.reg .b32 m0, m1, k, z;
+prmt.b32 m0, $2, 0, 0x9180;
+prmt.b32 m1, $2, 0, 0xb3a2;
 shl.b32 m0, m0, {shift};
 shl.b32 m1, m1, {shift};
-or.b32 m0, m0, s0;
-or.b32 m1, m1, s1;
+and.b32 m0, m0, {mask};
+and.b32 m1, m1, {mask};
 mov.b32 k, {scale};
 mov.b32 z, 0x80008000;
 fma.rn.{ty} $0, m0, k, z;
@@ -67,8 +67,10 @@ fma.rn.{ty} $1, m1, k, z;
 }}"""
 
 # bf16: 2^120 = exponent byte 247 -> 0x7b80; fp16: 2^8 -> 0x5c00. The addend -0.0 keeps -0.0.
-_ASM_BF16 = tl.constexpr(_ASM.format(shift=4, scale="0x7b807b80", ty="bf16x2"))
-_ASM_F16 = tl.constexpr(_ASM.format(shift=7, scale="0x5c005c00", ty="f16x2"))
+_ASM_BF16 = tl.constexpr(_ASM.format(shift=4, mask="0x87f087f0", scale="0x7b807b80",
+                                     ty="bf16x2"))
+_ASM_F16 = tl.constexpr(_ASM.format(shift=7, mask="0xbf80bf80", scale="0x5c005c00",
+                                    ty="f16x2"))
 
 
 @triton.jit
