@@ -210,3 +210,42 @@ def _dequant(w8, s):
     if w8.dim() == 3:
         return torch.stack([dequantize_fp8_block(w, sc) for w, sc in zip(w8, s)]).bfloat16()
     return dequantize_fp8_block(w8, s).bfloat16()
+
+
+DENSE_SHAPES = {  # name: (N, K, out dtype) of the projections shipped in bf16
+    "flash c4a compressor": (2048, 4096, torch.float32),
+    "flash c128a compressor": (1024, 4096, torch.float32),
+    "flash indexer compressor": (512, 4096, torch.float32),
+    "flash weights_proj": (64, 4096, torch.bfloat16),
+    "pro c4a compressor": (2048, 7168, torch.float32),
+}
+
+
+def sweep_dense(dev, batches):
+    """``ops.dense_linear``: the Triton decode kernel (default up to its row limit) against the
+    reference's cuBLAS GEMM (what these projections ran on before), at column blocks and splits;
+    each result within fp32 accumulation error of the float64 product."""
+    from vllm_dsv4_hw.ops.reference.dense_linear import dense_linear as ref
+    from vllm_dsv4_hw.ops.triton.dense_linear import dense_linear
+
+    rows = []
+    for name, (n, k, odt) in DENSE_SHAPES.items():
+        n_sets = max(2, min(6, math.ceil(200e6 / (2 * n * k))))
+        ws = [(torch.randn(n, k, device=dev) / k ** 0.5).bfloat16() for _ in range(n_sets)]
+        floor = 2 * n * k / HBM * 1e6
+        for m in batches:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            want = x.double() @ ws[0].double().t()
+            top = float(want.abs().max())
+            res = {"cuBLAS (reference)": _try(lambda i: ref(x, ws[i], odt), n_sets)}
+            for kw in [{}] + [{"block_n": bn, "split_k": sk} for bn in (32, 64)
+                              for sk in (1, 2, 4, 8, 16)]:
+                key = " ".join(f"{a}={b}" for a, b in kw.items()) or "default"
+                err = float((dense_linear(x, ws[0], odt, **kw).double() - want).abs().max()) / top
+                ok = err < (2 ** -7 if odt == torch.bfloat16 else 1e-5)
+                res[key] = (_try(lambda i, kw=kw: dense_linear(x, ws[i], odt, **kw), n_sets)
+                            if ok else f"wrong: rel err {err:.2e}")
+            rows.append(_summary("dense", f"{name} M={m}", res, "default", floor))
+        del ws
+        torch.cuda.empty_cache()
+    return rows

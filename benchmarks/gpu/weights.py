@@ -143,6 +143,30 @@ def _serial_split(torch, device, gen, smoke):
     return rows
 
 
+def _dense(torch, device, gen, smoke):
+    """``dense_linear`` (Triton up to its row limit, cuBLAS past it) at the shapes of the
+    projections shipped in bf16, against the float64 product; the split sum inside the launch
+    gives the separate sum's bits."""
+    from vllm_dsv4_hw.ops.triton import dense_linear as td
+
+    rows = []
+    shapes = ((256, 512, torch.float32),) if smoke else \
+        ((2048, 4096, torch.float32), (512, 4096, torch.float32), (64, 4096, torch.bfloat16))
+    for n, k, odt in shapes:
+        w = (torch.randn(n, k, device=device, generator=gen) / k ** 0.5).to(torch.bfloat16)
+        for m in ((1, 3) if smoke else (1, 8, 16, 64)):
+            x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
+            want = x.double() @ w.double().t()
+            got = td.dense_linear(x, w, odt)
+            r = _rel(got.double(), want)
+            tol = 2 ** -7 if odt == torch.bfloat16 else 1e-5
+            same = torch.equal(td.dense_linear(x, w, odt, split_k=4, serial=True),
+                               td.dense_linear(x, w, odt, split_k=4, serial=False))
+            rows.append({"op": "dense_linear", "case": f"N={n} K={k} M={m} {odt}",
+                         "rel_err": r, "ok": r <= tol and same and got.dtype == odt})
+    return rows
+
+
 def check(device, smoke=False):
     import torch
 
@@ -162,6 +186,7 @@ def check(device, smoke=False):
                          "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all())})
     rows += _decode_modes(torch, device, gen, smoke)
     rows += _serial_split(torch, device, gen, smoke)
+    rows += _dense(torch, device, gen, smoke)
     e, d, i, k = (8, 256, 128, 2) if smoke else EXPERTS["v4-flash"]
     w13, s13, w2, s2 = _experts(torch, e, d, i, device, gen)
     for t in ((1, 3) if smoke else (1, 8, 64, 300)):

@@ -409,10 +409,17 @@ for cap, x, out, math, cvt, sbk, bm, bn, fold in (
     comp(f._fp8_block_linear_kernel, sig,
          dict(SBN=128, SBK=sbk, BM=bm, BN=bn, BK=f.k_tile(sbk), MATH=math, CVT=cvt,
               OUT_BF16=out == "bf16", FOLD=fold, SERIAL=serial, SPLITS=4 if serial else 1,
-              RED_BF16=serial or out == "bf16"),
+              RED_BF16=serial or out == "bf16", W16=False),
          f"sm_{cap} x {x} -> {out} math {math} cvt {name} block {sbk} tile {bm}x{bn} fold {fold}",
          cap,
          num_warps=4, num_stages=3)
+for cap in (90, 80):  # ops.dense_linear: the 16-bit weight read as it lies, fp32 out, serial split
+    sig = dict(x_ptr="*bf16", w_ptr="*bf16", s_ptr="*bf16", out_ptr="*fp32", red_ptr="*fp32",
+               cnt_ptr="*i32", **{k: "i32" for k in ints})
+    comp(f._fp8_block_linear_kernel, sig,
+         dict(SBN=128, SBK=128, BM=16, BN=32, BK=128, MATH=f.MATH_X16, CVT=INT, OUT_BF16=False,
+              FOLD=1, SERIAL=True, SPLITS=4, RED_BF16=False, W16=True),
+         f"sm_{cap} dense bf16 weight -> fp32 tile 16x32", cap, num_warps=4, num_stages=3)
 for cap in (90, 80):
     comp(f._splitk_sum_kernel, dict(part_ptr="*fp32", out_ptr="*bf16", n_splits="i32",
                                     n_elems="i32", stride_s="i32"),
@@ -424,10 +431,12 @@ print("RESULTS" + json.dumps(results))
 def test_triton_kernels_compile_for_sm90_and_sm80():
     results = compile_results(_COMPILE_SCRIPT)
     failed = [f"{name}: {err}" for name, err, _ in results if err]
-    assert len(results) == 16
+    assert len(results) == 18
     assert not failed, "\n".join(failed)
     # each kernel holds the e4m3 decode it was compiled for (the float64 path: integer)
-    got = {name: used for name, _, used in results if "split-K" not in name}
+    got = {name: used for name, _, used in results if "split-K" not in name and "dense" not in name}
+    # the dense kernel decodes nothing: no e4m3 cvt, no packed PTX decode
+    assert {used for name, _, used in results if "dense" in name} == {"int"}, results
     assert all(name.split(" cvt ")[1].startswith(used) for name, used in got.items()), got
 
 # -- the conformance kit's cases -------------------------------------------------------------------

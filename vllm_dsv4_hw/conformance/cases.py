@@ -12,7 +12,7 @@ This module holds what every builder shares (:class:`Dims` / :data:`SHAPES`, :cl
 :class:`Case`, the verdict and poisoned-cache helpers) and the :data:`BUILDERS` table; the builders
 live by op family in ``cases_dense`` (norms, RoPE, fused prologue / epilogue), ``cases_layouts``
 (kv_insert / kv_gather), ``cases_sparse_attention``, ``cases_indexer``, ``cases_compressor``,
-``cases_weights`` (fp8_block_linear), ``cases_moe`` and ``cases_metadata`` (decode_metadata).
+``cases_weights`` (fp8_block_linear, dense_linear), ``cases_moe`` and ``cases_metadata`` (decode_metadata).
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def _register_builders() -> None:
     from vllm_dsv4_hw.conformance.cases_metadata import decode_metadata_cases
     from vllm_dsv4_hw.conformance.cases_moe import moe_experts_cases
     from vllm_dsv4_hw.conformance.cases_sparse_attention import sparse_attention_cases
-    from vllm_dsv4_hw.conformance.cases_weights import fp8_block_linear_cases
+    from vllm_dsv4_hw.conformance.cases_weights import dense_linear_cases, fp8_block_linear_cases
 
     BUILDERS.update({
         api.RMS_NORM: rms_norm_cases,
@@ -211,6 +211,7 @@ def _register_builders() -> None:
         api.INDEXER_TOPK: indexer_topk_cases,
         "compressor": compressor_cases,  # compressor_pool + compressor_store
         api.FP8_BLOCK_LINEAR: fp8_block_linear_cases,
+        api.DENSE_LINEAR: dense_linear_cases,
         api.MOE_EXPERTS: moe_experts_cases,
         api.DECODE_METADATA: decode_metadata_cases,
     })

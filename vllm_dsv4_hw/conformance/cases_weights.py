@@ -1,5 +1,5 @@
 """Conformance cases of the ops on weights as the checkpoint ships them (``ops.api`` issue 12):
-``fp8_block_linear`` on e4m3 weights with ue8m0 block scales.
+``fp8_block_linear`` on e4m3 weights with ue8m0 block scales, ``dense_linear`` on the bf16 ones.
 
 Same conventions as :mod:`vllm_dsv4_hw.conformance.cases` (fresh random inputs on the device under
 test, a float64 oracle, one check per case). Weights are random N(0, 1/K) matrices quantized with
@@ -121,4 +121,43 @@ def fp8_block_linear_cases(ctx: Ctx) -> list[Case]:
 
         out.append(Case(api.FP8_BLOCK_LINEAR, f"{name}, block {block[0]}x{block[1]}, bf16",
                         (x, w_dev, s_dev, block), check))
+    return out
+
+
+def dense_linear_cases(ctx: Ctx) -> list[Case]:
+    """``dense_linear`` at the shapes of the projections the checkpoints ship in bf16: the main
+    compressors' merged ``wkv | wgate`` (c4a: 4 x 512 columns, c128a: 2 x 512) and the indexer's
+    (4 x 128) with fp32 outputs, the indexer's ``weights_proj`` in bf16, a prefill-sized call and
+    a K that is no multiple of 128."""
+    d = ctx.dims
+    prefill = 3 * 64 + 5
+    specs = [  # name, M, N, K, out dtype
+        (f"c4a compressor wkv|wgate [{d.tokens}, {d.hidden}] -> {4 * d.head_dim}", d.tokens,
+         4 * d.head_dim, d.hidden, torch.float32),
+        (f"c128a compressor wkv|wgate [{d.tokens}, {d.hidden}] -> {2 * d.head_dim}", d.tokens,
+         2 * d.head_dim, d.hidden, torch.float32),
+        (f"indexer compressor [{d.tokens}, {d.hidden}] -> {4 * d.index_dim}", d.tokens,
+         4 * d.index_dim, d.hidden, torch.float32),
+        (f"weights_proj [{d.tokens}, {d.hidden}] -> {d.index_heads}", d.tokens, d.index_heads,
+         d.hidden, torch.bfloat16),
+        (f"prefill [{prefill}, {d.hidden}] -> {d.index_heads}", prefill, d.index_heads, d.hidden,
+         torch.bfloat16),
+        (f"K tail [{d.tokens}, {d.hidden + 72}] -> 96", d.tokens, 96, d.hidden + 72,
+         torch.float32),
+    ]
+    out = []
+    for name, m, n, k, odt in specs:
+        x = torch.randn(m, k, generator=ctx.gen).to(torch.bfloat16)
+        w = (torch.randn(n, k, generator=ctx.gen) / math.sqrt(k)).to(torch.bfloat16)
+        want = x.to(ctx.oracle_device).double() @ w.to(ctx.oracle_device).double().t()
+
+        def check(res, args, want=want, odt=odt):
+            bad = _same(res, want.shape, odt)
+            if bad:
+                return False, bad, float("inf")
+            tol = dense_bound(want, odt, atol_rel=1e-4 if odt == torch.float32 else 1e-3)
+            return _verdict(ratio(res.to(want.device).double(), want, tol))
+
+        out.append(Case(api.DENSE_LINEAR, f"{name}, {str(odt).split('.')[-1]} out",
+                        (x.to(ctx.device), w.to(ctx.device), odt), check))
     return out

@@ -192,8 +192,19 @@ def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: t
 # representable; the reference dequantizes one bounded tile at a time, never a whole weight.
 FP8_BLOCK_LINEAR = "fp8_block_linear"
 MOE_EXPERTS = "moe_experts"
+DENSE_LINEAR = "dense_linear"
 
-ALL_OPS = ALL_OPS + (FP8_BLOCK_LINEAR, MOE_EXPERTS)
+ALL_OPS = ALL_OPS + (FP8_BLOCK_LINEAR, MOE_EXPERTS, DENSE_LINEAR)
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``y = x @ weight^T`` for the projections the checkpoints ship in a float dtype (the
+    compressors' merged ``wkv | wgate``, the indexer's ``weights_proj``; every linear of a bf16
+    checkpoint): x [M, K], weight [N, K] -> y [M, N]. Math: fp32 accumulation of the exact
+    products (float64 for float64 x or weight), rounded once to ``out_dtype`` (default x's dtype);
+    x is first cast to weight's dtype where the two differ (as ``F.linear`` needs)."""
+    return _impl(DENSE_LINEAR, x)(x, weight, out_dtype)
 
 
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,

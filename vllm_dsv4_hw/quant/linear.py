@@ -9,7 +9,7 @@ are and how the layer multiplies:
   ``<name>.scale``), multiplied by ``ops.fp8_block_linear`` (weight-only: activations stay in the
   model dtype);
 * :class:`DenseLinearMethod`: a float ``weight`` (bf16 checkpoints, and the projections the FP8
-  checkpoints ship in bf16), ``F.linear``; optionally with fp32 output (the compressor's fused
+  checkpoints ship in bf16), multiplied by ``ops.dense_linear``; optionally with fp32 output (the compressor's fused
   ``wkv | wgate`` GEMM, whose pooling runs in fp32).
 
 vLLM's own ``UnquantizedLinearMethod`` is not used: on CPU it repacks weights for vLLM's compiled
@@ -20,7 +20,6 @@ weights (:func:`grouped_linear`, the grouped output projection ``wo_a``).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from vllm.model_executor.layers.linear import (
     LinearMethodBase,
     register_weight_loader_v2_supported_method,
@@ -31,26 +30,7 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm_dsv4_hw import ops
 
 __all__ = ["DenseLinearMethod", "Fp8BlockLinearMethod", "column_linear", "grouped_linear",
-           "linear_f32", "merged_linear", "replicated_linear", "row_linear"]
-
-_MM_OUT_DTYPE: dict[str, bool] = {}
-
-
-def linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x @ w^T`` with fp32 output: one GEMM with fp32 accumulation and output where the device's
-    ``torch.mm`` takes ``out_dtype`` (CUDA bf16), else operands upcast to fp32."""
-    if x.dtype == torch.float32 and w.dtype == torch.float32:
-        return F.linear(x, w)
-    dev = x.device.type
-    if _MM_OUT_DTYPE.get(dev, True) and x.dim() == 2:
-        try:
-            y = torch.mm(x.to(w.dtype), w.t(), out_dtype=torch.float32)
-            _MM_OUT_DTYPE[dev] = True
-            return y
-        except (TypeError, RuntimeError, NotImplementedError):
-            _MM_OUT_DTYPE[dev] = False  # this device's mm has no fp32 output for these dtypes
-    return F.linear(x.float(), w.float())
-
+           "merged_linear", "replicated_linear", "row_linear"]
 
 @register_weight_loader_v2_supported_method
 class DenseLinearMethod(LinearMethodBase):
@@ -71,11 +51,9 @@ class DenseLinearMethod(LinearMethodBase):
         set_weight_attrs(weight, extra_weight_attrs)
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.out_dtype == torch.float32:
-            lead = x.shape[:-1]
-            y = linear_f32(x.reshape(-1, x.shape[-1]), layer.weight).view(*lead, -1)
-        else:
-            y = F.linear(x, layer.weight.to(x.dtype))
+        lead = x.shape[:-1]
+        y = ops.dense_linear(x.reshape(-1, x.shape[-1]), layer.weight,
+                             self.out_dtype or x.dtype).view(*lead, -1)
         return y if bias is None else y + bias
 
     def apply_grouped(self, layer, x3: torch.Tensor, groups: int) -> torch.Tensor:

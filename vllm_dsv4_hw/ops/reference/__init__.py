@@ -3,6 +3,7 @@
 from vllm_dsv4_hw.ops.reference import (  # noqa: F401  (each module registers its ops)
     compressor,
     decode_metadata,
+    dense_linear,
     fp8_linear,
     fused,
     indexer,

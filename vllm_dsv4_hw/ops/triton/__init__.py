@@ -24,6 +24,7 @@ if importlib.util.find_spec("triton") is not None:
         from vllm_dsv4_hw.ops.triton import fused_qkv as _fused_qkv  # noqa: F401
         from vllm_dsv4_hw.ops.triton import inv_rope_quant as _inv_rope_quant  # noqa: F401
         from vllm_dsv4_hw.ops.triton import fp8_linear as _fp8_linear  # noqa: F401
+        from vllm_dsv4_hw.ops.triton import dense_linear as _dense_linear  # noqa: F401
         from vllm_dsv4_hw.ops.triton import moe as _moe  # noqa: F401
         from vllm_dsv4_hw.ops.triton import decode_metadata as _decode_metadata  # noqa: F401
         from vllm_dsv4_hw.ops.triton import entry_slots as _entry_slots  # noqa: F401

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
-from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
+from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs, check_fp8_block_linear_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.launch import grid_limit
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit, e4m3_mode
@@ -103,7 +103,9 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                              MATH: tl.constexpr, CVT: tl.constexpr, OUT_BF16: tl.constexpr,
                              FOLD: tl.constexpr, SERIAL: tl.constexpr, SPLITS: tl.constexpr,
-                             RED_BF16: tl.constexpr):
+                             RED_BF16: tl.constexpr, W16: tl.constexpr):
+    # W16: the weight is already x's 16-bit float dtype (``ops.dense_linear``): no decode, no
+    # scales (s_ptr is never read), the FOLD path's accumulating dot
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_n = pid % n_nblk          # column blocks fastest: neighbours share the activation tile
@@ -138,17 +140,24 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
                         other=0.0)
             wq = tl.load(w_rows[:, None] + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
                          other=0)
-            sb = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127)
             if MATH == _C_X16:
                 dt = x_ptr.dtype.element_ty
-                wt = _e4m3_tile(wq, dt, CVT) * ue8m0_to_f32(sb).to(dt)[:, None]
+                if W16:
+                    wt = wq
+                else:
+                    sb = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127)
+                    wt = _e4m3_tile(wq, dt, CVT) * ue8m0_to_f32(sb).to(dt)[:, None]
                 if FOLD == 2:
                     acc = tl.dot(wt, tl.trans(x), acc)
                 else:
                     acc = tl.dot(x, tl.trans(wt), acc)
             else:
                 xf = _widen(x)
-                wt = _e4m3_tile(wq, tl.float32, CVT) * ue8m0_to_f32(sb)[:, None]
+                if W16:
+                    wt = _widen(wq)
+                else:
+                    sb = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127)
+                    wt = _e4m3_tile(wq, tl.float32, CVT) * ue8m0_to_f32(sb)[:, None]
                 if FOLD == 2:
                     acc = tl.dot(wt, tl.trans(xf), acc, input_precision="ieee")
                 else:
@@ -162,7 +171,10 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
                 kn = offs_n * 0 + (kb * SBK + kk)
                 xk = tl.load(x_rows + km, mask=m_ok & (km < K), other=0.0).to(tl.float64)
                 wk = tl.load(w_rows + kn, mask=n_ok & (kn < K), other=0)
-                part += xk[:, None] * e4m3_bits_to_f32(wk).to(tl.float64)[None, :]
+                if W16:
+                    part += xk[:, None] * _widen(wk).to(tl.float64)[None, :]
+                else:
+                    part += xk[:, None] * e4m3_bits_to_f32(wk).to(tl.float64)[None, :]
         else:
             lane = tl.arange(0, BK)
             offs_k = kb * SBK + lane
@@ -174,14 +186,18 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
             wq = tl.load(w_rows[:, None] + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
                          other=0)
             if MATH == _C_X16:
-                part = tl.dot(x, tl.trans(_e4m3_tile(wq, x_ptr.dtype.element_ty, CVT)))
+                wt = wq if W16 else _e4m3_tile(wq, x_ptr.dtype.element_ty, CVT)
+                part = tl.dot(x, tl.trans(wt))
             else:
-                part = tl.dot(_widen(x), tl.trans(_e4m3_tile(wq, tl.float32, CVT)),
-                              input_precision="ieee")
+                wt = _widen(wq) if W16 else _e4m3_tile(wq, tl.float32, CVT)
+                part = tl.dot(_widen(x), tl.trans(wt), input_precision="ieee")
         if FOLD == 0:
-            # past the last K block (uneven split) x and w load as 0: any finite scale will do
-            sb = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127)
-            acc += part * ue8m0_to_f32(sb).to(acc.dtype)[None, :]
+            if W16:
+                acc += part
+            else:
+                # past the last K block (uneven split) x and w load as 0: any finite scale will do
+                sb = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127)
+                acc += part * ue8m0_to_f32(sb).to(acc.dtype)[None, :]
     if FOLD == 2:
         acc = tl.trans(acc)
     rel = g * sog + offs_m.to(tl.int64)[:, None] * som + offs_n[None, :]
@@ -346,16 +362,22 @@ def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
 
 @register_op(FP8_BLOCK_LINEAR, "triton")
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                     block: tuple[int, int], out_dtype: torch.dtype | None = None, *,
-                     block_n: int | None = None, split_k: int | None = None,
-                     num_warps: int | None = None, num_stages: int | None = None,
-                     block_m: int | None = None, fold: int | None = None,
-                     cvt: int | None = None, serial: bool | None = None) -> torch.Tensor:
-    """The op contract (``ops.api.fp8_block_linear``); the keyword-only knobs are for benchmarks
-    and tests (column block, forced split-K, launch options)."""
-    a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
+                     block: tuple[int, int], out_dtype: torch.dtype | None = None,
+                     **knobs) -> torch.Tensor:
+    """The op contract (``ops.api.fp8_block_linear``); the keyword-only ``knobs`` (those of
+    :func:`launch`) are for benchmarks and tests."""
+    return launch(check_fp8_block_linear_args(x, weight, scale, block, out_dtype), **knobs)
+
+
+def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None = None,
+           num_warps: int | None = None, num_stages: int | None = None,
+           block_m: int | None = None, fold: int | None = None, cvt: int | None = None,
+           serial: bool | None = None, w16: bool = False) -> torch.Tensor:
+    """One GEMM of checked arguments: column block, forced split-K, launch options, the e4m3
+    decode and the split-K sum as knobs. ``w16``: ``a.w`` is x's 16-bit float dtype, not e4m3
+    bytes (``ops.triton.dense_linear``; ``a.s`` is then never read)."""
     m, g, n, k = a.m, a.g, a.n, a.k
-    dev = x.device
+    dev = a.x.device
     shape = (m, g, n) if a.grouped else (m, n)
     if m == 0 or n == 0:
         return torch.empty(shape, dtype=a.out_dtype, device=dev)
@@ -365,7 +387,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     wb = a.w if a.w.stride(-1) == 1 else a.w.contiguous()
     sc = a.s.contiguous()
     interp = dev.type == "cpu"
-    math = _math(x.dtype, interp)
+    math = _math(a.x.dtype, interp)
     # the e4m3 decode the device declares (the integer one in the interpreter)
     cvt = e4m3_mode(dev) if cvt is None else cvt
     kb = triton.cdiv(k, a.bk)
@@ -378,7 +400,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     bn_tile = (tile.get("block_n") or _auto_block_n(n, g, m, k)) if block_n is None else block_n
     num_warps = tile.get("num_warps", 4) if num_warps is None else num_warps
     num_stages = tile.get("num_stages", 3) if num_stages is None else num_stages
-    fold = tile.get("fold") if fold is None else fold
+    fold = tile.get("fold", FOLD_W if w16 else None) if fold is None else fold
     n_nblk = triton.cdiv(n, bn_tile)
     base = n_nblk * g * n_mblk
     if split_k is None:
@@ -388,8 +410,8 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     rows = _rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
     if rows < m:  # a grid over the device's bound (Ascend, long prefill): launches of fewer rows
         kw = dict(block_n=bn_tile, split_k=split_k, num_warps=num_warps, num_stages=num_stages,
-                  block_m=bm, fold=fold, cvt=cvt, serial=serial)
-        return torch.cat([fp8_block_linear(x[r:r + rows], weight, scale, block, out_dtype, **kw)
+                  block_m=bm, fold=fold, cvt=cvt, serial=serial, w16=w16)
+        return torch.cat([launch(a._replace(m=min(rows, m - r), x=a.x[r:r + rows]), **kw)
                           for r in range(0, m, rows)])
     acc_dtype = torch.float64 if math == MATH_F64 else torch.float32
     if split_k == 1:
@@ -417,7 +439,8 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         sos, out.stride(-2), out.stride(-3),
         SBN=a.bn, SBK=a.bk, BM=bm, BN=bn_tile, BK=bk_tile, MATH=math, CVT=cvt,
         OUT_BF16=direct_bf16, FOLD=_fold(math, fold), SERIAL=counters is not None,
-        SPLITS=split_k if counters is not None else 1, RED_BF16=bf16_mode, num_warps=num_warps, num_stages=num_stages)
+        SPLITS=split_k if counters is not None else 1, RED_BF16=bf16_mode, W16=w16,
+        num_warps=num_warps, num_stages=num_stages)
     if split_k > 1 and counters is None:
         ne = red.numel()
         _splitk_sum_kernel[(triton.cdiv(ne, 1024),)](
