@@ -25,10 +25,13 @@ Ops and knobs (the GEMM sweeps live in ``benchmarks.gemm_sweeps``, the timing in
   B operand x BLOCK_S x ITERS x warps;
 * ``index_prefill``: the same kernel over a prefill chunk (8192 tokens at the end of 128K, 2048
   at the end of 1M): keys as A / B operand x tokens per program x warps x BLOCK_S;
-* ``topk``: ``torch.topk`` sorted vs unsorted over the score row vs ``radix_topk`` (its output's
+* ``topk``: ``torch.topk`` sorted vs unsorted over the score row vs ``radix_topk`` (one launch
+  where the device allows it, and the six-launch form; its output's
   -1 fill is not timed: the indexer allocates that buffer anyway). A two-stage torch variant
   (top-k of chunks, then of the survivors) was tried on 2026-11-29 and lost at every shape: 71-150
   us vs 62-71 us at 256K scores;
+* ``dense``: ``dense_linear`` (the projections shipped in bf16) against cuBLAS, M = the batches:
+  column block x split-K;
 * ``pool``: ``compressor_store`` of one decode token per request, completing a group or not
   (graph-safe metadata: slot -1), per row budget and warps.
 
@@ -47,8 +50,8 @@ import sys
 
 import torch
 
-from benchmarks.gemm_sweeps import (sweep_gemm, sweep_gemm_cvt, sweep_gemm_fold, sweep_gemm_prefill,
-                                    sweep_gemm_split)
+from benchmarks.gemm_sweeps import (sweep_dense, sweep_gemm, sweep_gemm_cvt, sweep_gemm_fold,
+                                    sweep_gemm_prefill, sweep_gemm_split)
 from benchmarks.sweep_common import HBM, _summary, _try
 
 
@@ -220,6 +223,8 @@ def sweep_topk(dev, batches):
                                                                  sorted=srt), 3)
             outs = [torch.full((b, 512), -1, dtype=torch.int32, device=dev) for _ in range(3)]
             res["radix"] = _try(lambda i: radix_topk(sets[i], 512, outs[i]), 3)
+            res["radix six launches"] = _try(lambda i: radix_topk(sets[i], 512, outs[i],
+                                                                  one_launch=False), 3)
             for blk in (1024, 2048, 4096, 8192):
                 res[f"radix block={blk}"] = _try(lambda i, blk=blk: radix_topk(
                     sets[i], 512, outs[i], block=blk), 3)
@@ -269,7 +274,8 @@ def sweep_pool(dev, batches):
 SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": sweep_index,
           "gemm": sweep_gemm, "gemm_prefill": sweep_gemm_prefill, "gemm_fold": sweep_gemm_fold,
           "index_prefill": sweep_index_prefill, "gemm_cvt": sweep_gemm_cvt,
-          "attn_prefill": sweep_attn_prefill, "gemm_split": sweep_gemm_split}
+          "attn_prefill": sweep_attn_prefill, "gemm_split": sweep_gemm_split,
+          "dense": sweep_dense}
 
 
 def main(argv=None) -> int:

@@ -159,6 +159,32 @@ def _check_case(device, ref_fn, ref, ti, case, args, topk, tol=1e-4):
                 mask_ok=mask_ok, max_swaps=max_swaps, selection_ok=sel_ok, ok=ok)
 
 
+def _radix_forms(torch, device, smoke):
+    """The radix top-k's one-launch form (its row barriers across many programs) against the
+    six-launch form, bit for bit, twice, on ties and distinct scores with -inf entries; and the
+    k-th score against torch.topk's."""
+    from vllm_dsv4_hw.ops.triton.topk import radix_topk
+
+    gen = torch.Generator(device=device).manual_seed(3)
+    rows = []
+    for t, n in (((1, 4096),) if smoke else ((1, 32768), (1, 262144), (4, 32768), (32, 32768))):
+        for ties in (False, True):
+            s = (torch.randint(-3, 4, (t, n), device=device, generator=gen).float() if ties else
+                 torch.randn(t, n, device=device, generator=gen))
+            s[0, : n // 3] = float("-inf")
+            outs = []
+            for one in (True, False, True):
+                o = torch.full((t, 512), -1, dtype=torch.int32, device=device)
+                outs.append(radix_topk(s, 512, o, one_launch=one))
+            kth = torch.topk(s, 512, dim=-1).values[:, -1:]
+            picked = torch.gather(s, 1, outs[0].long().clamp_min(0))
+            ok = torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]) and \
+                bool((picked >= kth).all()) and bool((outs[0] >= 0).all())
+            rows.append(dict(op="radix_topk", case=f"one launch == six launches T={t} n={n} "
+                             f"{'ties' if ties else 'distinct'}", ok=ok))
+    return rows
+
+
 def check(device, smoke: bool = False) -> list[dict]:
     import torch
 
@@ -192,6 +218,7 @@ def check(device, smoke: bool = False) -> list[dict]:
     args, _ = make_inputs(device, "mxfp4", reqs, h=h, pad_tokens=1)
     rows.append(_check_case(device, ref_fn, ref, ti, f"prefill mxfp4 T={n_pf} after a decode",
                             args, topk))
+    rows += _radix_forms(torch, device, smoke)
     if device.type == "cuda":
         from vllm_dsv4_hw.ops.registry import REGISTRY
 

@@ -96,3 +96,28 @@ def test_radix_topk_output_is_deterministic_index_order(gen, monkeypatch, levels
     tk.radix_topk(scores, k, out)
     for r in range(4):
         assert out[r].tolist() == _deterministic_topk(scores[r], k), r
+
+
+@pytest.mark.parametrize("one_launch", [True, False])
+@pytest.mark.parametrize("levels", [7, None])
+def test_one_launch_and_multi_launch_forms_give_the_rule(gen, monkeypatch, one_launch, levels):
+    """The one-launch form (its row barriers: trivially met with one program per row, as the
+    interpreter runs it) and the six-launch form give the contract's exact output, ties and -inf
+    rows included; on the GPU tier both run with many programs per row and are compared bit for
+    bit (benchmarks/gpu/indexer.py)."""
+    monkeypatch.setattr(tk, "INTERP_BLOCK", 4096)
+    n, k = 3000, 77
+    scores = (torch.randint(-3, 4, (4, n), generator=gen).float() if levels else
+              torch.randn(4, n, generator=gen))
+    scores[1] = float("-inf")
+    scores[2, :2950] = float("-inf")                                  # 50 < k finite
+    out = torch.full((4, k), -1, dtype=torch.int32)
+    tk.radix_topk(scores, k, out, one_launch=one_launch)
+    for r in range(4):
+        assert out[r].tolist() == _deterministic_topk(scores[r], k), r
+
+
+def test_one_launch_form_only_where_programs_can_wait_on_each_other():
+    cpu = torch.device("cpu")
+    assert tk._one_launch(cpu, 4, 1)            # one program per row: nothing to wait for
+    assert not tk._one_launch(cpu, 8, 2)        # the interpreter runs programs one by one

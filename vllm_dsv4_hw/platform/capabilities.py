@@ -28,6 +28,10 @@ class DeviceCapabilities:
     # the Triton backend emits NVIDIA PTX and takes inline PTX (tl.inline_asm_elementwise): the
     # packed e4m3 decode of ops/triton/ptx_codecs.py (CUDA sm_80+, not ROCm)
     ptx_inline: bool = False
+    # the programs of one launch that fit the device at once all run concurrently, so they may
+    # wait on each other through global atomics (the one-launch radix top-k, ops/triton/topk.py);
+    # False where programs may run one after another (Ascend's core-bound grid, the interpreter)
+    spin_sync: bool = False
 
     def has(self, name: str) -> bool:
         if name not in {f.name for f in fields(self)}:
@@ -55,7 +59,7 @@ def cuda_capabilities(major: int, minor: int, hip: bool = False) -> DeviceCapabi
     return DeviceCapabilities("cuda", fp8=True, fp8_cvt=(major, minor) >= (8, 9), mxfp4=True,
                               bf16=major >= 8, fp64=True, streams=True, graphs=True,
                               max_grid=2**31 - 1, ptx_inline=not hip and major >= 8,
-                              shared_mem=HIP_SHARED if hip else _CUDA_SHARED.get(
+                              spin_sync=True, shared_mem=HIP_SHARED if hip else _CUDA_SHARED.get(
                                   (major, minor), _CUDA_SHARED_BY_MAJOR.get(major, 48 * KIB)))
 
 

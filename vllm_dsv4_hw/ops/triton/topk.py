@@ -38,11 +38,16 @@ program reads the table from L2 (``.cg``), where the atomics landed.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
+from vllm_dsv4_hw.platform.device import adaptor_for
+
 INTERP_BLOCK = 1 << 16
+ONE_LAUNCH = True
 
 
 def auto_block(rows: int, n: int) -> int:
@@ -160,11 +165,89 @@ def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, n, stride, stride_o
     tl.store(orow + (k - need) + pe, offs.to(tl.int32), mask=eq & (pe < need))
 
 
-def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor,
-               block: int | None = None) -> torch.Tensor:
+@triton.jit
+def _row_barrier(st, target):
+    """Wait until ``target`` arrivals of the row's programs (this one's included) have been
+    counted at st[1026] (``spin_sync`` devices only: every program of the row is resident)."""
+    tl.debug_barrier()
+    c = tl.atomic_add(st + 1026, 1, sem="acq_rel", scope="gpu") + 1
+    while c < target:
+        c = tl.atomic_add(st + 1026, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, k, n, stride, stride_out, n_blk,
+                  BLOCK: tl.constexpr, NB: tl.constexpr):
+    """The whole selection in one launch: the passes above with a row barrier where a launch
+    ended, the select computed by every program of the row from the same histogram (integer
+    counts: the same digit everywhere), so the keys are read once and the output is the
+    multi-launch form's, bit for bit."""
+    offs, key, m, st = _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
+    pid = tl.program_id(0)
+    row = (pid // n_blk).to(tl.int64)
+    blk = pid % n_blk
+    bins = tl.arange(0, 512)
+    b256 = tl.arange(0, 256)
+    prefix = tl.zeros([], dtype=tl.uint32)
+    need = k + tl.zeros([], dtype=tl.int32)
+    for p in tl.static_range(4):
+        mp = m
+        if p > 0:
+            mp = m & ((key >> (32 - 8 * p)) == prefix)
+        digit = tl.where(mp, ((key >> (24 - 8 * p)) & 0xFF).to(tl.int32), 256)
+        h = tl.histogram(digit, 512)
+        tl.atomic_add(st + p * 256 + bins, h, mask=(bins < 256) & (h > 0), sem="acq_rel",
+                      scope="gpu")
+        _row_barrier(st, n_blk * (p + 1))
+        hh = tl.load(st + p * 256 + b256, cache_modifier=".cg")
+        ge = tl.sum(hh, axis=0) - tl.cumsum(hh, axis=0) + hh
+        d = tl.max(tl.where(ge >= need, b256, -1), axis=0)
+        need = need - tl.sum(tl.where(b256 > d, hh, 0), axis=0)
+        prefix = (prefix << 8) | d.to(tl.uint32)
+    gt = m & (key > prefix)
+    eq = m & (key == prefix) & (key != 0x007FFFFF)  # -inf entries are never selected
+    g = gt.to(tl.int32)
+    e = eq.to(tl.int32)
+    cnt = counts_ptr + pid.to(tl.int64) * 2
+    tl.store(cnt, tl.sum(g, axis=0))
+    tl.store(cnt + 1, tl.sum(e, axis=0))
+    _row_barrier(st, n_blk * 5)
+    # the picks of the row's earlier blocks: each block's first slots, in block order
+    b = tl.arange(0, NB)
+    before = b < blk
+    rc = counts_ptr + row * n_blk * 2 + b * 2
+    pos = tl.sum(tl.load(rc, mask=before, other=0, cache_modifier=".cg"), axis=0) \
+        + tl.cumsum(g, axis=0) - g
+    pe = tl.sum(tl.load(rc + 1, mask=before, other=0, cache_modifier=".cg"), axis=0) \
+        + tl.cumsum(e, axis=0) - e
+    orow = out_ptr + row * stride_out
+    tl.store(orow + pos, offs.to(tl.int32), mask=gt & (pos < k))
+    tl.store(orow + (k - need) + pe, offs.to(tl.int32), mask=eq & (pe < need))
+
+
+def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
+    """Whether the one-launch form may run: every program of the call resident at once on a
+    ``spin_sync`` device (at most one per multiprocessor), or one program per row (nothing to
+    wait for: the interpreter, which runs programs one after another)."""
+    if n_blk == 1:
+        return True
+    if device.type != "cuda" or not adaptor_for(device.type).capabilities.spin_sync:
+        return False
+    return programs <= _sms(device.index if device.index is not None
+                            else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | None = None,
+               one_launch: bool | None = None) -> torch.Tensor:
     """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32 filled with -1:
     columns [0, k) get the selected entries first, -1 after. ``block``: scores per program (a
-    power of two; benchmarks)."""
+    power of two), ``one_launch``: force the form (where it may run); benchmarks and tests."""
     t, n = scores.shape
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         raise ValueError("radix_topk: scores must be fp32 with unit inner stride")
@@ -176,11 +259,17 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor,
     blk = min(blk, triton.next_power_of_2(n))
     n_blk = triton.cdiv(n, blk)
     state = torch.zeros(t, _STATE, dtype=torch.int32, device=scores.device)
+    base = torch.empty(t, n_blk, 2, dtype=torch.int32, device=scores.device)
+    if ONE_LAUNCH if one_launch is None else one_launch:
+        if _one_launch(scores.device, t * n_blk, n_blk):
+            _fused_kernel[(t * n_blk,)](scores, state, base, out, k, n, scores.stride(0),
+                                        out.stride(0), n_blk, BLOCK=blk,
+                                        NB=triton.next_power_of_2(n_blk), num_warps=8)
+            return out
     for p in range(4):
         _hist_kernel[(t * n_blk,)](scores, state, k, n, scores.stride(0), n_blk, PASS=p,
                                    BLOCK=blk, num_warps=8)
     # counts, then (in place) each block's first slots
-    base = torch.empty(t, n_blk, 2, dtype=torch.int32, device=scores.device)
     _count_kernel[(t * n_blk,)](scores, state, base, n, scores.stride(0), n_blk, BLOCK=blk,
                                 NB=triton.next_power_of_2(n_blk), num_warps=8)
     _gather_kernel[(t * n_blk,)](scores, state, base, out, n, scores.stride(0), out.stride(0),
