@@ -111,10 +111,19 @@ def _tokens_per_launch(t: int, k: int, n_exp: int, inter: int, d: int, limit: in
 
 
 # -- kernels ---------------------------------------------------------------------------------------
+# DOT_BF16 (constexpr): 1 = bf16 tensor-core dot, 0 = fp32 ``ieee`` dot, DOT_ROWS = (the
+# interpreter) fp32 products summed over K for each row alone: the interpreter's dot is numpy's
+# matmul, whose BLAS sums a row differently depending on the rows beside it, and a token's result
+# must not depend on which tokens share its expert's tile (tests/ops/test_moe_experts.py)
+DOT_ROWS = 2
+
+
 @triton.jit
 def _dot(a, b, acc, DOT_BF16: tl.constexpr):
-    if DOT_BF16:
+    if DOT_BF16 == 1:
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    elif DOT_BF16 == 2:
+        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
     else:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
 
@@ -295,6 +304,8 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
     bf16_ok = is_bf16 and x.device.type != "cpu"  # CPU tensors: the interpreter
     dot13 = bf16_ok and (fp4 or w13.dtype == torch.bfloat16)
     dot2 = bf16_ok and (fp4 or w2.dtype == torch.bfloat16)
+    rows = DOT_ROWS if x.device.type == "cpu" else 0
+    mode13, mode2 = int(dot13) or rows, int(dot2) or rows
     act = torch.empty(p, inter, dtype=x.dtype, device=x.device)
     has_limit = swiglu_limit is not None and swiglu_limit > 0
     tiles1 = triton.cdiv(inter, bn)
@@ -302,7 +313,7 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
         x, w13, s13, sorted_ids, block_expert, n_padded, act,
         float(swiglu_limit) if has_limit else 0.0, p, k, d, inter, tiles1,
         x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), act.stride(0),
-        FP4=fp4, HAS_LIMIT=has_limit, DOT_BF16=dot13, BF16_BITS=is_bf16 and not dot13,
+        FP4=fp4, HAS_LIMIT=has_limit, DOT_BF16=mode13, BF16_BITS=is_bf16 and not dot13,
         ACT_BF16=is_bf16, BM=bm, BN=bn, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
@@ -311,6 +322,6 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
     _moe_down_kernel[(n_blocks * tiles2,)](
         act, w2, s2, sorted_ids, block_expert, n_padded, tw, out, p, d, inter, tiles2,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0),
-        FP4=fp4, DOT_BF16=dot2, BF16_BITS=is_bf16 and not dot2, BM=bm, BN=bn,
+        FP4=fp4, DOT_BF16=mode2, BF16_BITS=is_bf16 and not dot2, BM=bm, BN=bn,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return sum_slots(buf)
