@@ -29,8 +29,6 @@ bf16 results are rounded in fp32 first (its own fp32 -> bf16 conversion truncate
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -38,7 +36,7 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
 from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs, check_fp8_block_linear_args
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.launch import grid_limit
+from vllm_dsv4_hw.ops.triton.launch import grid_limit, sm_count
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit, e4m3_mode
 from vllm_dsv4_hw.ops.triton.quant import (
     bf16_bits_to_f32,
@@ -233,11 +231,6 @@ def _splitk_sum_kernel(part_ptr, out_ptr, n_splits, n_elems, stride_s, BLOCK: tl
     _store_out(out_ptr + offs, acc, m, OUT_BF16)
 
 
-@functools.lru_cache(maxsize=None)
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _auto_block_n(n: int, g: int, m: int = 1, k: int = 0) -> int:
     """Column block below the prefill tile. Decode sweep (benchmarks/decode_kernels.py, H200):
     32-wide column blocks win up to 8192 output columns in all (wq_a, wkv, wo_a, indexer wq_b,
@@ -289,7 +282,7 @@ def _split_k(device: torch.device, k: int, kb: int, base: int, n_mblk: int) -> i
     the grid fills the device (prefill: the split was not measured there; partials grow with M)."""
     if device.type != "cuda":
         return 1
-    sms = _sms(device.index if device.index is not None else torch.cuda.current_device())
+    sms = sm_count(device)
     if n_mblk > 1 and base >= sms:
         return 1
     return max(1, min(kb, _auto_split_k(triton.cdiv(k, 128), base, sms)))

@@ -57,6 +57,16 @@ def program_cap(device: torch.device, cube: bool = False) -> int:
     return max(1, cap)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA / ROCm device (cached per device index)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def grid_limit(device: torch.device) -> int:
     """Programs one launch of a kernel without a grid-stride loop may have (``max_grid``)."""
     return max(1, capabilities(device).max_grid)

@@ -38,12 +38,11 @@ program reads the table from L2 (``.cg``), where the atomics landed.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from vllm_dsv4_hw.ops.triton.launch import sm_count
 from vllm_dsv4_hw.platform.device import adaptor_for
 
 INTERP_BLOCK = 1 << 16
@@ -234,13 +233,7 @@ def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
         return True
     if device.type != "cuda" or not adaptor_for(device.type).capabilities.spin_sync:
         return False
-    return programs <= _sms(device.index if device.index is not None
-                            else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return programs <= sm_count(device)
 
 
 def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | None = None,
