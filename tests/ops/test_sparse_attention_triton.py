@@ -179,6 +179,26 @@ def test_launch_config_by_regime(monkeypatch):
     monkeypatch.setattr(launch, "_shared_mem", lambda dev: 99 * 1024)  # sm_86 / 89 / 120
     for t, fmt in ((4096, "bf16"), (4096, "fp8_ds_mla"), (64, "bf16")):
         assert launch._config(cuda, t, 64, fmt, cores=132) == dict(base, max_chunk=2048)
+    # decode batches over long candidate lists: all heads per program in splits of 512 where
+    # those fill 3/4 of the device, else of 256 where those fill half, where the shared memory
+    # holds the tile
+    monkeypatch.setattr(launch, "_shared_mem", lambda dev: 227 * 1024)
+
+    def long(chunk):
+        return dict(base, **launch.LONG_DECODE, min_chunk=chunk, max_chunk=chunk)
+    assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320) == long(512)
+    assert launch._config(cuda, 4, 64, "fp8_ds_mla", cores=132, n_cand=8320) == long(256)
+    assert launch._config(cuda, 64, 64, "fp8_ds_mla", cores=132, n_cand=640) == long(512)
+    assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=640) == long(256)
+    assert launch._config(cuda, 1, 64, "fp8_ds_mla", cores=132, n_cand=8320) == base  # 33
+    assert launch._config(cuda, 4, 64, "fp8_ds_mla", cores=132, n_cand=640) == base   # 12
+    assert launch._config(cuda, 32, 64, "bf16", cores=132, n_cand=8320) == base       # not swept
+    assert launch._config(cuda, 32, 16, "fp8_ds_mla", cores=132, n_cand=8320) == base
+    assert launch._config(cuda, 4096, 64, "fp8_ds_mla", cores=132, n_cand=640)["prefetch"] is False
+    monkeypatch.setattr(launch, "_shared_mem", lambda dev: 99 * 1024)
+    assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320) == base
+    assert tsa._plan_splits(32, 1, 8320, 32, 512, 132, None, 512) == (17, 512)
+    assert tsa._plan_splits(4, 1, 8320, 32, 256, 132, None, 256) == (33, 256)
     # a 640-candidate list is one split on a full device, an 8K one (c128a at 1M) still splits
     assert tsa._plan_splits(64, 4, 640, 32, 32, 132, None, 2048) == (1, 640)
     assert tsa._plan_splits(64, 4, 8320, 32, 32, 132, None, 2048)[0] == 5

@@ -263,7 +263,7 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
     n_w = w_slots.shape[1]
     n_c = c_slots.shape[1]
 
-    cfg = _config(dev, t, h, getattr(fmt, "name", None))
+    cfg = _config(dev, t, h, getattr(fmt, "name", None), n_cand=n_w + n_c)
     bh = block_h or max(16, min(triton.next_power_of_2(h), cfg["block_h"]))
     bn = block_n or cfg["block_n"]
     nw = num_warps or cfg["num_warps"]
