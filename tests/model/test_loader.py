@@ -122,7 +122,8 @@ def test_fp8_and_bf16_twins_give_the_same_network(gen):
         fa, fb = a.layers[i].ffn(x, ids), b.layers[i].ffn(x, ids)
         assert float((fa - fb).abs().max()) <= 1e-5 * float(fa.abs().max()), i
     sa, sb = a.layers[2].attn, b.layers[2].attn
-    for name in ("wq_a", "wkv", "wo_b"):
+    assert sa.merged_qkv and sb.merged_qkv  # wq_a | wkv: one GEMM, from the two tensors
+    for name in ("wq_a_wkv", "wo_b"):
         ya, yb = getattr(sa, name)(x if name != "wo_b" else x[:, :sa.wo_b.input_size]), \
             getattr(sb, name)(x if name != "wo_b" else x[:, :sb.wo_b.input_size])
         assert float((ya - yb).abs().max()) <= 1e-5 * float(ya.abs().max()), name
@@ -236,3 +237,17 @@ def test_config_validator_names_field_layer_and_allowed_values():
         DSV4Network(bad, lambda i, r: torch.nn.Identity(), dtype=torch.float32)
     with pytest.raises(ConfigError, match=r"compress_ratios\[3\] = 64"):
         load_weights(_fresh(), [], bad)
+
+
+def test_merged_projections_only_on_fp8_block_boundaries():
+    """wq_a | wkv are one layer where each shard starts on a 128-row FP8 block (every shipped
+    model); a shard ending inside a block stays its own layer (a checkpoint block never spans
+    two); unquantized weights always merge."""
+    from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
+    from vllm_dsv4_hw.quant.linear import mergeable
+    from vllm_dsv4_hw.quant.scheme import SHIPPED
+
+    fp8 = DSV4HwQuantConfig(SHIPPED)
+    assert mergeable(fp8, (1024, 512)) and mergeable(fp8, (1536, 512))
+    assert not mergeable(fp8, (1000, 512)) and not mergeable(fp8, (1024, 500))
+    assert mergeable(DSV4HwQuantConfig.dense(), (1000, 500))

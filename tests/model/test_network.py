@@ -274,7 +274,7 @@ def test_fp8_checkpoint_parity_with_transformers(preset):
     """Weights resident as shipped (FP8 block linears, FP4 experts) against transformers loading
     the same FP8 checkpoint, same tolerance as the bf16 checkpoint."""
     runner = _runner(preset, torch.float32, "fp32", "fp8")
-    assert runner.net.layers[0].attn.wq_a.weight.dtype == torch.float8_e4m3fn
+    assert runner.net.layers[0].attn.wq_a_wkv.weight.dtype == torch.float8_e4m3fn
     assert runner.net.layers[0].ffn.experts.w13.dtype == torch.uint8
     worst = {}
     for n in (LENGTHS[-2], LENGTHS[-1]):

@@ -2,7 +2,7 @@
 
 ``DSV4Attention(cfg, layer_id)`` holds the official parameters of ``layers.N.attn``::
 
-    wq_a [q_lora, hidden]   q_norm [q_lora]   wq_b [H*512, q_lora]
+    wq_a [q_lora, hidden]   q_norm [q_lora]   wq_b [H*512, q_lora]   (wq_a | wkv: one GEMM)
     wkv [512, hidden]       kv_norm [512]     attn_sink [H] (fp32)
     wo_a [G*o_lora, H*512/G]                  wo_b [hidden, G*o_lora]
     compressor.{wkv [coff*512, hidden], wgate [coff*512, hidden], ape [ratio, coff*512], norm [512]}
@@ -53,7 +53,7 @@ from vllm_dsv4_hw.parallel import ParallelLayout, shard_rows
 from vllm_dsv4_hw.ops.reference.rope import rope_tables_for
 from vllm_dsv4_hw.platform.streams import aux_streams
 from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
-from vllm_dsv4_hw.quant.linear import column_linear, grouped_linear, merged_linear, \
+from vllm_dsv4_hw.quant.linear import column_linear, grouped_linear, mergeable, merged_linear, \
     replicated_linear, row_linear
 
 __all__ = ["DSV4Attention", "DSV4Compressor", "DSV4Indexer", "RMSNormWeight", "running_step"]
@@ -177,10 +177,19 @@ class DSV4Attention(nn.Module):
         p = f"{prefix}." if prefix else ""
 
         with torch.device(device) if device is not None else contextlib.nullcontext():
-            self.wq_a = replicated_linear(cfg.hidden_size, cfg.q_lora_rank, qc, p + "wq_a", dtype)
+            # wq_a and wkv read the same x: one GEMM (vLLM's fused_qkv_a_proj of DeepSeek V3)
+            # where their rows split on the FP8 block, two otherwise
+            self.qkv_sizes = (cfg.q_lora_rank, d)
+            self.merged_qkv = mergeable(qc, self.qkv_sizes)
+            if self.merged_qkv:
+                self.wq_a_wkv = merged_linear(cfg.hidden_size, {"wq_a": cfg.q_lora_rank, "wkv": d},
+                                              qc, p + "wq_a_wkv", dtype)
+            else:
+                self.wq_a = replicated_linear(cfg.hidden_size, cfg.q_lora_rank, qc, p + "wq_a",
+                                              dtype)
+                self.wkv = replicated_linear(cfg.hidden_size, d, qc, p + "wkv", dtype)
             self.q_norm = RMSNormWeight(cfg.q_lora_rank, dtype)
             self.wq_b = column_linear(cfg.q_lora_rank, h * d, qc, p + "wq_b", dtype, split)
-            self.wkv = replicated_linear(cfg.hidden_size, d, qc, p + "wkv", dtype)
             self.kv_norm = RMSNormWeight(d, dtype)
             self.wo_a = column_linear(h * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank,
                                       qc, p + "wo_a", dtype, split)
@@ -218,6 +227,12 @@ class DSV4Attention(nn.Module):
                              f"{self.cfg.sliding_window}")
 
     # -- forward --------------------------------------------------------------------------------
+    def _q_kv_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_qa x and W_kv x (column views of one merged GEMM's output where merged)."""
+        if self.merged_qkv:
+            return self.wq_a_wkv(x).split(self.qkv_sizes, dim=-1)
+        return self.wq_a(x), self.wkv(x)
+
     @torch.no_grad()  # inference only: cache / state writes must not record autograd history
     def forward(self, x: torch.Tensor, meta: StepMetadata | None = None,
                 caches: LayerCaches | None = None) -> torch.Tensor:
@@ -249,8 +264,8 @@ class DSV4Attention(nn.Module):
                                      caches.comp_format, cos_sin, self.eps)
 
         # 1. q_r (also feeds the indexer) and the shared KV vector: both norms in one op.
-        q_r, kv = ops.qkv_rms_norm(self.wq_a(x), self.q_norm.weight, self.wkv(x),
-                                   self.kv_norm.weight, self.eps)
+        q_a, kv_a = self._q_kv_projections(x)
+        q_r, kv = ops.qkv_rms_norm(q_a, self.q_norm.weight, kv_a, self.kv_norm.weight, self.eps)
         if self.kind.has_indexer:
             with aux.branch(BRANCH_INDEXER, keep_alive=(q_r, head_w)):
                 comp_slots = self._indexer_select(q_r, head_w, meta, caches)

@@ -145,6 +145,15 @@ def row_linear(in_features: int, out_features: int, quant_config, prefix: str,
                              disable_tp=not sharded)
 
 
+def mergeable(quant_config, sizes) -> bool:
+    """Whether linears of these output sizes can be one merged layer: FP8 block weights only
+    where every shard's rows start on a block (a block of the checkpoint never spans two)."""
+    if not quant_config.scheme.fp8_linears:
+        return True
+    bn = quant_config.scheme.block[0]
+    return all(n % bn == 0 for n in sizes)
+
+
 def merged_linear(in_features: int, shards: dict[str, int], quant_config, prefix: str,
                   dtype: torch.dtype, sharded: bool = False):
     """Several checkpoint linears over the same input as one GEMM (vLLM's
