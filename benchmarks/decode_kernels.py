@@ -17,12 +17,12 @@ Ops and knobs (the GEMM sweeps live in ``benchmarks.gemm_sweeps``, the timing in
 * ``gemm_cvt``: the same GEMM's e4m3 decode (integer / hardware cvt / packed PTX,
   ``ops.triton.ptx_codecs``) at the default tiles (bit-equal results checked) and the packed one at
   BN x stages; M = the batches and 4096 for three wide weights;
-* ``attn``: ``sparse_attention`` at window 128 + K compressed (0, 512 = top-k, 8192 = c128a at 1M),
-  B = 1, 4, 32: BLOCK_H x BLOCK_N x warps x candidates per split;
+* ``attn``: ``sparse_attention`` at window 128 + K compressed (512 = top-k, 8192 = c128a at 1M),
+  B = 1, 4, 32: BLOCK_H x BLOCK_N x warps x prefetch x candidates per split (4096: no split);
 * ``attn_prefill``: ``sparse_attention`` over an 8192-token prefill chunk (64 heads, window 128 +
   512 / 1024 compressed): e4m3 decode x head block x tile x warps x prefetch, no split;
 * ``index``: the indexer score kernel at 128K / 1M context, B = 1, 4, 32: keys as the dots' A or
-  B operand x BLOCK_S x ITERS x warps;
+  B operand x BLOCK_S x ITERS x warps, and pipeline stages 3 / 4 for a few tiles;
 * ``index_prefill``: the same kernel over a prefill chunk (8192 tokens at the end of 128K, 2048
   at the end of 1M): keys as A / B operand x tokens per program x warps x BLOCK_S;
 * ``topk``: ``torch.topk`` sorted vs unsorted over the score row vs ``radix_topk`` (one launch
@@ -56,12 +56,12 @@ from benchmarks.sweep_common import HBM, _summary, _try
 
 
 # -- sparse attention ---------------------------------------------------------------------------------
-def sweep_attn(dev, batches):
+def sweep_attn(dev, batches, k_comps=(512, 8192)):
     from benchmarks.gpu.sparse_attention import make_inputs
     from vllm_dsv4_hw.ops.triton import sparse_attention as tsa
 
     rows = []
-    for k_comp in (0, 512, 8192):
+    for k_comp in k_comps:
         for b in batches:
             n_sets = 3
             sets = [make_inputs(dev, "fp8_ds_mla", b, topk=max(k_comp, 1),
@@ -76,14 +76,15 @@ def sweep_attn(dev, batches):
             for bh in (16, 32, 64):
                 for bn in (16, 32):
                     for nw in (4, 8):
-                        for chunk in (16, 32, 64, 128, 256):
-                            if chunk < bn:
-                                continue
-                            splits = max(1, math.ceil(n_cand / chunk))
-                            key = f"bh={bh} bn={bn} warps={nw} chunk={chunk}"
-                            res[key] = _try(lambda i: tsa.sparse_attention_triton(
-                                *sets[i], out=outs[i], block_h=bh, block_n=bn, num_warps=nw,
-                                num_splits=splits), n_sets)
+                        for pf in (True, False):
+                            for chunk in (32, 128, 256, 1024, 4096):
+                                if chunk < bn or (chunk > n_cand and chunk != 4096):
+                                    continue
+                                splits = max(1, math.ceil(n_cand / chunk))
+                                key = f"bh={bh} bn={bn} warps={nw} prefetch={int(pf)} chunk={chunk}"
+                                res[key] = _try(lambda i: tsa.sparse_attention_triton(
+                                    *sets[i], out=outs[i], block_h=bh, block_n=bn, num_warps=nw,
+                                    prefetch=pf, num_splits=splits), n_sets)
             floor = b * n_cand * 584 / HBM * 1e6
             rows.append(_summary("attn", f"W=128 K={k_comp} B={b}", res, "default", floor))
             del sets, outs
@@ -203,6 +204,12 @@ def sweep_index(dev, batches):
                             res[key] = _try(lambda i: ti.indexer_scores(
                                 *sets[i], 4, out=bufs[i], block_s=bs, iters=it, num_warps=nw,
                                 keys_a=ka), n_sets)
+            for st in (3, 4):
+                for bs, nw in ((64, 4), (128, 8), (128, 4)):
+                    key = f"keys_a=1 block_s={bs} warps={nw} stages={st}"
+                    res[key] = _try(lambda i: ti.indexer_scores(
+                        *sets[i], 4, out=bufs[i], block_s=bs, num_warps=nw, num_stages=st,
+                        keys_a=True), n_sets)
             floor = b * (ctx // 4) * fmt.entry_bytes / HBM * 1e6
             rows.append(_summary("index", f"ctx={ctx} B={b}", res, "default", floor))
             del sets, bufs
