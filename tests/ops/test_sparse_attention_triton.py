@@ -71,6 +71,22 @@ def test_split_k_real_dims(name, gen):
     torch.testing.assert_close(out, single, rtol=1e-5, atol=1e-5)
 
 
+def test_long_decode_tiles(gen):
+    """The tiles of decode batches over long candidate lists (``LONG_DECODE``: all 64 heads per
+    program, 32-entry tiles, no register prefetch) in splits of 256 over lists crossing 256 and
+    512 (the last split partial), one token without candidates; poisoned workspace and output."""
+    from vllm_dsv4_hw.ops.triton import sparse_attention_launch as launch
+
+    fmt = make_format("fp8_ds_mla", "main", 64)
+    args = _case(gen, fmt, 3, 64, 128, 700, empty=(2,))
+    out = torch.full((3, 64, 512), float("nan"))
+    tsa.sparse_attention_triton(*args, out=out, num_splits=-(-828 // 256), poison_workspace=True,
+                                **launch.LONG_DECODE)
+    assert not out.isnan().any()
+    assert torch.equal(out[2], torch.zeros(64, 512))
+    _check(args, out)
+
+
 @pytest.mark.parametrize("sink_value", [0.0, float("-inf"), 1e4])
 def test_split_k_sinks_and_empty_tokens(sink_value, gen):
     fmt = FP32Format(dim=32, entries_per_page=8)
