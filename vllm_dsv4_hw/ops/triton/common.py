@@ -15,13 +15,11 @@ Conventions (portable to triton-ascend and to the CPU interpreter):
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops.triton.launch import program_cap
+from vllm_dsv4_hw.ops.triton.launch import program_cap, sm_count
 from vllm_dsv4_hw.ops.triton.quant import round_to_bf16
 
 MAX_PROGRAMS = 2 ** 31 - 1  # on top of the device's cap (tests lower it to exercise the loops)
@@ -30,16 +28,10 @@ MAX_PROGRAMS = 2 ** 31 - 1  # on top of the device's cap (tests lower it to exer
 CUDA_PROGRAMS_PER_SM: int | None = 32
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def grid_1d(n_rows: int, device: torch.device) -> tuple[int]:
     cap = min(MAX_PROGRAMS, program_cap(device))
     if device.type == "cuda" and CUDA_PROGRAMS_PER_SM is not None:  # a tuning choice, not a limit
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        cap = min(cap, _sm_count(index) * CUDA_PROGRAMS_PER_SM)
+        cap = min(cap, sm_count(device) * CUDA_PROGRAMS_PER_SM)
     return (max(1, min(n_rows, cap)),)
 
 

@@ -33,8 +33,6 @@ per entry written and read back).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -42,7 +40,7 @@ import triton.language as tl
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
-from vllm_dsv4_hw.ops.triton.launch import dot_dim, program_cap
+from vllm_dsv4_hw.ops.triton.launch import dot_dim, program_cap, sm_count
 from vllm_dsv4_hw.ops.triton.quant import load_entry_pairs
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_PTX, CVT_INT, CVT_PTX, e4m3_mode
 from vllm_dsv4_hw.ops.triton.topk import radix_topk
@@ -247,16 +245,11 @@ def _dot_mode(q: torch.Tensor, fmt_code: int) -> int:
     return DOT_BF16 if q.dtype == torch.bfloat16 else DOT_BF16X2
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _launch_config(num_tokens: int, n_blocks: int, device: torch.device) -> int:
     """ITERS: entry blocks per program (amortizes the q load; keeps >= ~4 programs per SM)."""
     if device.type != "cuda":
         return 1
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    sms = sm_count(device)
     want = max(1, (num_tokens * n_blocks) // (4 * sms))
     iters = 1
     while iters * 2 <= min(want, 16):

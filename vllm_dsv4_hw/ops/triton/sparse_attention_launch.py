@@ -11,6 +11,9 @@ import os
 
 import torch
 
+from vllm_dsv4_hw.ops.triton.launch import sm_count
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -18,7 +21,7 @@ def _interpreting() -> bool:
 @functools.lru_cache(maxsize=None)
 def _num_cores(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return sm_count(device)
     if device.type == "npu":  # pragma: no cover - Ascend only
         try:
             props = torch.npu.get_device_properties(device)  # type: ignore[attr-defined]
