@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tests.conftest import SESSION_SEED
-from tests.model.test_network import SingleSequenceRunner
+from tests.model.test_network import MIN_MARGIN, SingleSequenceRunner, _hf_modeling
 from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.tools import checkpoint as ck
 
@@ -56,14 +56,60 @@ def _ids(vocab: int, n: int, salt: int) -> torch.Tensor:
     return torch.randint(16, vocab - 64, (n,), generator=gen)
 
 
+def _hf_logprobs_and_margins(hf, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' logprobs [S, V] and, per token, the smallest relative gap between the last
+    selected and the first dropped candidate of every indexer and router selection [S]."""
+    m = _hf_modeling()
+    gaps: list[torch.Tensor] = []
+
+    def scorer_hook(_mod, _args, out):
+        s = out[0]                                          # [S, T] (batch 1)
+        pos = torch.arange(s.shape[0])
+        visible = torch.arange(s.shape[1])[None, :] < ((pos + 1) // 4)[:, None]
+        v = s.masked_fill(~visible, float("-inf")).sort(-1, descending=True).values
+        gap = (v[:, TOPK - 1] - v[:, TOPK]) / v[:, 0].abs().clamp_min(1e-30)
+        gaps.append(torch.where(visible.sum(-1) > TOPK, gap, torch.inf))
+
+    def router_hook(mod, args, _out):
+        flat = args[0].reshape(-1, mod.hidden_dim)
+        scores = mod.score_fn(torch.nn.functional.linear(flat, mod.weight))
+        sel = (scores + mod.e_score_correction_bias).sort(dim=-1, descending=True).values
+        gaps.append((sel[:, mod.top_k - 1] - sel[:, mod.top_k]) / sel[:, 0].abs())
+
+    hooks = [mod.register_forward_hook(scorer_hook if isinstance(mod, m.DeepseekV4IndexerScorer)
+                                       else router_hook)
+             for mod in hf.modules()
+             if isinstance(mod, (m.DeepseekV4IndexerScorer, m.DeepseekV4TopKRouter))]
+    try:
+        ref = hf(ids[None]).logits[0].log_softmax(-1)
+    finally:
+        for h in hooks:
+            h.remove()
+    return ref, torch.stack(gaps).amin(0)
+
+
 @torch.no_grad()
 def test_topk_512_with_more_entries_visible(ckpt_topk512):
     from transformers import DeepseekV4ForCausalLM
 
     hf = DeepseekV4ForCausalLM.from_pretrained(ckpt_topk512, dtype=torch.float32).float().eval()
     assert hf.config.index_topk == TOPK
-    ids = _ids(hf.config.vocab_size, PROMPT, 1)
-    ref = hf(ids[None]).logits[0].log_softmax(-1)
+    # Over 2,304 tokens some selection nearly ties (seed 302153: the 512th and 513th entry of
+    # token 2,295 in the first c4a layer, 8e-6 apart, swapped by fp32 rounding: 0.06 in its
+    # logprobs, 8e-4 in the tokens after it, which read its KV). Parity is checked on the tokens
+    # before the first near-tie, drawing prompts until that leaves >= 128 tokens past position
+    # 2,048 (where more than 512 entries are visible); the network tests redraw their prompts
+    # the same way (their 1-in-4 rate at 256 tokens is near 1 at 2,304).
+    for salt in range(1, 11):
+        ids = _ids(hf.config.vocab_size, PROMPT, salt)
+        ref, margins = _hf_logprobs_and_margins(hf, ids)
+        tied = (margins < MIN_MARGIN).nonzero().flatten()
+        upto = int(tied[0]) if len(tied) else PROMPT
+        if upto >= 4 * TOPK + 128:
+            break
+    else:
+        pytest.fail(f"10 prompts had a near-tie < {MIN_MARGIN} before token {4 * TOPK + 128} "
+                    f"(seed {SESSION_SEED})")
     del hf
     runner = SingleSequenceRunner(ckpt_topk512, torch.float32, "fp32", "fp32", max_len=PROMPT)
     c4a = [m for m in runner.net.modules() if getattr(m, "ratio", None) == 4
@@ -75,9 +121,9 @@ def test_topk_512_with_more_entries_visible(ckpt_topk512):
     # the last token chose 512 of its 576 visible entries
     last = c4a[0].last_topk[-1]
     assert int((last >= 0).sum()) == TOPK and int(last.max()) < PROMPT // 4
-    err = float((ours - ref).abs().max())
+    err = float((ours - ref)[:upto].abs().max())
     print(f"\ntop-k {TOPK}, {PROMPT} tokens ({PROMPT // 4} entries visible at the end): "
-          f"max |dlogprob| vs transformers {err:.3g}")
+          f"max |dlogprob| vs transformers {err:.3g} over the first {upto} tokens")
     assert err <= PARITY_TOL, err
     chunks = (1000, 1048, 1, 1, 1, 250, 1, 1, 1)  # decode steps at 2048-2050 and 2301-2303
     split = runner.logprobs(ids, chunks=chunks)
