@@ -28,9 +28,14 @@ class Row:
     upstream_reason: str = ""  # why upstream has no figure on this row
 
     def time(self, run_ours, run_up, device) -> None:
+        from benchmarks.peer.upstream import Unavailable
+
         self.ours_us, self.ours_mode = _timed(run_ours, device)
         if run_up is not None:
-            self.upstream_us, self.upstream_mode = _timed(run_up, device)
+            try:
+                self.upstream_us, self.upstream_mode = _timed(run_up, device)
+            except Unavailable as exc:  # ours still timed and judged; the reason in the table
+                self.upstream_reason = str(exc)
 
     def errors(self, what: str, ours: float, up: float | None, tol: float) -> None:
         self.parts.append((what, ours, up, tol))

@@ -6,6 +6,7 @@ stopping the table, since vLLM's tree changes between releases.
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 # name -> (module, attribute)
@@ -57,7 +58,18 @@ def kernel(name: str):
     fn = getattr(mod, attr, None)
     if fn is None:
         raise Unavailable(f"{mod_name} has no {attr} (another vLLM version?)")
-    return fn
+    return functools.wraps(fn)(functools.partial(_call, name, fn))
+
+
+def _call(name: str, fn, *args, **kwargs):
+    """``fn``, with a compiled op this vLLM build lacks turned into :class:`Unavailable` (e.g. a
+    CPU wheel whose ``torch.ops._C`` has no op for the path upstream takes on this platform)."""
+    try:
+        return fn(*args, **kwargs)
+    except (AttributeError, NotImplementedError) as exc:
+        if "_OpNamespace" not in str(exc):
+            raise
+        raise Unavailable(f"{name}: {' '.join(str(exc).split())} in this vLLM build") from exc
 
 
 def version() -> str:
