@@ -85,21 +85,22 @@ FULL_DEVICE_TILES = {
 # 128 + 512 / 8192 compressed): all 64 heads per program (each entry tile loaded and decoded once
 # per token, not once per 16 heads), no register prefetch, in splits of 512 candidates where
 # those (token, split) programs fill 3/4 of the device, else of 256 where those fill half of it.
-# One such program holds an SM (128 KiB of shared memory): the split is chosen by whole waves.
+# One such program holds an SM (128 KiB of shared memory, as the prefill tile): fewer, longer
+# splits once the programs cover most of the device.
 # At 8K candidates B = 4 85 -> 70 us (256), B = 32 629 -> 467 us and B = 64 1235 -> 894 us
 # (512); at 640 B = 32 90 -> 76 us, B = 64 149 -> 85 us (512). Below (B = 1 at 8K: 33 programs;
 # B = 4 at 640: 12) the 16-head tiles stay ahead.
 LONG_DECODE = dict(block_h=64, block_n=32, num_warps=8, prefetch=False)
 LONG_DECODE_SPLITS = ((512, 0.75), (256, 0.5))  # (candidates per split, share of the cores)
-LONG_DECODE_SHARED = 128 * 1024  # the 64-head tile's shared memory (as the prefill tile)
 LONG_DECODE_FORMATS = ("fp8_ds_mla",)
 
 
 def _long_decode_chunk(t: int, h: int, n_cand: int | None, fmt_name: str | None, cores: int,
                        device: torch.device) -> int | None:
     """Candidates per split of the long-decode tiles for this call, or None (other tiles)."""
+    needs = FULL_DEVICE_TILES[(True, "fp8_ds_mla")][1]  # the same 64 x 32 tile as prefill's
     if (n_cand is None or fmt_name not in LONG_DECODE_FORMATS or h < 64
-            or t >= PREFILL_TOKENS or _shared_mem(device) < LONG_DECODE_SHARED):
+            or t >= PREFILL_TOKENS or _shared_mem(device) < needs):
         return None
     for chunk, share in LONG_DECODE_SPLITS:
         if t * math.ceil(n_cand / chunk) >= share * cores:
