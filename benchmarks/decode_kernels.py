@@ -17,6 +17,9 @@ Ops and knobs (the GEMM sweeps live in ``benchmarks.gemm_sweeps``, the timing in
 * ``gemm_cvt``: the same GEMM's e4m3 decode (integer / hardware cvt / packed PTX,
   ``ops.triton.ptx_codecs``) at the default tiles (bit-equal results checked) and the packed one at
   BN x stages; M = the batches and 4096 for three wide weights;
+* ``gemm_w8a8``: the W8A8 GEMM (``ops.triton.fp8_dot_linear``, e4m3 activations) against the
+  W8A16 default at the same projections and batches plus a 4096-row chunk (with cuBLAS on the
+  dequantized weight there): BN x stages x split-K (decode), BM x BN x warps x stages (prefill);
 * ``attn``: ``sparse_attention`` at window 128 + K compressed (512 = top-k, 8192 = c128a at 1M),
   B = 1, 4, 32: BLOCK_H x BLOCK_N x warps x prefetch x candidates per split (4096: no split);
 * ``attn_prefill``: ``sparse_attention`` over an 8192-token prefill chunk (64 heads, window 128 +
@@ -51,7 +54,7 @@ import sys
 import torch
 
 from benchmarks.gemm_sweeps import (sweep_dense, sweep_gemm, sweep_gemm_cvt, sweep_gemm_fold,
-                                    sweep_gemm_prefill, sweep_gemm_split)
+                                    sweep_gemm_prefill, sweep_gemm_split, sweep_gemm_w8a8)
 from benchmarks.sweep_common import HBM, _summary, _try
 
 
@@ -282,7 +285,7 @@ SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": s
           "gemm": sweep_gemm, "gemm_prefill": sweep_gemm_prefill, "gemm_fold": sweep_gemm_fold,
           "index_prefill": sweep_index_prefill, "gemm_cvt": sweep_gemm_cvt,
           "attn_prefill": sweep_attn_prefill, "gemm_split": sweep_gemm_split,
-          "dense": sweep_dense}
+          "dense": sweep_dense, "gemm_w8a8": sweep_gemm_w8a8}
 
 
 def main(argv=None) -> int:

@@ -249,3 +249,55 @@ def sweep_dense(dev, batches):
         del ws
         torch.cuda.empty_cache()
     return rows
+
+
+def sweep_gemm_w8a8(dev, batches, prefill_ms=(4096,)):
+    """The W8A8 kernel (``ops.triton.fp8_dot_linear``: e4m3 activations quantized in the program,
+    FP8 x FP8 tensor-core dots) against the W8A16 one (the product's other path) at every
+    projection, decode batches and a prefill chunk: its tiles, stages and splits, each result
+    checked against the reference with the same activation quantization (within bf16 rounding);
+    prefill rows also time cuBLAS on the dequantized weight."""
+    from vllm_dsv4_hw.ops.reference.fp8_linear import fp8_block_linear as ref
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+
+    def extra(name):
+        return prefill_ms if name in ("flash wq_a", "flash wq_b", "flash wo_b", "flash wo_a") else ()
+
+    rows = []
+    for label, ws, n_sets, x, floor in _shape_cases(dev, batches, extra):
+        m = x.shape[0]
+        want = ref(x, *ws[0], (128, 128), quantize_x=True).float()
+        top = float(want.abs().max())
+        res = {"w8a16 default": _try(lambda i: fp8_block_linear(x, *ws[i], (128, 128)), n_sets)}
+        # x quantized in the program (its next tile loaded ahead: xpf) or by a launch before
+        # (pre, that launch timed with it)
+        modes = (dict(pre=False, xpf=True), dict(pre=False, xpf=False), dict(pre=True))
+        if m <= 64:
+            configs = [{}] + [dict(md, block_n=bn, num_stages=st, split_k=sk) for md in modes
+                              for bn in (64, 128) for st in (3, 4) for sk in (None, 4)]
+        else:
+            configs = [{}] + [dict(block_m=bm, block_n=bn, num_warps=nw, num_stages=st,
+                                   split_k=1, wt=False, pre=True)
+                              for bm, bn, nw, st in ((128, 128, 8, 3), (128, 128, 8, 4),
+                                                     (128, 256, 8, 3), (64, 128, 4, 4),
+                                                     (128, 128, 4, 3), (256, 128, 8, 3))]
+            configs += [dict(block_m=128, block_n=128, num_warps=8, num_stages=3, wt=False,
+                             pre=False, xpf=x) for x in (False, True)]
+            ref_w = _dequant(*ws[0])
+            dense = ((lambda: torch.einsum("mgk,gnk->mgn", x, ref_w)) if x.dim() == 3
+                     else (lambda: x @ ref_w.t()))
+            res["dense bf16 (cuBLAS)"] = _try(lambda i: dense(), 1)
+            floor = max(floor, 2 * m * ws[0][0].numel() / 790e12 * 1e6)
+        for kw in configs:
+            key = " ".join(f"{a}={b}" for a, b in kw.items()) or "default"
+            try:
+                got = fp8_block_linear(x, *ws[0], (128, 128), quantize_x=True, **kw).float()
+                err = float((got - want).abs().max()) / top
+            except Exception as exc:  # out of shared memory / registers
+                res[key] = f"{type(exc).__name__}: {str(exc)[:100]}"
+                continue
+            res[key] = (_try(lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128),
+                                                               quantize_x=True, **kw), n_sets)
+                        if err < 2 ** -7 else f"wrong: rel err {err:.2e}")
+        rows.append(_summary("gemm_w8a8", label, res, "default", floor))
+    return rows

@@ -171,6 +171,15 @@ KERNEL_FAILURES = _Var(
     "resources; a torch_npu operator error): fallback (one warning, the op's reference "
     "implementation for the rest of the process) or raise (vendor CI, the GPU test tier).",
 )
+FP8_ACTIVATIONS = _Var(
+    "VLLM_DSV4_HW_FP8_ACTIVATIONS",
+    "auto",
+    _choice("auto", "e4m3", "model"),
+    "Activations of the FP8 linears: auto (e4m3 where the device has FP8 x FP8 tensor-core dots, "
+    "capability fp8_dot: the checkpoints' dynamic activation scheme, as upstream vLLM's W8A8 "
+    "kernels; else the model dtype), e4m3 (quantized on every device: the same numbers "
+    "everywhere, slower where the device has no FP8 dots) or model (weight-only W8A16).",
+)
 TRAP_C_OPS = _Var(
     "VLLM_DSV4_HW_TRAP_C_OPS",
     "",
@@ -180,7 +189,7 @@ TRAP_C_OPS = _Var(
 )
 
 ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS,
-            CUDA_CAPABILITY, PLATFORM, MODEL_OWNER, KERNEL_FAILURES, TRAP_C_OPS)
+            CUDA_CAPABILITY, PLATFORM, MODEL_OWNER, KERNEL_FAILURES, FP8_ACTIVATIONS, TRAP_C_OPS)
 
 
 def device() -> str:
@@ -193,6 +202,10 @@ def backend() -> str:
 
 def op_backends() -> dict[str, str]:
     return OP_BACKENDS.get()
+
+
+def fp8_activations() -> str:
+    return FP8_ACTIVATIONS.get()
 
 
 def kv_format() -> str:

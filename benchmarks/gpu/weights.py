@@ -5,7 +5,8 @@
     python -m benchmarks.gpu.weights --smoke    # tiny sizes on CPU (TRITON_INTERPRET=1)
 
 ``check``: the Triton op against the reference op (fp32 math over the same e4m3 / e2m1 bytes) on
-fresh random weights: max |diff| / max |ref| <= 2^-7 (bf16 outputs).
+fresh random weights, the FP8 linears with and without e4m3 activations (``quantize_x``): max
+|diff| / max |ref| <= 2^-7 (bf16 outputs).
 
 ``bench``: CUDA-graph medians of the Triton op, of the unfused path it replaces (the weight
 dequantized to bf16 on every call, then a bf16 matmul; per expert for the MoE), and the floor
@@ -179,11 +180,13 @@ def check(device, smoke=False):
         for m in ((1, 5) if smoke else (1, 8, 64, 700)):
             x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device,
                             generator=gen).to(torch.bfloat16)
-            got = lin["triton"](x, w8, s, (128, 128), None)
-            ref = lin["reference"](x, w8, s, (128, 128), None)
-            r = _rel(got, ref)
-            rows.append({"op": "fp8_block_linear", "case": f"{name} M={m}", "rel_err": r,
-                         "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all())})
+            for qx in (False, True):  # W8A16, and W8A8 (e4m3 activations: fp8_dot_linear)
+                got = lin["triton"](x, w8, s, (128, 128), None, qx)
+                ref = lin["reference"](x, w8, s, (128, 128), None, qx)
+                r = _rel(got, ref)
+                rows.append({"op": "fp8_block_linear", "case": f"{name} M={m}"
+                             + (" e4m3 x" if qx else ""), "rel_err": r,
+                             "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all())})
     rows += _decode_modes(torch, device, gen, smoke)
     rows += _serial_split(torch, device, gen, smoke)
     rows += _dense(torch, device, gen, smoke)

@@ -351,7 +351,7 @@ def test_triton_launch_heuristics():
     assert tf._prefill_tile(2048, 1024, torch.device("cpu"))["fold"] == tf.FOLD_W
     assert tf._prefill_tile(2047, 1024, torch.device("cpu")) == {}
     assert tf._prefill_tile(8192, 512, torch.device("cpu")) == {}  # narrow weights keep theirs
-    assert tf._split_k(torch.device("cpu"), 4096, 32, 4, 1) == 1  # no split off CUDA
+    assert tf.split_k_for(torch.device("cpu"), 4096, 32, 4, 1) == 1  # no split off CUDA
     assert [tf.k_tile(b) for b in (128, 32, 16, 8, 100)] == [128, 32, 16, 16, 128]
 
 
@@ -421,7 +421,7 @@ for cap in (90, 80):  # ops.dense_linear: the 16-bit weight read as it lies, fp3
               FOLD=1, SERIAL=True, SPLITS=4, RED_BF16=False, W16=True),
          f"sm_{cap} dense bf16 weight -> fp32 tile 16x32", cap, num_warps=4, num_stages=3)
 for cap in (90, 80):
-    comp(f._splitk_sum_kernel, dict(part_ptr="*fp32", out_ptr="*bf16", n_splits="i32",
+    comp(f.splitk_sum_kernel, dict(part_ptr="*fp32", out_ptr="*bf16", n_splits="i32",
                                     n_elems="i32", stride_s="i32"),
          dict(BLOCK=1024, OUT_BF16=True), f"sm_{cap} split-K sum", cap, num_warps=4)
 print("RESULTS" + json.dumps(results))
@@ -452,7 +452,8 @@ def test_kit_cases_pass(backend, caps_name, gen):
                 main_fmt="bf16", indexer_fmt="bf16", main_formats=("bf16",),
                 indexer_formats=("bf16",))
     cases = fp8_block_linear_cases(ctx)
-    assert len(cases) == 8 and all(c.op == FP8_BLOCK_LINEAR for c in cases)
+    assert len(cases) == 12 and all(c.op == FP8_BLOCK_LINEAR for c in cases)
+    assert sum(c.name.startswith("e4m3 x: ") for c in cases) == 4   # quantize_x=True
     failures = []
     for case in cases:
         ok, detail, _ = case.run(impl(FP8_BLOCK_LINEAR, backend))

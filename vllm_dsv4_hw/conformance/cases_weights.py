@@ -49,6 +49,24 @@ def fp8_block_linear_oracle(x: torch.Tensor, wb: torch.Tensor, sb: torch.Tensor,
     return y if grouped else y[:, 0]
 
 
+def e4m3_activation_values(x: torch.Tensor, bk: int) -> torch.Tensor:
+    """x's values under ``quantize_x`` (the checkpoints' dynamic activation scheme) in float64:
+    per row and ``bk`` block of K, x (as fp32) over the scale 2^ceil(log2(max(amax, 1e-4) / 448))
+    rounded to nearest even on the e4m3 grid (spacing 2^-9 below 2^-6), times the scale."""
+    xf = x.float().double()
+    out = torch.empty_like(xf)
+    floor = float(torch.tensor(1e-4, dtype=torch.float32))
+    for j in range(0, xf.shape[-1], bk):
+        blk = xf[..., j:j + bk]
+        scale = torch.exp2(torch.ceil(torch.log2(blk.abs().amax(-1, keepdim=True)
+                                                 .clamp_min(floor) / 448.0)))
+        v = blk / scale
+        step = torch.exp2(torch.floor(torch.log2(v.abs().clamp_min(2.0 ** -6))) - 3)
+        out[..., j:j + bk] = (torch.round(v.abs() / step) * step).clamp_max(448.0).copysign(v) \
+            * scale
+    return out
+
+
 def _weight(ctx: Ctx, lead: tuple[int, ...], n: int, k: int, block: tuple[int, int],
             scale_bytes: tuple[int, int] | None = None):
     """(e4m3 bytes, ue8m0 bytes) on the CPU: a quantized N(0, 1/K) weight, or (``scale_bytes``
@@ -94,14 +112,19 @@ def fp8_block_linear_cases(ctx: Ctx) -> list[Case]:
         (f"ue8m0 bytes 251..254, [{d.tokens}, {d.hidden}] -> {d.q_lora}", d.tokens, None,
          d.q_lora, d.hidden, V41_BLOCK, (251, 254), 2.0 ** -100),
     ]
+    # e4m3 activations (``quantize_x``, W8A8): decode, grouped, V4.1 blocks, a prefill chunk
+    specs += [(f"e4m3 x: {spec[0]}",) + spec[1:] + (True,) for i, spec in enumerate(specs)
+              if i in (0, 2, 3, 5)]
     out = []
-    for name, m, g, n, k, block, sbytes, xmag in specs:
+    for name, m, g, n, k, block, sbytes, xmag, *qx in specs:
+        quantize_x = bool(qx and qx[0])
         lead = (g,) if g else ()
         wb, sb = _weight(ctx, lead, n, k, block, sbytes)
         x = (torch.randn(*((m, g, k) if g else (m, k)), generator=ctx.gen) * xmag)
         x = x.to(torch.bfloat16).to(ctx.device)
-        want = fp8_block_linear_oracle(x.to(ctx.oracle_device), wb.to(ctx.oracle_device),
-                                       sb.to(ctx.oracle_device), block)
+        xo = x.to(ctx.oracle_device)
+        want = fp8_block_linear_oracle(e4m3_activation_values(xo, block[1]) if quantize_x else xo,
+                                       wb.to(ctx.oracle_device), sb.to(ctx.oracle_device), block)
         w_dev, s_dev = wb.to(ctx.device), sb.to(ctx.device)
         if ctx.caps.fp8:  # the checkpoint's own dtypes; raw bytes where the device has no fp8
             w_dev, s_dev = w_dev.view(torch.float8_e4m3fn), s_dev.view(torch.float8_e8m0fnu)
@@ -119,8 +142,9 @@ def fp8_block_linear_cases(ctx: Ctx) -> list[Case]:
             return _verdict(ratio(res.to(want.device).double() * p, w,
                                   dense_bound(w, torch.bfloat16)))
 
+        args = (x, w_dev, s_dev, block) + ((None, True) if quantize_x else ())
         out.append(Case(api.FP8_BLOCK_LINEAR, f"{name}, block {block[0]}x{block[1]}, bf16",
-                        (x, w_dev, s_dev, block), check))
+                        args, check))
     return out
 
 

@@ -208,7 +208,8 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor,
 
 
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                     block: tuple[int, int], out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                     block: tuple[int, int], out_dtype: torch.dtype | None = None,
+                     quantize_x: bool = False) -> torch.Tensor:
     """``y = x @ dequant(weight)^T`` for an FP8 block-quantized weight as the checkpoint ships it.
 
     Plain: x [M, K], weight [N, K] e4m3 (``torch.float8_e4m3fn`` or its uint8 bytes), scale
@@ -218,8 +219,12 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     checkpoint's ``weight_block_size`` (128x128 for V4, 32x32 for V4.1).
     Math: ``y[m, n] = sum_kb s[n // bn, kb] * sum_{k in block kb} x[m, k] * e4m3(weight[n, k])`` with
     fp32 accumulation (float64 for float64 x), rounded once to ``out_dtype`` (default x's dtype).
+    ``quantize_x``: x is first replaced by its e4m3 quantization, the checkpoint's dynamic
+    activation scheme (``ops.reference.fp8_linear.quantize_activations``: per row and ``bk``-wide
+    block of K, a power-of-two scale ``2^ceil(log2(max(amax, 1e-4) / 448))``, codes rounded to
+    nearest even), so backends with FP8 x FP8 tensor-core dots read both operands as e4m3.
     """
-    return _impl(FP8_BLOCK_LINEAR, x)(x, weight, scale, block, out_dtype)
+    return _impl(FP8_BLOCK_LINEAR, x)(x, weight, scale, block, out_dtype, quantize_x)
 
 
 def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,

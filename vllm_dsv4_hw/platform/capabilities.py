@@ -32,6 +32,10 @@ class DeviceCapabilities:
     # wait on each other through global atomics (the one-launch radix top-k, ops/triton/topk.py);
     # False where programs may run one after another (Ascend's core-bound grid, the interpreter)
     spin_sync: bool = False
+    # tensor-core dots of two e4m3 operands with fp32 accumulation (CUDA sm_89+: Ada's mma, Hopper's
+    # wgmma, Blackwell's): the FP8 linears' W8A8 kernel (ops/triton/fp8_dot_linear.py). ROCm's
+    # gfx942 e4m3 is the fnuz variant, not the checkpoint's bytes: no.
+    fp8_dot: bool = False
 
     def has(self, name: str) -> bool:
         if name not in {f.name for f in fields(self)}:
@@ -59,7 +63,8 @@ def cuda_capabilities(major: int, minor: int, hip: bool = False) -> DeviceCapabi
     return DeviceCapabilities("cuda", fp8=True, fp8_cvt=(major, minor) >= (8, 9), mxfp4=True,
                               bf16=major >= 8, fp64=True, streams=True, graphs=True,
                               max_grid=2**31 - 1, ptx_inline=not hip and major >= 8,
-                              spin_sync=True, shared_mem=HIP_SHARED if hip else _CUDA_SHARED.get(
+                              spin_sync=True, fp8_dot=not hip and (major, minor) >= (8, 9),
+                              shared_mem=HIP_SHARED if hip else _CUDA_SHARED.get(
                                   (major, minor), _CUDA_SHARED_BY_MAJOR.get(major, 48 * KIB)))
 
 

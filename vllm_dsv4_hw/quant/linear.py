@@ -6,8 +6,9 @@ are and how the layer multiplies:
 
 * :class:`Fp8BlockLinearMethod`: ``weight`` e4m3 ``[N, K]`` and ``scale`` ue8m0
   ``[ceil(N/bn), ceil(K/bk)]`` exactly as the checkpoint stores them (``<name>.weight`` /
-  ``<name>.scale``), multiplied by ``ops.fp8_block_linear`` (weight-only: activations stay in the
-  model dtype);
+  ``<name>.scale``), multiplied by ``ops.fp8_block_linear``; its activations quantized to e4m3
+  per 128-column block where the device has FP8 x FP8 dots (:func:`e4m3_activations`: the
+  checkpoints' dynamic activation scheme), else kept in the model dtype (weight-only);
 * :class:`DenseLinearMethod`: a float ``weight`` (bf16 checkpoints, and the projections the FP8
   checkpoints ship in bf16), multiplied by ``ops.dense_linear``; optionally with fp32 output (the compressor's fused
   ``wkv | wgate`` GEMM, whose pooling runs in fp32).
@@ -19,16 +20,20 @@ weights (:func:`grouped_linear`, the grouped output projection ``wo_a``).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from vllm.model_executor.layers.linear import (
     LinearMethodBase,
     register_weight_loader_v2_supported_method,
 )
 from vllm.model_executor.parameter import BlockQuantScaleParameter, ModelWeightParameter
+from vllm.logger import init_logger
 from vllm.model_executor.utils import set_weight_attrs
 
-from vllm_dsv4_hw import ops
+from vllm_dsv4_hw import envs, ops
 
+logger = init_logger(__name__)
 __all__ = ["DenseLinearMethod", "Fp8BlockLinearMethod", "column_linear", "grouped_linear",
            "merged_linear", "replicated_linear", "row_linear"]
 
@@ -61,6 +66,22 @@ class DenseLinearMethod(LinearMethodBase):
         return torch.einsum("mgk,gnk->mgn", x3, w.to(x3.dtype))
 
 
+@functools.lru_cache(maxsize=None)
+def _e4m3_activations(device_type: str, setting: str) -> bool:
+    from vllm_dsv4_hw.ops.backends import device_capabilities
+
+    on = setting == "e4m3" or (setting == "auto" and device_capabilities(device_type).fp8_dot)
+    logger.info("FP8 linears on %s: %s activations (%s=%s)", device_type,
+                "e4m3 (W8A8)" if on else "model-dtype (W8A16)", envs.FP8_ACTIVATIONS.name, setting)
+    return on
+
+
+def e4m3_activations(device: torch.device) -> bool:
+    """Whether the FP8 linears on ``device`` quantize their activations to e4m3
+    (``envs.FP8_ACTIVATIONS``; auto: where the device declares ``fp8_dot``)."""
+    return _e4m3_activations(device.type, envs.fp8_activations())
+
+
 @register_weight_loader_v2_supported_method
 class Fp8BlockLinearMethod(LinearMethodBase):
     """``weight`` float8_e4m3fn ``[N, K]`` + ``scale`` float8_e8m0fnu, one per ``block``."""
@@ -91,7 +112,8 @@ class Fp8BlockLinearMethod(LinearMethodBase):
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = ops.fp8_block_linear(x.reshape(-1, x.shape[-1]), layer.weight, layer.scale, self.block)
+        y = ops.fp8_block_linear(x.reshape(-1, x.shape[-1]), layer.weight, layer.scale, self.block,
+                                 quantize_x=e4m3_activations(x.device))
         y = y.view(*lead, -1)
         return y if bias is None else y + bias
 
@@ -102,7 +124,8 @@ class Fp8BlockLinearMethod(LinearMethodBase):
             raise ValueError(f"{getattr(layer, 'prefix', 'linear')}: {groups} groups of {n} rows "
                              f"cut the {self.block[0]}-row FP8 block")
         return ops.fp8_block_linear(x3, w.view(groups, n, w.shape[1]),
-                                    s.view(groups, n // self.block[0], s.shape[1]), self.block)
+                                    s.view(groups, n // self.block[0], s.shape[1]), self.block,
+                                    quantize_x=e4m3_activations(x3.device))
 
 
 def grouped_linear(layer, x3: torch.Tensor, groups: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ row block whose scales sit more than ``BAND`` binades below c (so far below that
 underflow fp32 together with small activations) are handled in further bands with their own c:
 one matmul per band, only where such spreads occur (never in real checkpoints). Math in fp32 for
 bf16 / fp16 / fp32 x, float64 for float64 x; one rounding to ``out_dtype`` (default x's dtype).
+``quantize_x`` first replaces x by :func:`quantize_activations` (exact in fp32 and float64).
 
 :func:`check_fp8_block_linear_args` is the shared argument check of every backend of the op.
 """
@@ -22,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import pow2
+from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import e4m3_decode, fp8_block_quantize, pow2
 from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
 from vllm_dsv4_hw.ops.registry import register_op
 
@@ -117,9 +118,24 @@ def _tile_shape(m: int, k: int, bn: int, bk: int) -> tuple[int, int]:
     return bn, max(bk, TILE_ELEMS // bn // bk * bk)
 
 
+def quantize_activations(x: torch.Tensor, bk: int) -> torch.Tensor:
+    """The e4m3 activation quantization of x [M, K] as fp32 values: per row and ``bk``-wide block
+    of K (the last one may be shorter), the scale ``2^ceil(log2(max(amax, 1e-4) / 448))`` and the
+    codes of ``x / scale`` rounded to nearest even (``fp8_block_quantize``, the rule of the
+    fp8_ds_mla cache entries and of DeepSeek's ``act_quant`` with ue8m0 scales); x is read as
+    fp32. Every result is an e4m3 value times a power of two: exact in fp32 (and float64)."""
+    m, k = x.shape
+    kb = -(-k // bk)
+    xf = torch.zeros(m, kb * bk, dtype=torch.float32, device=x.device)
+    xf[:, :k] = x
+    codes, e = fp8_block_quantize(xf.view(m, kb, bk))
+    return (e4m3_decode(codes) * pow2(e)[..., None]).view(m, kb * bk)[:, :k]
+
+
 @register_op(FP8_BLOCK_LINEAR, "reference")
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                     block: tuple[int, int], out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                     block: tuple[int, int], out_dtype: torch.dtype | None = None,
+                     quantize_x: bool = False) -> torch.Tensor:
     a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
     m, g, n, k, bn, bk = a.m, a.g, a.n, a.k, a.bn, a.bk
     out = torch.empty(m, g, n, dtype=a.out_dtype, device=x.device)
@@ -130,7 +146,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         band = 1 << 30 if md == torch.float64 else BAND  # float64 holds 2^-254 ratios exactly
         rows, cols = _tile_shape(m, k, bn, bk)
         for gi in range(g):
-            xg = a.x[:, gi].to(md)
+            xg = (quantize_activations(a.x[:, gi], bk) if quantize_x else a.x[:, gi]).to(md)
             for n0 in range(0, n, rows):
                 n1 = min(n, n0 + rows)
                 out[:, gi, n0:n1] = _row_tile(xg, a.w[gi, n0:n1], a.s[gi, n0 // bn:-(-n1 // bn)],

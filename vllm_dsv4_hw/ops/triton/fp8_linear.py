@@ -15,7 +15,7 @@ runs an fp32 ``ieee`` dot. Any M: the grid covers ceil(M / BM) row tiles (BM <= 
 rows of a weight with >= 1024 columns, where the device's shared memory holds it, the
 ``PREFILL_TILE``: 128 x 256 with the block scale folded into the converted weight tile, so the
 dot accumulates in place, ``FOLD``). Small grids get split-K (partials [S, M, G,
-N] in the accumulator dtype, summed and cast by ``_splitk_sum_kernel``); with more than one row
+N] in the accumulator dtype, summed and cast by ``splitk_sum_kernel``); with more than one row
 tile, only while the grid does not fill the device (partials cost S * M * N * 4 bytes). float64 x
 (the exact test path) takes rank-1 float64 updates instead of a dot.
 
@@ -34,7 +34,11 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
-from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs, check_fp8_block_linear_args
+from vllm_dsv4_hw.ops.reference.fp8_linear import (
+    Fp8LinearArgs,
+    check_fp8_block_linear_args,
+    quantize_activations,
+)
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.launch import grid_limit, sm_count
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit, e4m3_mode
@@ -70,7 +74,7 @@ def _e4m3_tile(wq, DT: tl.constexpr, CVT: tl.constexpr):
 
 
 @triton.jit
-def _widen(x):
+def widen(x):
     """x as fp32; bf16 from its bits (the interpreter's conversion garbles subnormals)."""
     if x.dtype == tl.bfloat16:
         return bf16_bits_to_f32(x.to(tl.uint16, bitcast=True))
@@ -79,7 +83,7 @@ def _widen(x):
 
 
 @triton.jit
-def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
+def store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
     """Store ``v`` converted to ptr's dtype; bf16 is rounded (nearest even) in fp32 first.
     OUT_BF16 == 2 (the interpreter): ``ptr`` is an int16 view and the bf16 bits are stored as
     such, because the interpreter's conversion to bf16 garbles subnormal values."""
@@ -150,9 +154,9 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
                 else:
                     acc = tl.dot(x, tl.trans(wt), acc)
             else:
-                xf = _widen(x)
+                xf = widen(x)
                 if W16:
-                    wt = _widen(wq)
+                    wt = widen(wq)
                 else:
                     sb = tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127)
                     wt = _e4m3_tile(wq, tl.float32, CVT) * ue8m0_to_f32(sb)[:, None]
@@ -170,7 +174,7 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
                 xk = tl.load(x_rows + km, mask=m_ok & (km < K), other=0.0).to(tl.float64)
                 wk = tl.load(w_rows + kn, mask=n_ok & (kn < K), other=0)
                 if W16:
-                    part += xk[:, None] * _widen(wk).to(tl.float64)[None, :]
+                    part += xk[:, None] * widen(wk).to(tl.float64)[None, :]
                 else:
                     part += xk[:, None] * e4m3_bits_to_f32(wk).to(tl.float64)[None, :]
         else:
@@ -187,8 +191,8 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
                 wt = wq if W16 else _e4m3_tile(wq, x_ptr.dtype.element_ty, CVT)
                 part = tl.dot(x, tl.trans(wt))
             else:
-                wt = _widen(wq) if W16 else _e4m3_tile(wq, tl.float32, CVT)
-                part = tl.dot(_widen(x), tl.trans(wt), input_precision="ieee")
+                wt = widen(wq) if W16 else _e4m3_tile(wq, tl.float32, CVT)
+                part = tl.dot(widen(x), tl.trans(wt), input_precision="ieee")
         if FOLD == 0:
             if W16:
                 acc += part
@@ -200,7 +204,7 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
         acc = tl.trans(acc)
     rel = g * sog + offs_m.to(tl.int64)[:, None] * som + offs_n[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
-    _store_out(out_ptr + pid_s.to(tl.int64) * sos + rel, acc, mask, OUT_BF16)
+    store_out(out_ptr + pid_s.to(tl.int64) * sos + rel, acc, mask, OUT_BF16)
     if SERIAL:
         # Serial split-K: the tile's last split to finish sums the partials in split order (the
         # bits of the separate sum launch, whichever split is last) and resets the tile's counter
@@ -214,12 +218,12 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
             for s in tl.static_range(SPLITS):
                 tot += tl.load(out_ptr + s * sos + rel, mask=mask, other=0.0,
                                cache_modifier=".cg")
-            _store_out(red_ptr + rel, tot, mask, RED_BF16)
+            store_out(red_ptr + rel, tot, mask, RED_BF16)
             tl.store(cnt_ptr + pid, 0)
 
 
 @triton.jit
-def _splitk_sum_kernel(part_ptr, out_ptr, n_splits, n_elems, stride_s, BLOCK: tl.constexpr,
+def splitk_sum_kernel(part_ptr, out_ptr, n_splits, n_elems, stride_s, BLOCK: tl.constexpr,
                        OUT_BF16: tl.constexpr):
     """out = sum over the split-K partials [S, ...] (in split order), cast to out's dtype: one
     launch instead of a reduction and a cast."""
@@ -228,7 +232,7 @@ def _splitk_sum_kernel(part_ptr, out_ptr, n_splits, n_elems, stride_s, BLOCK: tl
     acc = tl.zeros([BLOCK], dtype=part_ptr.dtype.element_ty)
     for s in range(0, n_splits):
         acc += tl.load(part_ptr + s * stride_s + offs, mask=m, other=0.0)
-    _store_out(out_ptr + offs, acc, m, OUT_BF16)
+    store_out(out_ptr + offs, acc, m, OUT_BF16)
 
 
 def _auto_block_n(n: int, g: int, m: int = 1, k: int = 0) -> int:
@@ -276,7 +280,7 @@ def _auto_split_k(kb: int, base: int, sms: int) -> int:
     return max(1, min(kb, max(-(-kb // 16), occupancy)))
 
 
-def _split_k(device: torch.device, k: int, kb: int, base: int, n_mblk: int) -> int:
+def split_k_for(device: torch.device, k: int, kb: int, base: int, n_mblk: int) -> int:
     """Split-K of a launch: the measured decode rule (in 128-wide K units, so 32x32 blocks split
     as 128x128 ones do), clamped to the K blocks; none off CUDA, and none for multi-tile M once
     the grid fills the device (prefill: the split was not measured there; partials grow with M)."""
@@ -288,7 +292,7 @@ def _split_k(device: torch.device, k: int, kb: int, base: int, n_mblk: int) -> i
     return max(1, min(kb, _auto_split_k(triton.cdiv(k, 128), base, sms)))
 
 
-def _rows_per_launch(m: int, bm: int, programs_per_row_block: int, limit: int) -> int:
+def rows_per_launch(m: int, bm: int, programs_per_row_block: int, limit: int) -> int:
     """Rows one launch may cover so that its grid stays within ``limit`` programs (all ``m`` on
     CUDA, whose bound is never reached); whole row blocks of ``bm``."""
     blocks = limit // programs_per_row_block
@@ -323,7 +327,7 @@ def _math(dtype: torch.dtype, interpreting: bool) -> int:
 
 
 # Split-K partials summed by the tile's last split inside the GEMM launch or by a second launch
-# (``_splitk_sum_kernel``); same bits either way. In the launch for one row tile of <= 16 rows
+# (``splitk_sum_kernel``); same bits either way. In the launch for one row tile of <= 16 rows
 # (decode): ``decode_kernels --only gemm_split`` (H200, 2026-12-02, us, in launch / second launch):
 # M = 1 wq_a 4.79 / 5.90, wkv 4.12 / 5.07, wo_b 16.43 / 16.75, V4-Pro wq_a 9.20 / 10.42, wo_b
 # 43.64 / 45.14; at M = 32 the last split's sum of a 32-row tile loses (wq_a 8.36 / 7.36, wo_b
@@ -356,10 +360,22 @@ def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
 @register_op(FP8_BLOCK_LINEAR, "triton")
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      block: tuple[int, int], out_dtype: torch.dtype | None = None,
-                     **knobs) -> torch.Tensor:
+                     quantize_x: bool = False, **knobs) -> torch.Tensor:
     """The op contract (``ops.api.fp8_block_linear``); the keyword-only ``knobs`` (those of
-    :func:`launch`) are for benchmarks and tests."""
-    return launch(check_fp8_block_linear_args(x, weight, scale, block, out_dtype), **knobs)
+    :func:`launch`, or of ``fp8_dot_linear.launch`` with ``quantize_x``) are for benchmarks and
+    tests. ``quantize_x`` takes the W8A8 kernel where it runs (``fp8_dot_linear.supports``), else
+    this kernel on the quantized activations' values, the same products (a float64 x, an odd
+    scale block, a device without FP8 dots): kept in bf16 for bf16 x (e4m3 times a power of two
+    from 2^-31 up is a bf16 value: exact, the 16-bit dot), else fp32."""
+    a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
+    if not quantize_x:
+        return launch(a, **knobs)
+    from vllm_dsv4_hw.ops.triton import fp8_dot_linear  # imports this module's launch helpers
+    if fp8_dot_linear.supports(a):
+        return fp8_dot_linear.launch(a, **knobs)
+    xq = quantize_activations(a.x.reshape(a.m * a.g, a.k), a.bk).view(a.m, a.g, a.k)
+    keep = {torch.bfloat16: torch.bfloat16, torch.float64: torch.float64}
+    return launch(a._replace(x=xq.to(keep.get(x.dtype, torch.float32))), **knobs)
 
 
 def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None = None,
@@ -397,10 +413,10 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None 
     n_nblk = triton.cdiv(n, bn_tile)
     base = n_nblk * g * n_mblk
     if split_k is None:
-        split_k = _split_k(dev, k, kb, base, n_mblk)
+        split_k = split_k_for(dev, k, kb, base, n_mblk)
     kps = triton.cdiv(kb, max(1, min(split_k, kb)))
     split_k = triton.cdiv(kb, kps)
-    rows = _rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
+    rows = rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
     if rows < m:  # a grid over the device's bound (Ascend, long prefill): launches of fewer rows
         kw = dict(block_n=bn_tile, split_k=split_k, num_warps=num_warps, num_stages=num_stages,
                   block_m=bm, fold=fold, cvt=cvt, serial=serial, w16=w16)
@@ -436,7 +452,7 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None 
         num_warps=num_warps, num_stages=num_stages)
     if split_k > 1 and counters is None:
         ne = red.numel()
-        _splitk_sum_kernel[(triton.cdiv(ne, 1024),)](
+        splitk_sum_kernel[(triton.cdiv(ne, 1024),)](
             out, red_arg, split_k, ne, out.stride(0), BLOCK=1024,
             OUT_BF16=bf16_mode, num_warps=4)
     out = red

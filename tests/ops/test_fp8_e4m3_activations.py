@@ -1,0 +1,167 @@
+"""``fp8_block_linear(..., quantize_x=True)``: the FP8 linears with e4m3 activations (W8A8, the
+checkpoints' dynamic activation scheme) on every CPU-runnable backend, against a float64 oracle
+written here: x's quantization (per row and ``bk`` block: scale ``2^ceil(log2(max(amax, 1e-4) /
+448))``, codes rounded to nearest even on the e4m3 grid) computed independently in float64, then
+the W8A16 oracle of ``test_fp8_block_linear`` on the quantized values, with that file's rigorous
+bound (the quantized values are exact in fp32, so the kernels' only errors stay the accumulation
+and the output rounding). Also: the Triton W8A8 kernel's tiles, the x-quantizing launch, splits
+and the fallback of calls it does not take; the activation setting and the ``fp8_dot``
+capability.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.backends import cpu_backends, impl
+from tests.ops.test_fp8_block_linear import assert_close, quantized_weight, rand_x
+from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
+
+BACKENDS = cpu_backends(FP8_BLOCK_LINEAR)
+
+
+def oracle_quantize(x: torch.Tensor, bk: int) -> torch.Tensor:
+    """x [..., K] (read as fp32) -> its e4m3 activation values, float64."""
+    xf = x.float().double()
+    k = xf.shape[-1]
+    out = torch.empty_like(xf)
+    floor = float(torch.tensor(1e-4, dtype=torch.float32))
+    for j in range(0, k, bk):
+        blk = xf[..., j:j + bk]
+        amax = blk.abs().amax(-1, keepdim=True).clamp_min(floor)
+        scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+        v = blk / scale
+        a = v.abs()
+        ex = torch.floor(torch.log2(a.clamp_min(2.0 ** -6)))   # below 2^-6: subnormal spacing
+        step = torch.exp2(ex - 3)
+        q = (torch.round(a / step) * step).clamp_max(448.0).copysign(v)
+        out[..., j:j + bk] = q * scale
+    return out
+
+
+def _x(gen, m, g, k, dtype):
+    """Activations whose blocks span magnitudes (outliers, tiny blocks, an all-zero block)."""
+    x = rand_x(gen, m, g, k, torch.float64)
+    x = x * torch.exp2(torch.randint(-12, 6, x.shape[:-1] + (1,), generator=gen).double())
+    if k > 40:
+        x[..., 3] *= 300.0           # an outlier sets its block's scale
+        x[..., 32:40] = 0.0          # with bk = 32: a whole zero block (the 1e-4 floor)
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("bk", [32, 128])
+def test_quantization_matches_the_oracle(dtype, bk, gen):
+    from vllm_dsv4_hw.ops.reference.fp8_linear import quantize_activations
+
+    x = _x(gen, 7, None, 300, dtype)
+    want = oracle_quantize(x, bk)
+    got = quantize_activations(x, bk)
+    assert got.dtype == torch.float32 and torch.equal(got.double(), want)
+
+
+@pytest.mark.parametrize("bk", [32, 128])
+def test_triton_quantize_launch_is_bit_exact(bk, gen):
+    """The x-quantizing launch of the W8A8 kernel (interpreter): codes and scales whose product is
+    the oracle's value, bit for bit."""
+    from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import e4m3_decode
+    from vllm_dsv4_hw.ops.triton import fp8_dot_linear
+
+    x = _x(gen, 19, None, 300, torch.bfloat16)
+    q, xs = fp8_dot_linear.quantize(x, bk)
+    assert q.shape == (19, 300) and xs.shape == (19, -(-300 // bk))
+    got = e4m3_decode(q).double() * xs.double().repeat_interleave(bk, 1)[:, :300]
+    assert torch.equal(got, oracle_quantize(x, bk))
+
+
+SHAPES = [  # m, n, k, g (None = plain), block
+    (1, 256, 384, None, (128, 128)),    # decode
+    (3, 200, 300, None, (128, 128)),    # ragged N and K
+    (5, 64, 256, 3, (128, 128)),        # grouped (wo_a form)
+    (17, 100, 150, 2, (32, 32)),        # grouped, V4.1 blocks, ragged, a 32-row tile
+    (70, 130, 200, None, (32, 32)),     # the prefill tile, ragged
+    (0, 64, 128, None, (128, 128)),     # empty batch
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("m,n,k,g,block", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_matches_oracle(backend, m, n, k, g, block, dtype, gen):
+    wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
+    x = _x(gen, m, g, k, dtype)
+    got = impl(FP8_BLOCK_LINEAR, backend)(x, wq, sc, block, None, True)
+    assert got.shape == ((m, g, n) if g else (m, n)) and got.dtype == dtype
+    xq = oracle_quantize(x, block[1]).float()   # exact in fp32
+    want = assert_close(got, xq, wq, sc, block, dtype)
+    if m:
+        # the quantization is really applied: W8A16 on x itself is measurably elsewhere
+        plain = impl(FP8_BLOCK_LINEAR, backend)(x, wq, sc, block, torch.float32)
+        assert (plain.double() - want).abs().max() > 1e-3 * want.abs().max()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("x_dtype,out_dtype,block", [
+    (torch.float64, None, (128, 128)),        # float64 x: the W8A16 kernel on the quantized values
+    (torch.bfloat16, torch.float32, (64, 96)),  # a scale block the W8A8 kernel does not take
+    (torch.float16, None, (32, 32)),
+])
+def test_dtypes_and_fallbacks(backend, x_dtype, out_dtype, block, gen):
+    wq, sc = quantized_weight(gen, (72, 200), (block[0], block[0]))
+    sc = torch.randint(120, 128, (-(-72 // block[0]), -(-200 // block[1])), generator=gen,
+                       dtype=torch.uint8)
+    x = rand_x(gen, 3, None, 200, x_dtype)   # (fp16 outputs: no outlier blocks)
+    got = impl(FP8_BLOCK_LINEAR, backend)(x, wq, sc, block, out_dtype, True)
+    xq = oracle_quantize(x, block[1])
+    assert_close(got, xq.to(torch.float64 if x_dtype == torch.float64 else torch.float32),
+                 wq, sc, block, out_dtype or x_dtype)
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(wt=True, pre=False, xpf=True),                 # decode default
+    dict(wt=True, pre=False, xpf=False),
+    dict(wt=True, pre=True, block_n=128),
+    dict(wt=False, pre=True, block_m=64),               # the prefill tile
+    dict(wt=False, pre=False, xpf=True, block_m=16),
+    dict(wt=True, split_k=3, serial=True),              # the last split sums
+    dict(wt=True, split_k=3, serial=False, pre=True),   # the separate sum launch
+])
+@pytest.mark.parametrize("g", [None, 2])
+def test_triton_w8a8_tiles(knobs, g, gen):
+    """Every tile and mode of the W8A8 kernel (interpreter) within the bound, and bit-equal to
+    each other where only the x path differs (the same codes enter the same dots)."""
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+
+    block = (128, 128)
+    m, n, k = 6, 200, 420
+    wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
+    x = _x(gen, m, g, k, torch.bfloat16)
+    got = fp8_block_linear(x, wq, sc, block, torch.float32, True, **knobs)
+    assert_close(got, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
+    other = dict(knobs, pre=not knobs.get("pre", False), xpf=True)
+    assert torch.equal(fp8_block_linear(x, wq, sc, block, torch.float32, True, **other), got)
+
+
+def test_activation_setting(monkeypatch):
+    from vllm_dsv4_hw import envs
+    from vllm_dsv4_hw.quant.linear import e4m3_activations
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("VLLM_DSV4_HW_FP8_ACTIVATIONS", raising=False)
+    assert e4m3_activations(cpu) is False            # auto: the CPU declares no FP8 dots
+    monkeypatch.setenv("VLLM_DSV4_HW_FP8_ACTIVATIONS", "e4m3")
+    assert e4m3_activations(cpu) is True
+    monkeypatch.setenv("VLLM_DSV4_HW_FP8_ACTIVATIONS", "model")
+    assert e4m3_activations(cpu) is False
+    monkeypatch.setenv("VLLM_DSV4_HW_FP8_ACTIVATIONS", "fp8")
+    with pytest.raises(envs.SettingError, match="VLLM_DSV4_HW_FP8_ACTIVATIONS='fp8'.*auto"):
+        e4m3_activations(cpu)
+
+
+def test_fp8_dot_capability():
+    from vllm_dsv4_hw.platform.capabilities import cuda_capabilities
+
+    assert not cuda_capabilities(8, 0).fp8_dot and not cuda_capabilities(8, 6).fp8_dot
+    assert all(cuda_capabilities(*cc).fp8_dot for cc in ((8, 9), (9, 0), (10, 0), (12, 0)))
+    assert not cuda_capabilities(9, 4, hip=True).fp8_dot     # ROCm e4m3 is the fnuz variant

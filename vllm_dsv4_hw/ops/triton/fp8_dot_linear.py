@@ -1,0 +1,299 @@
+"""Triton ``fp8_block_linear`` with ``quantize_x``: W8A8, both dot operands e4m3 (capability
+``fp8_dot``: CUDA sm_89+), the checkpoint's dynamic activation scheme.
+
+    y[m, n] = sum_kb s[n // bn, kb] * sx[m, kb] * sum_{k in block kb} q[m, k] * e4m3(W[n, k])
+
+with ``q`` / ``sx`` x's e4m3 codes and power-of-two scale per row and K block
+(``ops.reference.fp8_linear.quantize_activations``): the [BM, BK] activation tile's row maxima,
+the exact ``ceil(log2(amax / 448))`` from the bits (``quant.ceil_log2_div``), a power-of-two
+multiply and the hardware cvt (round to nearest even, as the reference's ``e4m3_encode``); done
+in the program on x as it lies (``PRE`` off: no second launch), or by ``_quantize_kernel`` in a
+launch before (``PRE``: the codes then stream into the dots like the weight, which wins for wide
+weights past 16 rows and for prefill). The weight tile goes from global memory to the tensor
+cores as the checkpoint ships it, with no e4m3 decode in registers. Each K block's dot is scaled
+and added to an fp32 accumulator, so the products of a block (exact in fp32) are summed in the
+tensor core only within the block. Measured on the H200 against the W8A16 kernel
+(``docs/performance.md``, "W8A8"): 4-14% faster at one row on the large weights (the decode GEMMs
+are not bound by the e4m3 decode alone), 17-26% at 32 rows, 1.5-2.0x at 4096 rows.
+
+Tiles: up to ``WT_MAX_ROWS`` rows the weight tile is the dot's A operand (y^T = W x^T: its BN rows
+fill Hopper's 64-row wgmma, x's few rows are the narrow N side); more rows take the x tile as A.
+Split-K, the serial last-split sum and the row-chunked launches are ``fp8_linear``'s. Under the
+Triton interpreter (CPU tensors) the same program runs with the integer codecs and an fp32
+``ieee`` dot (``EMU``), so the CPU suite checks its tiling, masks and splits against the reference.
+The K tile is the scale block: ``bk`` must be a power of two in [32, 256] (``supports``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
+from vllm_dsv4_hw.ops.triton import fp8_linear as w16
+from vllm_dsv4_hw.ops.triton.launch import capabilities, grid_limit
+from vllm_dsv4_hw.ops.triton.quant import (
+    ceil_log2_div,
+    e4m3_bits_to_f32,
+    f32_to_e4m3_bits,
+    pow2_f32,
+    ue8m0_to_f32,
+)
+
+WT_MAX_ROWS = 64
+AMAX_FLOOR = tl.constexpr(1e-4)    # kv_cache.formats.fp8_ds_mla.FP8_AMAX_FLOOR
+
+
+@triton.jit
+def _quantize_rows(x, EMU: tl.constexpr):
+    """fp32 tile [R, BK] -> (its e4m3 codes as the dot's operand dtype, the rows' scales [R])."""
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR)
+    e = ceil_log2_div(amax, 0x600000, 8)           # 448 = 1.75 * 2^8
+    q = x * pow2_f32(-e)[:, None]                   # |q| <= 448: exact, no saturation needed
+    if EMU:
+        q = e4m3_bits_to_f32(f32_to_e4m3_bits(q))
+    else:
+        q = q.to(tl.float8e4nv)
+    return q, pow2_f32(e)
+
+
+@triton.jit(do_not_specialize=["M", "n_mblk", "sos"])
+def _w8a8_block_linear_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
+                              M, N, K, KB, kb_per_split, n_nblk, n_mblk,
+                              sxg, sxm, sxsg, sxsm, swg, swn, ssg, ssn, sos, sog, som,
+                              SBN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                              BK: tl.constexpr, WT: tl.constexpr, EMU: tl.constexpr,
+                              PRE: tl.constexpr, XPF: tl.constexpr,
+                              OUT_BF16: tl.constexpr, SERIAL: tl.constexpr,
+                              SPLITS: tl.constexpr, RED_BF16: tl.constexpr):
+    # PRE: x_ptr holds x's e4m3 codes and xs_ptr their scales (``_quantize_kernel``), loaded as
+    # they lie (pipelined like the weight); else x itself, quantized here, its next K block's
+    # tile loaded one iteration ahead when XPF (its latency hidden behind the dot)
+    pid = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_n = pid % n_nblk          # column blocks fastest: neighbours share the activation tile
+    pid_gm = pid // n_nblk
+    g = (pid_gm // n_mblk).to(tl.int64)
+    mb = pid_gm % n_mblk
+    offs_m = mb * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    x_rows = x_ptr + g * sxg + offs_m.to(tl.int64) * sxm
+    w_rows = w_ptr + g * swg + offs_n.to(tl.int64) * swn
+    s_base = s_ptr + g * ssg + (offs_n // SBN).to(tl.int64) * ssn   # each column's scale row
+    if WT:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    lane = tl.arange(0, BK)
+    kb0 = pid_s * kb_per_split
+    xs_rows = xs_ptr + g * sxsg + offs_m.to(tl.int64) * sxsm
+    k_end = tl.minimum(K, (kb0 + kb_per_split) * BK)   # this split's K range ends here
+    if XPF and not PRE:
+        xv_next = tl.load(x_rows[:, None] + (kb0 * BK + lane)[None, :],
+                          mask=m_ok[:, None] & ((kb0 * BK + lane) < K)[None, :], other=0.0)
+    for i in range(0, kb_per_split):
+        kb = kb0 + i
+        offs_k = kb * BK + lane
+        # past K (or the last block of an uneven split) x loads as 0 and so does its e4m3 code;
+        # the weight lanes there are left unloaded (any code times 0; NaN codes never ship)
+        k_ok = offs_k < K
+        if XPF and not PRE:
+            xv = xv_next
+            nk = offs_k + BK
+            xv_next = tl.load(x_rows[:, None] + nk[None, :],
+                              mask=m_ok[:, None] & (nk < k_end)[None, :],
+                              other=0.0)
+        else:
+            xv = tl.load(x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                         other=0.0)
+        wq = tl.load(w_rows[:, None] + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :])
+        if PRE:
+            sx = tl.load(xs_rows + tl.minimum(kb, KB - 1), mask=m_ok, other=1.0)
+        if EMU:
+            if PRE:
+                q = e4m3_bits_to_f32(xv)
+            else:
+                q, sx = _quantize_rows(w16.widen(xv), EMU)
+            wt = e4m3_bits_to_f32(wq)
+            if WT:
+                part = tl.dot(wt, tl.trans(q), input_precision="ieee")
+            else:
+                part = tl.dot(q, tl.trans(wt), input_precision="ieee")
+        else:
+            if PRE:
+                q = xv
+            else:
+                q, sx = _quantize_rows(xv.to(tl.float32), EMU)
+            if WT:
+                part = tl.dot(wq, tl.trans(q))
+            else:
+                part = tl.dot(q, tl.trans(wq))
+        sw = ue8m0_to_f32(tl.load(s_base + tl.minimum(kb, KB - 1), mask=n_ok, other=127))
+        if WT:
+            acc += part * (sw[:, None] * sx[None, :])
+        else:
+            acc += part * (sx[:, None] * sw[None, :])
+    if WT:
+        acc = tl.trans(acc)
+    rel = g * sog + offs_m.to(tl.int64)[:, None] * som + offs_n[None, :]
+    mask = m_ok[:, None] & n_ok[None, :]
+    w16.store_out(out_ptr + pid_s.to(tl.int64) * sos + rel, acc, mask, OUT_BF16)
+    if SERIAL:
+        # the tile's last split sums the partials in split order (fp8_linear's serial split-K)
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if done == SPLITS - 1:
+            tot = tl.zeros((BM, BN), dtype=tl.float32)
+            for s in tl.static_range(SPLITS):
+                tot += tl.load(out_ptr + s * sos + rel, mask=mask, other=0.0,
+                               cache_modifier=".cg")
+            w16.store_out(red_ptr + rel, tot, mask, RED_BF16)
+            tl.store(cnt_ptr + pid, 0)
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, q_ptr, xs_ptr, R, K, KB, sx, sq, sxs,
+                     BR: tl.constexpr, BK: tl.constexpr, EMU: tl.constexpr):
+    """x rows [R, K] -> e4m3 codes [R, K] and scales [R, KB] (``quantize_activations``): one
+    program per BR rows and K block."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    kb = tl.program_id(1)
+    offs_k = kb * BK + tl.arange(0, BK)
+    ok = (rows < R)[:, None] & (offs_k < K)[None, :]
+    r64 = rows.to(tl.int64)
+    xv = tl.load(x_ptr + r64[:, None] * sx + offs_k[None, :], mask=ok, other=0.0)
+    if EMU:
+        amax = tl.maximum(tl.max(tl.abs(w16.widen(xv)), axis=1), AMAX_FLOOR)
+        e = ceil_log2_div(amax, 0x600000, 8)
+        q = f32_to_e4m3_bits(w16.widen(xv) * pow2_f32(-e)[:, None])
+        scale = pow2_f32(e)
+    else:
+        q, scale = _quantize_rows(xv.to(tl.float32), EMU)
+    tl.store(q_ptr + r64[:, None] * sq + offs_k[None, :], q, mask=ok)
+    tl.store(xs_ptr + r64 * sxs + kb, scale, mask=rows < R)
+
+
+def quantize(x2: torch.Tensor, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, K] -> (codes [R, K] float8_e4m3fn (uint8 in the interpreter), scales [R, KB] fp32)."""
+    r, k = x2.shape
+    kb = triton.cdiv(k, bk)
+    interp = x2.device.type == "cpu"
+    q = torch.empty(r, k, dtype=torch.uint8 if interp else torch.float8_e4m3fn, device=x2.device)
+    xs = torch.empty(r, kb, dtype=torch.float32, device=x2.device)
+    br = min(16, triton.next_power_of_2(r))
+    _quantize_kernel[(triton.cdiv(r, br), kb)](x2, q, xs, r, k, kb, x2.stride(0), q.stride(0),
+                                                xs.stride(0), BR=br, BK=bk, EMU=interp,
+                                                num_warps=4)
+    return q, xs
+
+
+def supports(a: Fp8LinearArgs) -> bool:
+    """This kernel takes the call: a 16- or 32-bit x, a power-of-two scale block of K in
+    [32, 256] (the K tile, the smallest e4m3 dot K is 32) and a device with FP8 dots (or the
+    interpreter)."""
+    dev = a.x.device
+    if a.x.dtype == torch.float64 or a.bk not in (32, 64, 128, 256):
+        return False
+    return dev.type == "cpu" or capabilities(dev).fp8_dot
+
+
+def _tile(m: int, n: int, g: int) -> dict:
+    """Launch tile by rows (``python -m benchmarks.decode_kernels --only gemm_w8a8 --batches
+    1,4,32``, H200 2026-12-03, every V4-Flash / V4-Pro projection, ``results/gemm_w8a8-h200-
+    2026-12-03.json``). Up to 16 rows: 64-column weight tiles, 3 stages, x quantized in the
+    program with its next tile loaded ahead, split-K by ``fp8_linear``'s rule (best or within
+    2-3% of the best everywhere). 17-64 rows: the wide weights (>= 4096 columns in all) take x
+    quantized by a launch before (its codes then stream like the weight: wq_b M=32 17.1 -> 14.0 us,
+    wo_b 19.8 -> 17.2, V4-Pro wo_b 59.6 -> 40.0) with 128-column tiles and 4 stages. Prefill:
+    64 x 128 tiles, 4 warps, 4 stages, x quantized before (the best of eight tiles at 4096 rows for
+    wq_a / wq_b / wo_a / wo_b)."""
+    if m <= 16:
+        return dict(block_m=16, block_n=64, wt=True, num_warps=4, num_stages=3, pre=False,
+                    xpf=True)
+    if m <= WT_MAX_ROWS:
+        wide = n * g >= 4096
+        return dict(block_m=triton.next_power_of_2(m), block_n=128 if wide else 64, wt=True,
+                    num_warps=4, num_stages=4 if wide else 3, pre=wide, xpf=not wide)
+    return dict(block_m=64, block_n=128, wt=False, num_warps=4, num_stages=4, pre=True,
+                xpf=False)
+
+
+def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None = None,
+           split_k: int | None = None, num_warps: int | None = None,
+           num_stages: int | None = None, wt: bool | None = None,
+           serial: bool | None = None, pre: bool | None = None,
+           xpf: bool | None = None) -> torch.Tensor:
+    """One W8A8 GEMM of checked arguments (``supports(a)``); the keywords are launch knobs for
+    benchmarks and tests."""
+    m, g, n, k = a.m, a.g, a.n, a.k
+    dev = a.x.device
+    shape = (m, g, n) if a.grouped else (m, n)
+    if m == 0 or n == 0:
+        return torch.empty(shape, dtype=a.out_dtype, device=dev)
+    if k == 0:
+        return torch.zeros(shape, dtype=a.out_dtype, device=dev)
+    tile = _tile(m, n, g)
+    bm = tile["block_m"] if block_m is None else block_m
+    bn = tile["block_n"] if block_n is None else block_n
+    wt = tile["wt"] if wt is None else wt
+    num_warps = tile["num_warps"] if num_warps is None else num_warps
+    num_stages = tile["num_stages"] if num_stages is None else num_stages
+    pre = tile["pre"] if pre is None else pre
+    xpf = tile["xpf"] if xpf is None else xpf
+    xv = a.x if a.x.stride(-1) == 1 else a.x.contiguous()
+    wb = a.w if a.w.stride(-1) == 1 else a.w.contiguous()
+    sc = a.s.contiguous()
+    interp = dev.type == "cpu"
+    if not interp:
+        wb = wb.view(torch.float8_e4m3fn)   # the dot's operand dtype, loaded as it lies
+    kb = triton.cdiv(k, a.bk)
+    n_mblk = triton.cdiv(m, bm)
+    n_nblk = triton.cdiv(n, bn)
+    base = n_nblk * g * n_mblk
+    if split_k is None:
+        split_k = w16.split_k_for(dev, k, kb, base, n_mblk)
+    kps = triton.cdiv(kb, max(1, min(split_k, kb)))
+    split_k = triton.cdiv(kb, kps)
+    rows = w16.rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
+    if rows < m:
+        kw = dict(block_n=bn, block_m=bm, split_k=split_k, num_warps=num_warps,
+                  num_stages=num_stages, wt=wt, serial=serial, pre=pre, xpf=xpf)
+        return torch.cat([launch(a._replace(m=min(rows, m - r), x=a.x[r:r + rows]), **kw)
+                          for r in range(0, m, rows)])
+    if split_k == 1:
+        out = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
+        sos = 0
+    else:
+        out = torch.empty(split_k, m, g, n, dtype=torch.float32, device=dev)
+        sos = out.stride(0)
+    bf16_mode = (2 if interp else 1) if a.out_dtype == torch.bfloat16 else 0
+    direct_bf16 = bf16_mode if split_k == 1 else 0
+    out_arg = out.view(torch.int16) if direct_bf16 == 2 else out
+    if serial is None:
+        serial = w16.SERIAL_SPLIT_K and n_mblk == 1 and bm <= w16.SERIAL_MAX_ROWS
+    counters = w16.split_counters(dev, base) if split_k > 1 and serial else None
+    red = out if split_k == 1 else torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
+    red_arg = red.view(torch.int16) if bf16_mode == 2 else red
+    if pre:
+        q, xs = quantize(xv.reshape(m * g, k), a.bk)
+        xv, xs = q.view(m, g, k), xs.view(m, g, kb)
+    else:
+        xs = sc    # never read
+    _w8a8_block_linear_kernel[(base, split_k)](
+        xv, xs, wb, sc, out_arg, red_arg, counters if counters is not None else out_arg,
+        m, n, k, kb, kps, n_nblk, n_mblk,
+        xv.stride(1), xv.stride(0), xs.stride(-2), xs.stride(0), wb.stride(0), wb.stride(1),
+        sc.stride(0), sc.stride(1), sos, out.stride(-2), out.stride(-3),
+        SBN=a.bn, BM=bm, BN=bn, BK=a.bk, WT=wt, EMU=interp, PRE=pre, XPF=xpf,
+        OUT_BF16=direct_bf16,
+        SERIAL=counters is not None, SPLITS=split_k if counters is not None else 1,
+        RED_BF16=bf16_mode, num_warps=num_warps, num_stages=num_stages)
+    if split_k > 1 and counters is None:
+        ne = red.numel()
+        w16.splitk_sum_kernel[(triton.cdiv(ne, 1024),)](
+            out, red_arg, split_k, ne, out.stride(0), BLOCK=1024, OUT_BF16=bf16_mode,
+            num_warps=4)
+    return red if a.grouped else red.view(m, n)
