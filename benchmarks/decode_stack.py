@@ -301,6 +301,8 @@ def main(argv=None) -> int:
         triton_version = triton.__version__
     except Exception:
         triton_version = None
+    from vllm_dsv4_hw.quant.linear import e4m3_activations
+
     meta = {
         "schema": "decode_stack/1",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -315,6 +317,8 @@ def main(argv=None) -> int:
                      "max_prefill_tokens": args.max_prefill_tokens,
                      "kv_format": args.kv_format, "indexer_format": args.indexer_format,
                      "activation_dtype": "bfloat16", "weights": "as shipped (FP8 128x128 linears)",
+                     "fp8_linear_activations": "e4m3 (W8A8)" if e4m3_activations(dev)
+                     else "model dtype (W8A16)",
                      "indexer_select": args.indexer_select,
                      "left_out": ["MoE (routed + shared experts)", "mHC hyper-connections",
                                   "embedding / LM head", "MTP layer"]},

@@ -165,3 +165,19 @@ def test_fp8_dot_capability():
     assert not cuda_capabilities(8, 0).fp8_dot and not cuda_capabilities(8, 6).fp8_dot
     assert all(cuda_capabilities(*cc).fp8_dot for cc in ((8, 9), (9, 0), (10, 0), (12, 0)))
     assert not cuda_capabilities(9, 4, hip=True).fp8_dot     # ROCm e4m3 is the fnuz variant
+
+
+def test_w8a8_tile_rule():
+    """The measured launch rule (``fp8_dot_linear._tile``) at the shipped projections."""
+    from vllm_dsv4_hw.ops.triton.fp8_dot_linear import _tile
+
+    dec = _tile(1, 32768, 1, 1024)                      # V4-Flash wq_b, decode
+    assert (dec["block_m"], dec["block_n"], dec["pre"], dec["xpf"], dec["wt"]) == \
+        (16, 64, False, True, True)
+    assert _tile(32, 32768, 1, 1024)["pre"] and _tile(32, 1024, 8, 4096)["pre"]  # wq_b, wo_a
+    assert _tile(32, 1024, 8, 4096)["max_split"] == 4
+    assert not _tile(32, 8192, 1, 1024)["pre"]          # indexer wq_b: x quantized in place
+    assert not _tile(32, 1536, 1, 7168)["pre"]          # V4-Pro wq_a
+    assert _tile(32, 1024, 1, 4096)["block_m"] == 32
+    pre = _tile(4096, 4096, 1, 8192)
+    assert (pre["block_m"], pre["block_n"], pre["wt"], pre["pre"]) == (64, 128, False, True)

@@ -200,25 +200,28 @@ def supports(a: Fp8LinearArgs) -> bool:
     return dev.type == "cpu" or capabilities(dev).fp8_dot
 
 
-def _tile(m: int, n: int, g: int) -> dict:
+def _tile(m: int, n: int, g: int, k: int) -> dict:
     """Launch tile by rows (``python -m benchmarks.decode_kernels --only gemm_w8a8 --batches
-    1,4,32``, H200 2026-12-03, every V4-Flash / V4-Pro projection, ``results/gemm_w8a8-h200-
-    2026-12-03.json``). Up to 16 rows: 64-column weight tiles, 3 stages, x quantized in the
-    program with its next tile loaded ahead, split-K by ``fp8_linear``'s rule (best or within
-    2-3% of the best everywhere). 17-64 rows: the wide weights (>= 4096 columns in all) take x
-    quantized by a launch before (its codes then stream like the weight: wq_b M=32 17.1 -> 14.0 us,
-    wo_b 19.8 -> 17.2, V4-Pro wo_b 59.6 -> 40.0) with 128-column tiles and 4 stages. Prefill:
-    64 x 128 tiles, 4 warps, 4 stages, x quantized before (the best of eight tiles at 4096 rows for
-    wq_a / wq_b / wo_a / wo_b)."""
+    1,4,32``, H200 2026-12-03, every V4-Flash / V4-Pro projection,
+    ``results/gemm_w8a8-h200-2026-12-03.json``). Up to 16 rows: 64-column weight tiles, 3
+    stages, x quantized in the program with its next tile loaded ahead, ``fp8_linear``'s split-K
+    (the best config or within 3% of it on every weight). 17-64 rows: the weights that are wide
+    (>= 16K columns in all) or wide and long (>= 4K columns, K >= 4096) take x quantized by a
+    launch before, its codes then streaming like the weight, with 128-column tiles, 4 stages and
+    at most 4 splits (M=32: wq_b 16.9 -> 14.0 us against W8A16, wo_a 20.4 -> 17.5, wo_b 23.0 ->
+    17.2, V4-Pro wo_b 54.0 -> 40.0; the split rule's 5 splits of wo_a took 22.1); the others as
+    up to 16 rows. Prefill: 64 x 128 tiles, 4 warps, 4 stages, x quantized before (the best of
+    eight tiles at 4096 rows for wq_a / wq_b / wo_a / wo_b)."""
+    small = dict(block_m=max(16, triton.next_power_of_2(m)), block_n=64, wt=True, num_warps=4,
+                 num_stages=3, pre=False, xpf=True, max_split=8)
     if m <= 16:
-        return dict(block_m=16, block_n=64, wt=True, num_warps=4, num_stages=3, pre=False,
-                    xpf=True)
+        return small
     if m <= WT_MAX_ROWS:
-        wide = n * g >= 4096
-        return dict(block_m=triton.next_power_of_2(m), block_n=128 if wide else 64, wt=True,
-                    num_warps=4, num_stages=4 if wide else 3, pre=wide, xpf=not wide)
+        if n * g >= 16384 or (n * g >= 4096 and k >= 4096):
+            return dict(small, block_n=128, num_stages=4, pre=True, xpf=False, max_split=4)
+        return small
     return dict(block_m=64, block_n=128, wt=False, num_warps=4, num_stages=4, pre=True,
-                xpf=False)
+                xpf=False, max_split=8)
 
 
 def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None = None,
@@ -235,7 +238,7 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None 
         return torch.empty(shape, dtype=a.out_dtype, device=dev)
     if k == 0:
         return torch.zeros(shape, dtype=a.out_dtype, device=dev)
-    tile = _tile(m, n, g)
+    tile = _tile(m, n, g, k)
     bm = tile["block_m"] if block_m is None else block_m
     bn = tile["block_n"] if block_n is None else block_n
     wt = tile["wt"] if wt is None else wt
@@ -254,7 +257,7 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None 
     n_nblk = triton.cdiv(n, bn)
     base = n_nblk * g * n_mblk
     if split_k is None:
-        split_k = w16.split_k_for(dev, k, kb, base, n_mblk)
+        split_k = min(tile["max_split"], w16.split_k_for(dev, k, kb, base, n_mblk))
     kps = triton.cdiv(kb, max(1, min(split_k, kb)))
     split_k = triton.cdiv(kb, kps)
     rows = w16.rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
