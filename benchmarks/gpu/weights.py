@@ -114,7 +114,7 @@ def _serial_split(torch, device, gen, smoke):
     """The split-K partials summed inside the launch by each tile's last split give the separate
     sum launch's bits (auto and forced splits, a grouped weight), and leave the arrival counters
     zeroed, also after launches from two streams at once."""
-    from vllm_dsv4_hw.ops.triton import fp8_linear as tf
+    from vllm_dsv4_hw.ops.triton import fp8_linear as tf, split_k
 
     rows = []
     shapes = ((256, 512, 1, 4), (128, 512, 2, 3)) if smoke else \
@@ -137,7 +137,7 @@ def _serial_split(torch, device, gen, smoke):
                 torch.cuda.current_stream(device).wait_stream(side)
                 torch.cuda.synchronize(device)
             same = all(torch.equal(o, two) for o in [ser] + outs)
-            clean = not any(bool(c.any()) for c in tf._COUNTERS.values())
+            clean = not any(bool(c.any()) for c in split_k._COUNTERS.values())
             rows.append({"op": "fp8_block_linear", "case": f"serial split-K N={n} K={k} G={g} "
                          f"M={m} split={split or 'auto'} == separate sum (2 streams)",
                          "ok": same and clean})

@@ -284,7 +284,7 @@ def test_triton_serial_split_k_same_bits(m, n, k, g, split, dtype, gen):
     """The split-K partials summed by each tile's last split inside the launch give the bits of
     the separate sum launch, against the oracle too, and leave the arrival counters zeroed (the
     next launch on the stream reuses them)."""
-    from vllm_dsv4_hw.ops.triton import fp8_linear as tf
+    from vllm_dsv4_hw.ops.triton import fp8_linear as tf, split_k
 
     block = (128, 128)
     wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
@@ -295,7 +295,7 @@ def test_triton_serial_split_k_same_bits(m, n, k, g, split, dtype, gen):
     assert torch.equal(serial.view(torch.uint8), two.view(torch.uint8))
     assert torch.equal(again.view(torch.uint8), two.view(torch.uint8))
     assert_close(serial, x, wq, sc, block)
-    assert not tf.split_counters(x.device, 1).any()
+    assert not split_k.split_counters(x.device, 1).any()
 
 
 @triton_only
@@ -362,7 +362,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from vllm_dsv4_hw.ops.triton import fp8_linear as f
+from vllm_dsv4_hw.ops.triton import fp8_linear as f, split_k
 
 DIV16 = {"x_ptr", "w_ptr", "s_ptr", "out_ptr", "part_ptr", "K", "sxg", "sxm", "swg", "swn"}
 results = []
@@ -421,7 +421,7 @@ for cap in (90, 80):  # ops.dense_linear: the 16-bit weight read as it lies, fp3
               FOLD=1, SERIAL=True, SPLITS=4, RED_BF16=False, W16=True),
          f"sm_{cap} dense bf16 weight -> fp32 tile 16x32", cap, num_warps=4, num_stages=3)
 for cap in (90, 80):
-    comp(f.splitk_sum_kernel, dict(part_ptr="*fp32", out_ptr="*bf16", n_splits="i32",
+    comp(split_k.splitk_sum_kernel, dict(part_ptr="*fp32", out_ptr="*bf16", n_splits="i32",
                                     n_elems="i32", stride_s="i32"),
          dict(BLOCK=1024, OUT_BF16=True), f"sm_{cap} split-K sum", cap, num_warps=4)
 print("RESULTS" + json.dumps(results))

@@ -18,7 +18,8 @@ are not bound by the e4m3 decode alone), 17-26% at 32 rows, 1.5-2.0x at 4096 row
 
 Tiles: up to ``WT_MAX_ROWS`` rows the weight tile is the dot's A operand (y^T = W x^T: its BN rows
 fill Hopper's 64-row wgmma, x's few rows are the narrow N side); more rows take the x tile as A.
-Split-K, the serial last-split sum and the row-chunked launches are ``fp8_linear``'s. Under the
+Split-K (``fp8_linear``'s rule, ``split_k``'s partials and last-split sum) and the row-chunked
+launches are the W8A16 kernel's. Under the
 Triton interpreter (CPU tensors) the same program runs with the integer codecs and an fp32
 ``ieee`` dot (``EMU``), so the CPU suite checks its tiling, masks and splits against the reference.
 The K tile is the scale block: ``bk`` must be a power of two in [32, 256] (``supports``).
@@ -32,6 +33,7 @@ import triton.language as tl
 
 from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
 from vllm_dsv4_hw.ops.triton import fp8_linear as w16
+from vllm_dsv4_hw.ops.triton import split_k as sk
 from vllm_dsv4_hw.ops.triton.launch import capabilities, grid_limit
 from vllm_dsv4_hw.ops.triton.quant import (
     ceil_log2_div,
@@ -139,19 +141,8 @@ def _w8a8_block_linear_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt
     if WT:
         acc = tl.trans(acc)
     rel = g * sog + offs_m.to(tl.int64)[:, None] * som + offs_n[None, :]
-    mask = m_ok[:, None] & n_ok[None, :]
-    w16.store_out(out_ptr + pid_s.to(tl.int64) * sos + rel, acc, mask, OUT_BF16)
-    if SERIAL:
-        # the tile's last split sums the partials in split order (fp8_linear's serial split-K)
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if done == SPLITS - 1:
-            tot = tl.zeros((BM, BN), dtype=tl.float32)
-            for s in tl.static_range(SPLITS):
-                tot += tl.load(out_ptr + s * sos + rel, mask=mask, other=0.0,
-                               cache_modifier=".cg")
-            w16.store_out(red_ptr + rel, tot, mask, RED_BF16)
-            tl.store(cnt_ptr + pid, 0)
+    sk.store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc,
+                  m_ok[:, None] & n_ok[None, :], sos, OUT_BF16, SERIAL, SPLITS, RED_BF16)
 
 
 @triton.jit
@@ -266,37 +257,19 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None 
                   num_stages=num_stages, wt=wt, serial=serial, pre=pre, xpf=xpf)
         return torch.cat([launch(a._replace(m=min(rows, m - r), x=a.x[r:r + rows]), **kw)
                           for r in range(0, m, rows)])
-    if split_k == 1:
-        out = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
-        sos = 0
-    else:
-        out = torch.empty(split_k, m, g, n, dtype=torch.float32, device=dev)
-        sos = out.stride(0)
-    bf16_mode = (2 if interp else 1) if a.out_dtype == torch.bfloat16 else 0
-    direct_bf16 = bf16_mode if split_k == 1 else 0
-    out_arg = out.view(torch.int16) if direct_bf16 == 2 else out
     if serial is None:
-        serial = w16.SERIAL_SPLIT_K and n_mblk == 1 and bm <= w16.SERIAL_MAX_ROWS
-    counters = w16.split_counters(dev, base) if split_k > 1 and serial else None
-    red = out if split_k == 1 else torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
-    red_arg = red.view(torch.int16) if bf16_mode == 2 else red
+        serial = sk.SERIAL_SPLIT_K and n_mblk == 1 and bm <= sk.SERIAL_MAX_ROWS
+    o = sk.SplitOutputs.make(a, split_k, torch.float32, serial, base)
     if pre:
         q, xs = quantize(xv.reshape(m * g, k), a.bk)
         xv, xs = q.view(m, g, k), xs.view(m, g, kb)
     else:
         xs = sc    # never read
     _w8a8_block_linear_kernel[(base, split_k)](
-        xv, xs, wb, sc, out_arg, red_arg, counters if counters is not None else out_arg,
-        m, n, k, kb, kps, n_nblk, n_mblk,
+        xv, xs, wb, sc, o.out_arg, o.red_arg, o.cnt_arg, m, n, k, kb, kps, n_nblk, n_mblk,
         xv.stride(1), xv.stride(0), xs.stride(-2), xs.stride(0), wb.stride(0), wb.stride(1),
-        sc.stride(0), sc.stride(1), sos, out.stride(-2), out.stride(-3),
+        sc.stride(0), sc.stride(1), o.sos, o.out.stride(-2), o.out.stride(-3),
         SBN=a.bn, BM=bm, BN=bn, BK=a.bk, WT=wt, EMU=interp, PRE=pre, XPF=xpf,
-        OUT_BF16=direct_bf16,
-        SERIAL=counters is not None, SPLITS=split_k if counters is not None else 1,
-        RED_BF16=bf16_mode, num_warps=num_warps, num_stages=num_stages)
-    if split_k > 1 and counters is None:
-        ne = red.numel()
-        w16.splitk_sum_kernel[(triton.cdiv(ne, 1024),)](
-            out, red_arg, split_k, ne, out.stride(0), BLOCK=1024, OUT_BF16=bf16_mode,
-            num_warps=4)
-    return red if a.grouped else red.view(m, n)
+        OUT_BF16=o.direct_bf16, SERIAL=o.serial, SPLITS=o.splits, RED_BF16=o.bf16_mode,
+        num_warps=num_warps, num_stages=num_stages)
+    return o.finish(a)

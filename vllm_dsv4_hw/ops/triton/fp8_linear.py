@@ -15,7 +15,7 @@ runs an fp32 ``ieee`` dot. Any M: the grid covers ceil(M / BM) row tiles (BM <= 
 rows of a weight with >= 1024 columns, where the device's shared memory holds it, the
 ``PREFILL_TILE``: 128 x 256 with the block scale folded into the converted weight tile, so the
 dot accumulates in place, ``FOLD``). Small grids get split-K (partials [S, M, G,
-N] in the accumulator dtype, summed and cast by ``splitk_sum_kernel``); with more than one row
+N] in the accumulator dtype, summed and cast inside the launch or by a second one: ``split_k``); with more than one row
 tile, only while the grid does not fill the device (partials cost S * M * N * 4 bytes). float64 x
 (the exact test path) takes rank-1 float64 updates instead of a dot.
 
@@ -42,11 +42,10 @@ from vllm_dsv4_hw.ops.reference.fp8_linear import (
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.launch import grid_limit, sm_count
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit, e4m3_mode
+from vllm_dsv4_hw.ops.triton.split_k import SERIAL_MAX_ROWS, SERIAL_SPLIT_K, SplitOutputs, store_tile
 from vllm_dsv4_hw.ops.triton.quant import (
     bf16_bits_to_f32,
     e4m3_bits_to_f32,
-    f32_to_bf16_bits,
-    round_to_bf16,
     ue8m0_to_f32,
 )
 from vllm_dsv4_hw.platform.device import adaptor_for
@@ -80,19 +79,6 @@ def widen(x):
         return bf16_bits_to_f32(x.to(tl.uint16, bitcast=True))
     else:
         return x.to(tl.float32)
-
-
-@triton.jit
-def store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
-    """Store ``v`` converted to ptr's dtype; bf16 is rounded (nearest even) in fp32 first.
-    OUT_BF16 == 2 (the interpreter): ``ptr`` is an int16 view and the bf16 bits are stored as
-    such, because the interpreter's conversion to bf16 garbles subnormal values."""
-    if OUT_BF16 == 2:
-        tl.store(ptr, f32_to_bf16_bits(v.to(tl.float32)).to(tl.int16, bitcast=True), mask=mask)
-    elif OUT_BF16 == 1:
-        tl.store(ptr, round_to_bf16(v.to(tl.float32)).to(ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(ptr, v.to(ptr.dtype.element_ty), mask=mask)
 
 
 # M (the batch) varies per call: no recompile per batch size for it (strides and N / K stay
@@ -203,36 +189,8 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
     if FOLD == 2:
         acc = tl.trans(acc)
     rel = g * sog + offs_m.to(tl.int64)[:, None] * som + offs_n[None, :]
-    mask = m_ok[:, None] & n_ok[None, :]
-    store_out(out_ptr + pid_s.to(tl.int64) * sos + rel, acc, mask, OUT_BF16)
-    if SERIAL:
-        # Serial split-K: the tile's last split to finish sums the partials in split order (the
-        # bits of the separate sum launch, whichever split is last) and resets the tile's counter
-        # for the next launch on this stream. The barrier orders every thread's partial stores
-        # before the acq_rel count; the partials are read from L2 (.cg), where they were written,
-        # all loads issued at once (unrolled over the SPLITS partials).
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if done == SPLITS - 1:
-            tot = tl.zeros((BM, BN), dtype=acc.dtype)
-            for s in tl.static_range(SPLITS):
-                tot += tl.load(out_ptr + s * sos + rel, mask=mask, other=0.0,
-                               cache_modifier=".cg")
-            store_out(red_ptr + rel, tot, mask, RED_BF16)
-            tl.store(cnt_ptr + pid, 0)
-
-
-@triton.jit
-def splitk_sum_kernel(part_ptr, out_ptr, n_splits, n_elems, stride_s, BLOCK: tl.constexpr,
-                       OUT_BF16: tl.constexpr):
-    """out = sum over the split-K partials [S, ...] (in split order), cast to out's dtype: one
-    launch instead of a reduction and a cast."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n_elems
-    acc = tl.zeros([BLOCK], dtype=part_ptr.dtype.element_ty)
-    for s in range(0, n_splits):
-        acc += tl.load(part_ptr + s * stride_s + offs, mask=m, other=0.0)
-    store_out(out_ptr + offs, acc, m, OUT_BF16)
+    store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc, m_ok[:, None] & n_ok[None, :],
+               sos, OUT_BF16, SERIAL, SPLITS, RED_BF16)
 
 
 def _auto_block_n(n: int, g: int, m: int = 1, k: int = 0) -> int:
@@ -326,37 +284,6 @@ def _math(dtype: torch.dtype, interpreting: bool) -> int:
     return MATH_X16
 
 
-# Split-K partials summed by the tile's last split inside the GEMM launch or by a second launch
-# (``splitk_sum_kernel``); same bits either way. In the launch for one row tile of <= 16 rows
-# (decode): ``decode_kernels --only gemm_split`` (H200, 2026-12-02, us, in launch / second launch):
-# M = 1 wq_a 4.79 / 5.90, wkv 4.12 / 5.07, wo_b 16.43 / 16.75, V4-Pro wq_a 9.20 / 10.42, wo_b
-# 43.64 / 45.14; at M = 32 the last split's sum of a 32-row tile loses (wq_a 8.36 / 7.36, wo_b
-# 24.82 / 23.14). Knob ``serial=`` for benchmarks and tests.
-SERIAL_SPLIT_K = True
-SERIAL_MAX_ROWS = 16
-_COUNTER_WORDS = 4096      # tiles of one split launch (decode launches have <= 1,024)
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The zeroed int32 arrival counters of the serial split-K on this device's current stream
-    (each launch leaves them zeroed; launches on one stream run in order, so one set per stream
-    serves them all, CUDA-graph replays included: vLLM captures on the stream it also runs
-    eagerly). None, so that the launch takes the separate sum, for more tiles than a set holds
-    and on a stream first met under graph capture (a set allocated then would be the graph's
-    memory, zeroed only when that graph replays)."""
-    if tiles > _COUNTER_WORDS:
-        return None
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        buf = _COUNTERS[key] = torch.zeros(_COUNTER_WORDS, dtype=torch.int32, device=device)
-    return buf
-
-
 @register_op(FP8_BLOCK_LINEAR, "triton")
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      block: tuple[int, int], out_dtype: torch.dtype | None = None,
@@ -422,38 +349,15 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None 
                   block_m=bm, fold=fold, cvt=cvt, serial=serial, w16=w16)
         return torch.cat([launch(a._replace(m=min(rows, m - r), x=a.x[r:r + rows]), **kw)
                           for r in range(0, m, rows)])
-    acc_dtype = torch.float64 if math == MATH_F64 else torch.float32
-    if split_k == 1:
-        out = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
-        sos = 0
-    else:
-        out = torch.empty(split_k, m, g, n, dtype=acc_dtype, device=dev)
-        sos = out.stride(0)
-    bf16_mode = (2 if interp else 1) if a.out_dtype == torch.bfloat16 else 0
-    direct_bf16 = bf16_mode if split_k == 1 else 0
-    out_arg = out.view(torch.int16) if direct_bf16 == 2 else out
-    counters = None
     if serial is None:
         serial = SERIAL_SPLIT_K and n_mblk == 1 and bm <= SERIAL_MAX_ROWS
-    if split_k > 1 and serial:
-        counters = split_counters(dev, base)
-    red = out
-    if split_k > 1:
-        red = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
-    red_arg = red.view(torch.int16) if bf16_mode == 2 else red
+    o = SplitOutputs.make(a, split_k, torch.float64 if math == MATH_F64 else torch.float32,
+                          serial, base)
     _fp8_block_linear_kernel[(base, split_k)](
-        xv, wb, sc, out_arg, red_arg, counters if counters is not None else out_arg,
-        m, n, k, kb, kps, n_nblk, n_mblk,
+        xv, wb, sc, o.out_arg, o.red_arg, o.cnt_arg, m, n, k, kb, kps, n_nblk, n_mblk,
         xv.stride(1), xv.stride(0), wb.stride(0), wb.stride(1), sc.stride(0), sc.stride(1),
-        sos, out.stride(-2), out.stride(-3),
+        o.sos, o.out.stride(-2), o.out.stride(-3),
         SBN=a.bn, SBK=a.bk, BM=bm, BN=bn_tile, BK=bk_tile, MATH=math, CVT=cvt,
-        OUT_BF16=direct_bf16, FOLD=_fold(math, fold), SERIAL=counters is not None,
-        SPLITS=split_k if counters is not None else 1, RED_BF16=bf16_mode, W16=w16,
-        num_warps=num_warps, num_stages=num_stages)
-    if split_k > 1 and counters is None:
-        ne = red.numel()
-        splitk_sum_kernel[(triton.cdiv(ne, 1024),)](
-            out, red_arg, split_k, ne, out.stride(0), BLOCK=1024,
-            OUT_BF16=bf16_mode, num_warps=4)
-    out = red
-    return out if a.grouped else out.view(m, n)
+        OUT_BF16=o.direct_bf16, FOLD=_fold(math, fold), SERIAL=o.serial, SPLITS=o.splits,
+        RED_BF16=o.bf16_mode, W16=w16, num_warps=num_warps, num_stages=num_stages)
+    return o.finish(a)
