@@ -16,28 +16,16 @@ import torch
 
 from tests.backends import cpu_backends, impl
 from tests.ops.test_fp8_block_linear import assert_close, quantized_weight, rand_x
+from vllm_dsv4_hw.conformance.cases_weights import e4m3_activation_values
 from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
 
 BACKENDS = cpu_backends(FP8_BLOCK_LINEAR)
 
 
 def oracle_quantize(x: torch.Tensor, bk: int) -> torch.Tensor:
-    """x [..., K] (read as fp32) -> its e4m3 activation values, float64."""
-    xf = x.float().double()
-    k = xf.shape[-1]
-    out = torch.empty_like(xf)
-    floor = float(torch.tensor(1e-4, dtype=torch.float32))
-    for j in range(0, k, bk):
-        blk = xf[..., j:j + bk]
-        amax = blk.abs().amax(-1, keepdim=True).clamp_min(floor)
-        scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
-        v = blk / scale
-        a = v.abs()
-        ex = torch.floor(torch.log2(a.clamp_min(2.0 ** -6)))   # below 2^-6: subnormal spacing
-        step = torch.exp2(ex - 3)
-        q = (torch.round(a / step) * step).clamp_max(448.0).copysign(v)
-        out[..., j:j + bk] = q * scale
-    return out
+    """x [..., K] (read as fp32) -> its e4m3 activation values, float64: the conformance kit's
+    float64 oracle (written apart from the reference's integer rule)."""
+    return e4m3_activation_values(x, bk)
 
 
 def _x(gen, m, g, k, dtype):
