@@ -24,6 +24,9 @@ Ops and knobs (the GEMM sweeps live in ``benchmarks.gemm_sweeps``, the timing in
   B = 1, 4, 32: BLOCK_H x BLOCK_N x warps x prefetch x candidates per split (4096: no split);
 * ``attn_prefill``: ``sparse_attention`` over an 8192-token prefill chunk (64 heads, window 128 +
   512 / 1024 compressed): e4m3 decode x head block x tile x warps x prefetch, no split;
+* ``attn_loop``: ``sparse_attention``'s single loop over both caches against one loop per cache,
+  and its pipeline stages / tiles, at decode (K = 0 / 512 / 8192, the batches) and prefill
+  shapes (``benchmarks.attn_sweeps``);
 * ``index``: the indexer score kernel at 128K / 1M context, B = 1, 4, 32: keys as the dots' A or
   B operand x BLOCK_S x ITERS x warps, and pipeline stages 3 / 4 for a few tiles;
 * ``index_prefill``: the same kernel over a prefill chunk (8192 tokens at the end of 128K, 2048
@@ -53,6 +56,7 @@ import sys
 
 import torch
 
+from benchmarks.attn_sweeps import sweep_attn_loop
 from benchmarks.gemm_sweeps import (sweep_dense, sweep_gemm, sweep_gemm_cvt, sweep_gemm_fold,
                                     sweep_gemm_prefill, sweep_gemm_split, sweep_gemm_w8a8)
 from benchmarks.sweep_common import HBM, _summary, _try
@@ -285,7 +289,7 @@ SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": s
           "gemm": sweep_gemm, "gemm_prefill": sweep_gemm_prefill, "gemm_fold": sweep_gemm_fold,
           "index_prefill": sweep_index_prefill, "gemm_cvt": sweep_gemm_cvt,
           "attn_prefill": sweep_attn_prefill, "gemm_split": sweep_gemm_split,
-          "dense": sweep_dense, "gemm_w8a8": sweep_gemm_w8a8}
+          "dense": sweep_dense, "gemm_w8a8": sweep_gemm_w8a8, "attn_loop": sweep_attn_loop}
 
 
 def main(argv=None) -> int:

@@ -78,10 +78,12 @@ def selected_on(record: dict, limit: int) -> bool:
                     and limit < fp8_linear.PREFILL_TILE_SHARED)
     if record["kernel"] == "_sparse_attn_fwd":
         fmt = {FMT_BF16: "bf16", FMT_FP8_DS_MLA: "fp8_ds_mla"}.get(c["FMT"])
-        for (_, name), (tiles, needs) in sal.FULL_DEVICE_TILES.items():
-            if (name == fmt and (c["BLOCK_H"], c["BLOCK_N"]) == (tiles["block_h"], tiles["block_n"])
-                    and needs > limit):
-                return False
+        for (_, name), choices in sal.FULL_DEVICE_TILES.items():
+            for tiles, needs, _ in choices:
+                if (name == fmt and needs > limit and (c["BLOCK_H"], c["BLOCK_N"], record[
+                        "num_stages"]) == (tiles["block_h"], tiles["block_n"],
+                                           tiles.get("num_stages", 1))):
+                    return False
     return True
 
 

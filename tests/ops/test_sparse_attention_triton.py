@@ -72,19 +72,49 @@ def test_split_k_real_dims(name, gen):
 
 
 def test_long_decode_tiles(gen):
-    """The tiles of decode batches over long candidate lists (``LONG_DECODE``: all 64 heads per
-    program, 32-entry tiles, no register prefetch) in splits of 256 over lists crossing 256 and
-    512 (the last split partial), one token without candidates; poisoned workspace and output."""
+    """The tiles of decode batches over long candidate lists (``FP8_WIDE_TILES``: all 64 heads
+    per program, 64- or 32-entry tiles, no register prefetch) in splits of 256 over lists crossing
+    256 and 512 (the last split partial), one token without candidates; poisoned workspace and
+    output."""
     from vllm_dsv4_hw.ops.triton import sparse_attention_launch as launch
 
     fmt = make_format("fp8_ds_mla", "main", 64)
-    args = _case(gen, fmt, 3, 64, 128, 700, empty=(2,))
-    out = torch.full((3, 64, 512), float("nan"))
-    tsa.sparse_attention_triton(*args, out=out, num_splits=-(-828 // 256), poison_workspace=True,
-                                **launch.LONG_DECODE)
-    assert not out.isnan().any()
-    assert torch.equal(out[2], torch.zeros(64, 512))
-    _check(args, out)
+    args = list(_case(gen, fmt, 3, 64, 128, 700, empty=(2,)))
+    args[4] = args[4].to(torch.int32)  # as the model passes them: the single loop
+    for tiles in (choice.tiles for choice in launch.FP8_WIDE_TILES):
+        out = torch.full((3, 64, 512), float("nan"))
+        tsa.sparse_attention_triton(*args, out=out, num_splits=-(-828 // 256),
+                                    poison_workspace=True, **tiles)
+        assert not out.isnan().any()
+        assert torch.equal(out[2], torch.zeros(64, 512))
+        _check(args, out)
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_one_loop_over_both_caches(prefetch, gen):
+    """The single loop over window then compressed tiles (a window that is a multiple of the
+    tile) against the reference and against one loop per cache: the same tiles in the same order,
+    so the same bits, with splits that start inside the window, at its end and in the compressed
+    list, and a token without candidates; poisoned workspace and output."""
+    fmt = make_format("fp8_ds_mla", "main", 16)
+    args = list(_case(gen, fmt, 3, 4, 32, 56, empty=(1,)))
+    args[4] = args[4].to(torch.int32)
+    assert tsa._one_loop(None, 32, 16, args[2], args[4])
+    assert not tsa._one_loop(None, 24, 16, args[2], args[4])  # a partial window tile
+    assert not tsa._one_loop(None, 32, 16, args[2], args[4].long())
+    assert not tsa._one_loop(False, 32, 16, args[2], args[4])
+    for splits in (1, 3, 6):
+        outs = []
+        for one_loop in (True, False):
+            out = torch.full((3, 4, 512), float("nan"))
+            tsa.sparse_attention_triton(*args, out=out, num_splits=splits, block_n=16,
+                                        prefetch=prefetch, one_loop=one_loop,
+                                        poison_workspace=True)
+            outs.append(out)
+        assert not outs[0].isnan().any()
+        assert torch.equal(outs[0][1], torch.zeros(4, 512))
+        _check(args, outs[0])
+        assert torch.equal(outs[0], outs[1]), splits
 
 
 @pytest.mark.parametrize("sink_value", [0.0, float("-inf"), 1e4])
@@ -183,8 +213,11 @@ def test_launch_config_by_regime(monkeypatch):
     monkeypatch.setattr(launch, "_interpreting", lambda: False)
     cuda = torch.device("cuda")
     base = launch.CONFIGS["cuda"]
+    wide, narrow = (choice.tiles for choice in launch.FP8_WIDE_TILES)
     for smem in (227 * 1024, 163 * 1024):  # sm_90 / sm_100, sm_80
         monkeypatch.setattr(launch, "_shared_mem", lambda dev: smem)
+        fp8_pre = launch._config(cuda, 4096, 64, "fp8_ds_mla", cores=132)
+        assert fp8_pre == dict(base, max_chunk=2048, **(wide if smem > 163 * 1024 else narrow))
         assert launch._config(cuda, 1, 64, "fp8_ds_mla", cores=132) == base
         assert launch._config(cuda, 32, 64, "bf16", cores=132) == base  # 128 programs < 132
         b64 = launch._config(cuda, 64, 64, "fp8_ds_mla", cores=132)
@@ -200,8 +233,8 @@ def test_launch_config_by_regime(monkeypatch):
     # holds the tile
     monkeypatch.setattr(launch, "_shared_mem", lambda dev: 227 * 1024)
 
-    def long(chunk):
-        return dict(base, **launch.LONG_DECODE, min_chunk=chunk, max_chunk=chunk)
+    def long(chunk, tiles=wide):
+        return dict(base, **tiles, min_chunk=chunk, max_chunk=chunk)
     assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320) == long(512)
     assert launch._config(cuda, 4, 64, "fp8_ds_mla", cores=132, n_cand=8320) == long(256)
     assert launch._config(cuda, 64, 64, "fp8_ds_mla", cores=132, n_cand=640) == long(512)
@@ -211,6 +244,11 @@ def test_launch_config_by_regime(monkeypatch):
     assert launch._config(cuda, 32, 64, "bf16", cores=132, n_cand=8320) == base       # not swept
     assert launch._config(cuda, 32, 16, "fp8_ds_mla", cores=132, n_cand=8320) == base
     assert launch._config(cuda, 4096, 64, "fp8_ds_mla", cores=132, n_cand=640)["prefetch"] is False
+    # fp32 queries (fp32 dots) take the 32-entry tile: the 64-entry one is sized for bf16 dots
+    assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320,
+                          bf16_dots=False) == long(512, narrow)
+    monkeypatch.setattr(launch, "_shared_mem", lambda dev: 163 * 1024)  # sm_80: the 32-entry tile
+    assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320) == long(512, narrow)
     monkeypatch.setattr(launch, "_shared_mem", lambda dev: 99 * 1024)
     assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320) == base
     assert tsa._plan_splits(32, 1, 8320, 32, 512, 132, None, 512) == (17, 512)

@@ -57,7 +57,11 @@ from vllm_dsv4_hw.ops.triton.sparse_attention_launch import (
     _num_cores,
     _plan_splits,
 )
-from vllm_dsv4_hw.ops.triton.sparse_attention_tiles import _attend_range, _store_rows
+from vllm_dsv4_hw.ops.triton.sparse_attention_tiles import (
+    _attend_candidates,
+    _attend_range,
+    _store_rows,
+)
 
 _LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp(x) = exp2(x * log2(e))
 
@@ -77,7 +81,7 @@ def _sparse_attn_fwd(
     FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CVT: tl.constexpr, DOT_BF16: tl.constexpr, SPLIT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     hb = pid % num_hb
@@ -105,15 +109,24 @@ def _sparse_attn_fwd(
 
     lo = sp * chunk
     hi = tl.minimum(lo + chunk, W + K)
-    m_i, l_i, acc = _attend_range(q, m_i, l_i, acc, w_u8_ptr, w_typed_ptr,
-                                  w_slots_ptr + t * stride_ws, tl.minimum(lo, W), tl.minimum(hi, W),
-                                  w_E, w_page_bytes, w_page_elems, qk_scale2, FMT, D, DATA_ELEMS,
-                                  BLOCK_N, BLOCK_D, CVT, DOT_BF16, PREFETCH)
-    m_i, l_i, acc = _attend_range(q, m_i, l_i, acc, c_u8_ptr, c_typed_ptr,
-                                  c_slots_ptr + t * stride_cs, tl.maximum(lo, W) - W,
-                                  tl.maximum(hi, W) - W, c_E, c_page_bytes, c_page_elems,
-                                  qk_scale2, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D, CVT, DOT_BF16,
-                                  PREFETCH)
+    if ONE_LOOP:
+        m_i, l_i, acc = _attend_candidates(q, m_i, l_i, acc, lo, hi, W,
+                                           w_u8_ptr, w_typed_ptr, w_slots_ptr + t * stride_ws, w_E,
+                                           w_page_bytes, w_page_elems,
+                                           c_u8_ptr, c_typed_ptr, c_slots_ptr + t * stride_cs, c_E,
+                                           c_page_bytes, c_page_elems, qk_scale2, FMT, D,
+                                           DATA_ELEMS, BLOCK_N, BLOCK_D, CVT, DOT_BF16, PREFETCH)
+    else:  # a window length that is no multiple of BLOCK_N: one loop per cache
+        m_i, l_i, acc = _attend_range(q, m_i, l_i, acc, w_u8_ptr, w_typed_ptr,
+                                      w_slots_ptr + t * stride_ws, tl.minimum(lo, W),
+                                      tl.minimum(hi, W), w_E, w_page_bytes, w_page_elems,
+                                      qk_scale2, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D, CVT,
+                                      DOT_BF16, PREFETCH)
+        m_i, l_i, acc = _attend_range(q, m_i, l_i, acc, c_u8_ptr, c_typed_ptr,
+                                      c_slots_ptr + t * stride_cs, tl.maximum(lo, W) - W,
+                                      tl.maximum(hi, W) - W, c_E, c_page_bytes, c_page_elems,
+                                      qk_scale2, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D, CVT,
+                                      DOT_BF16, PREFETCH)
 
     if SPLIT:
         row = (t * H + heads) * num_splits + sp  # [BLOCK_H] rows of the [T, H, S] workspace
@@ -207,6 +220,13 @@ def _dense_table(cache: torch.Tensor, slots: torch.Tensor, fmt, dim: int):
     return table.contiguous().view(torch.uint8), remapped
 
 
+def _one_loop(wanted: bool | None, n_w: int, block_n: int, w_slots: torch.Tensor,
+              c_slots: torch.Tensor) -> bool:
+    """Whether the kernel takes the single loop over both caches: it selects a tile's slot row
+    per tile, so the window must be whole tiles and both slot lists of one dtype."""
+    return wanted is not False and n_w % block_n == 0 and w_slots.dtype == c_slots.dtype
+
+
 def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
                             comp_cache: torch.Tensor | None, comp_slots: torch.Tensor | None,
                             fmt, sink: torch.Tensor, scale: float, comp_fmt=None, *,
@@ -215,12 +235,15 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
                             block_n: int | None = None, num_warps: int | None = None,
                             num_stages: int | None = None, prefetch: bool | None = None,
                             maxnreg: int | None = None, cvt: int | None = None,
+                            one_loop: bool | None = None,
                             poison_workspace: bool = False,
                             max_grid: int | None = None) -> torch.Tensor:
     """The op contract of ``ops.api.sparse_attention`` plus tuning / testing knobs: ``out``
     (written in full, q's dtype), forced ``num_splits`` / blocks / warps, ``poison_workspace``
     (fill the split workspace with NaN first: every element read must have been written),
-    ``max_grid`` (programs per launch) and ``cvt`` (the e4m3 decode, ``ptx_codecs.CVT_*``; e.g.
+    ``max_grid`` (programs per launch), ``one_loop`` (False: one loop per cache, as before the
+    single loop; True / None: the single loop wherever the window is a multiple of the tile) and
+    ``cvt`` (the e4m3 decode, ``ptx_codecs.CVT_*``; e.g.
     CVT_INT: integer ops even where the GPU converts fp8 in hardware, as on Ascend)."""
     comp_fmt = fmt if comp_fmt is None else comp_fmt
     t, h, d, use_comp = check_sparse_attention_args(q, window_slots, comp_cache, comp_slots, fmt,
@@ -263,7 +286,9 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
     n_w = w_slots.shape[1]
     n_c = c_slots.shape[1]
 
-    cfg = _config(dev, t, h, getattr(fmt, "name", None), n_cand=n_w + n_c)
+    dot_bf16 = (dev.type != "cpu" and not _interpreting() and q.dtype == torch.bfloat16
+                and code in (FMT_BF16, FMT_FP8_DS_MLA))
+    cfg = _config(dev, t, h, getattr(fmt, "name", None), n_cand=n_w + n_c, bf16_dots=dot_bf16)
     bh = block_h or max(16, min(triton.next_power_of_2(h), cfg["block_h"]))
     bn = block_n or cfg["block_n"]
     nw = num_warps or cfg["num_warps"]
@@ -287,14 +312,13 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
             ws_ml.fill_(float("nan"))
     else:
         ws_acc = ws_ml = sink_f  # unused
-    dot_bf16 = (dev.type != "cpu" and not _interpreting() and q.dtype == torch.bfloat16
-                and code in (FMT_BF16, FMT_FP8_DS_MLA))
     round_bf16 = _interpreting() and q.dtype == torch.bfloat16
     if cvt is None:
         cvt = CVT_INT if _interpreting() else e4m3_mode(dev)
     if code != FMT_FP8_DS_MLA:
         cvt = CVT_INT  # no e4m3 in the entries (one compiled variant less)
     qk_scale2 = float(scale) * _LOG2E
+    one_loop = _one_loop(one_loop, n_w, bn, w_slots, c_slots)
 
     grid_cap = max_grid or _max_grid(dev)
     per_token = splits * num_hb
@@ -310,6 +334,7 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
             h, num_hb, splits, chunk, t0, qk_scale2,
             FMT=code, D=d, DATA_ELEMS=data_elems, BLOCK_H=bh, BLOCK_N=bn, BLOCK_D=block_d,
             CVT=cvt, DOT_BF16=dot_bf16, SPLIT=split, ROUND_BF16=round_bf16, PREFETCH=pf,
+            ONE_LOOP=one_loop,
             **launch_opts,
         )
     if split:

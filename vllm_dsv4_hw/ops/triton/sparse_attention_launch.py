@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -69,64 +70,95 @@ CONFIGS = {
 # fp8 with the decode tiles (96 us against 108 for those).
 PREFILL_TOKENS = 1024  # tokens in one call from which the prefill tiles apply
 FULL_DEVICE = dict(max_chunk=2048)  # keeps long c128a candidate lists (up to 8K at 1M) split
-# (prefill, format) -> (tiles, shared memory they need): formats not listed keep the device kind's
-# tiles, and so does a device whose declared ``shared_mem`` is smaller (the bytes are the largest
-# any target needs, from ahead-of-time compiles for sm_80 / 86 / 90 / 100 / 120 and gfx942: 96-128
-# KiB for 64 heads x 32 entries, 100 KiB for 32 x 64; sm_86 / 89 / 120 allow 99 KiB, MI300 64).
+
+
+class TileChoice(NamedTuple):
+    """Full-device tiles, the shared memory they need (the largest any target needs, from
+    ahead-of-time compiles) and whether that holds only for bf16 dots (bf16 queries: q and the
+    entry tile as 16-bit dot operands; fp32 ones need twice the bytes)."""
+    tiles: dict
+    shared: int
+    bf16_dots_only: bool = False
+
+
+# The 64-head fp8 tiles (prefill chunks and long decode lists), best first. With the single loop
+# over both caches (H200, 2026-12-03 evening, ``decode_kernels --only attn_loop``) 64-entry
+# tiles beat the 32-entry one by 16-22% at prefill (8,192 tokens x 640 candidates 5.30 ->
+# 4.24 ms, x 1,152 9.22 -> 7.24 ms, 2,048 x 8,320 17.95 -> 15.26 ms) and 3-11% at decode (B = 32
+# x 8,320 341 -> 305 us, B = 4 50.7 -> 48.7 us); pipelining them over 2 / 3 stages gains at most
+# 6% at decode and loses 2-4% at prefill, for 226 KiB instead of 192. sm_90 / sm_100 need 128 KiB
+# for the 64-entry tile, sm_80 192 KiB (no wgmma): sm_80 takes the 32-entry tile.
+FP8_WIDE_TILES = (
+    TileChoice(dict(block_h=64, block_n=64, num_warps=8, prefetch=False), 192 * 1024, True),
+    TileChoice(dict(block_h=64, block_n=32, num_warps=8, prefetch=False), 128 * 1024),
+)
+# (prefill, format) -> choices, best first: formats not listed keep the device kind's tiles, and
+# so does a device whose declared ``shared_mem`` holds none of them (96-128 KiB for 64 heads x 32
+# entries, 100 KiB for 32 x 64 over sm_80 / 86 / 90 / 100 / 120 and gfx942; sm_86 / 89 / 120
+# allow 99 KiB, MI300 64).
 FULL_DEVICE_TILES = {
-    (True, "bf16"): (dict(block_h=64, block_n=32, num_warps=8, prefetch=False), 128 * 1024),
-    (True, "fp8_ds_mla"): (dict(block_h=64, block_n=32, num_warps=8, prefetch=False), 128 * 1024),
-    (False, "bf16"): (dict(block_h=32, block_n=64, num_warps=8), 100 * 1024),
+    (True, "bf16"): (TileChoice(dict(block_h=64, block_n=32, num_warps=8, prefetch=False),
+                                128 * 1024),),
+    (True, "fp8_ds_mla"): FP8_WIDE_TILES,
+    (False, "bf16"): (TileChoice(dict(block_h=32, block_n=64, num_warps=8), 100 * 1024),),
 }
+
+
+def _tiles_for(prefill: bool, fmt_name: str | None, device: torch.device,
+               bf16_dots: bool) -> dict | None:
+    """The first full-device tiles of (prefill, format) that the device's shared memory holds."""
+    for choice in FULL_DEVICE_TILES.get((prefill, fmt_name), ()):
+        if choice.shared <= _shared_mem(device) and (bf16_dots or not choice.bf16_dots_only):
+            return choice.tiles
+    return None
 
 
 # Decode batches over long candidate lists on CUDA (H200 sweeps of 2026-12-03,
 # ``benchmarks.decode_kernels --only attn`` and an A/B of the candidate split; fp8, H 64, window
-# 128 + 512 / 8192 compressed): all 64 heads per program (each entry tile loaded and decoded once
-# per token, not once per 16 heads), no register prefetch, in splits of 512 candidates where
+# 128 + 512 / 8192 compressed; 32-entry tiles then): the 64-head fp8 tiles (``FP8_WIDE_TILES``: each entry tile
+# loaded and decoded once per token, not once per 16 heads), in splits of 512 candidates where
 # those (token, split) programs fill 3/4 of the device, else of 256 where those fill half of it.
-# One such program holds an SM (128 KiB of shared memory, as the prefill tile): fewer, longer
-# splits once the programs cover most of the device.
+# One such program holds an SM: fewer, longer splits once the programs cover most of the device.
 # At 8K candidates B = 4 85 -> 70 us (256), B = 32 629 -> 467 us and B = 64 1235 -> 894 us
 # (512); at 640 B = 32 90 -> 76 us, B = 64 149 -> 85 us (512). Below (B = 1 at 8K: 33 programs;
 # B = 4 at 640: 12) the 16-head tiles stay ahead.
-LONG_DECODE = dict(block_h=64, block_n=32, num_warps=8, prefetch=False)
 LONG_DECODE_SPLITS = ((512, 0.75), (256, 0.5))  # (candidates per split, share of the cores)
 LONG_DECODE_FORMATS = ("fp8_ds_mla",)
 
 
-def _long_decode_chunk(t: int, h: int, n_cand: int | None, fmt_name: str | None, cores: int,
-                       device: torch.device) -> int | None:
-    """Candidates per split of the long-decode tiles for this call, or None (other tiles)."""
-    needs = FULL_DEVICE_TILES[(True, "fp8_ds_mla")][1]  # the same 64 x 32 tile as prefill's
+def _long_decode(t: int, h: int, n_cand: int | None, fmt_name: str | None, cores: int,
+                 device: torch.device, bf16_dots: bool) -> dict | None:
+    """The long-decode tiles and split (``min_chunk`` = ``max_chunk``) of this call, or None."""
     if (n_cand is None or fmt_name not in LONG_DECODE_FORMATS or h < 64
-            or t >= PREFILL_TOKENS or _shared_mem(device) < needs):
+            or t >= PREFILL_TOKENS):
+        return None
+    tiles = _tiles_for(True, fmt_name, device, bf16_dots)
+    if tiles is None:
         return None
     for chunk, share in LONG_DECODE_SPLITS:
         if t * math.ceil(n_cand / chunk) >= share * cores:
-            return chunk
+            return dict(tiles, min_chunk=chunk, max_chunk=chunk)
     return None
 
 
 def _config(device: torch.device, t: int = 1, h: int = 16, fmt_name: str | None = None,
-            cores: int | None = None, n_cand: int | None = None) -> dict:
+            cores: int | None = None, n_cand: int | None = None, bf16_dots: bool = True) -> dict:
     """The tunables for a call of ``t`` tokens and ``h`` heads in format ``fmt_name`` over
-    ``n_cand`` candidates per token (window + compressed; None: not known)."""
+    ``n_cand`` candidates per token (window + compressed; None: not known), with bf16 dots (bf16
+    queries) or fp32 ones."""
     if _interpreting() or device.type == "cpu":
         return CONFIGS["interp"]
     cfg = CONFIGS.get(device.type, CONFIGS["cuda"])
     if device.type != "cuda":
         return cfg
     cores = _num_cores(device) if cores is None else cores
-    chunk = _long_decode_chunk(t, h, n_cand, fmt_name, cores, device)
-    if chunk is not None:
-        return dict(cfg, **LONG_DECODE, min_chunk=chunk, max_chunk=chunk)
+    long = _long_decode(t, h, n_cand, fmt_name, cores, device, bf16_dots)
+    if long is not None:
+        return dict(cfg, **long)
     if t * math.ceil(h / cfg["block_h"]) < cores:
         return cfg
-    tiles, needs = FULL_DEVICE_TILES.get((t >= PREFILL_TOKENS, fmt_name), ({}, 0))
-    if needs > _shared_mem(device):
-        tiles = {}
-    return dict(cfg, **FULL_DEVICE, **tiles)
+    tiles = _tiles_for(t >= PREFILL_TOKENS, fmt_name, device, bf16_dots)
+    return dict(cfg, **FULL_DEVICE, **(tiles or {}))
 
 
 def _shared_mem(device: torch.device) -> int:

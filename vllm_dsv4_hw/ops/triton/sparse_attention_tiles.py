@@ -160,6 +160,58 @@ def _attend_range(q, m_i, l_i, acc, u8_ptr, typed_ptr, slots_row_ptr, lo, hi,
 
 
 @triton.jit
+def _tile_source(start, lo, hi, W, w_u8, w_typed, w_row, w_E, w_PB, w_PE,
+                 c_u8, c_typed, c_row, c_E, c_PB, c_PE):
+    """Where the tile at candidate ``start`` of ``[lo, hi)`` lies: the window's cache and slot
+    row below ``W``, the compressed one from ``W`` on (scalar selects; no tile straddles ``W``).
+    Returns (bytes, typed view, slot row, first and end index in that row, E, page bytes, page
+    elements)."""
+    in_w = start < W
+    return (tl.where(in_w, w_u8, c_u8), tl.where(in_w, w_typed, c_typed),
+            tl.where(in_w, w_row, c_row), tl.where(in_w, start, start - W),
+            tl.where(in_w, tl.minimum(hi, W), hi - W), tl.where(in_w, w_E, c_E),
+            tl.where(in_w, w_PB, c_PB), tl.where(in_w, w_PE, c_PE))
+
+
+@triton.jit
+def _attend_candidates(q, m_i, l_i, acc, lo, hi, W,
+                       w_u8, w_typed, w_row, w_E, w_PB, w_PE,
+                       c_u8, c_typed, c_row, c_E, c_PB, c_PE, qk_scale2,
+                       FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CVT: tl.constexpr,
+                       DOT_BF16: tl.constexpr, PREFETCH: tl.constexpr):
+    """Candidates ``[lo, hi)`` of the window (``[0, W)``) and then the compressed list in one
+    loop of BLOCK_N tiles (``W`` and ``lo`` multiples of BLOCK_N). One loop, not one per cache:
+    the sm_90 build of the 64-head tile spilled its second loop's state (85 reloads per tile),
+    the single loop is spill-free, and Triton's pipeliner can keep its loads in flight."""
+    if PREFETCH:  # one tile in flight ahead of the compute (register double buffering)
+        u8, ty, row, i0, i1, E, PB, PE = _tile_source(lo, lo, hi, W, w_u8, w_typed, w_row, w_E,
+                                                      w_PB, w_PE, c_u8, c_typed, c_row, c_E,
+                                                      c_PB, c_PE)
+        valid, a, b, c = _load_raw_tile(u8, ty, row, i0, i1, E, PB, PE, FMT, D, DATA_ELEMS,
+                                        BLOCK_N, BLOCK_D)
+        for start in range(lo, hi, BLOCK_N):
+            u8, ty, row, i0, i1, E, PB, PE = _tile_source(start + BLOCK_N, lo, hi, W, w_u8,
+                                                          w_typed, w_row, w_E, w_PB, w_PE, c_u8,
+                                                          c_typed, c_row, c_E, c_PB, c_PE)
+            n_valid, n_a, n_b, n_c = _load_raw_tile(u8, ty, row, i0, i1, E, PB, PE, FMT, D,
+                                                    DATA_ELEMS, BLOCK_N, BLOCK_D)
+            kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, CVT, DOT_BF16)
+            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
+            valid, a, b, c = n_valid, n_a, n_b, n_c
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            u8, ty, row, i0, i1, E, PB, PE = _tile_source(start, lo, hi, W, w_u8, w_typed, w_row,
+                                                          w_E, w_PB, w_PE, c_u8, c_typed, c_row,
+                                                          c_E, c_PB, c_PE)
+            valid, a, b, c = _load_raw_tile(u8, ty, row, i0, i1, E, PB, PE, FMT, D, DATA_ELEMS,
+                                            BLOCK_N, BLOCK_D)
+            kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, CVT, DOT_BF16)
+            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _store_rows(ptrs, x, mask, ROUND_BF16: tl.constexpr):
     if ROUND_BF16:  # the interpreter truncates fp32 -> bf16: round to nearest even first
         x = round_to_bf16(x)
