@@ -13,7 +13,9 @@ Design (decode: T small, H = 64 / 128 heads sharing one KV vector per candidate,
   a bf16 value; P is rounded to bf16) with fp32 accumulation; otherwise (fp32 / fp16 / fp64
   queries, the fp32 format, the CPU interpreter) fp32 ``ieee`` dots.
 * **Online softmax** over the program's candidates in tiles of ``BLOCK_N``: window candidates first
-  (their own cache and slot list), then compressed ones; slot -1 is masked (never loaded). Logits
+  (their own cache and slot list), then compressed ones, in one loop whose tiles pick their cache
+  (``ONE_LOOP``: a window of whole tiles and one slot dtype, as the model passes them; else one
+  loop per cache); slot -1 is masked (never loaded). Logits
   are kept in the log2 domain (``exp2``); the running max starts at the sink, so it is never -inf.
 * **Split-K** (flash-decoding) when T x head-blocks is too small to fill the device: the candidate
   list ``[0, W + K)`` is cut into ``S`` chunks (multiples of ``BLOCK_N``); each split writes its

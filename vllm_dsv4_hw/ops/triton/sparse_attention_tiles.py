@@ -1,7 +1,8 @@
 """Device functions of the Triton ``sparse_attention`` kernels (``ops.triton.sparse_attention``):
 loading one tile of candidate entries as stored (fp8_ds_mla, bf16 or fp32), dequantizing it in
-registers, one online-softmax step of a head block over a tile, a range of candidates in tiles
-(optionally with the next tile's loads in flight), and the output store.
+registers, one online-softmax step of a head block over a tile, the candidates of both caches in
+one loop (or a range of one cache's) in tiles, optionally with the next tile's loads in flight,
+and the output store.
 
 fp8 decoding is integer bit manipulation (portable to triton-ascend, which has no fp8 dtypes),
 the hardware conversion, or the packed PTX decode of ``ptx_codecs`` where the device declares it.
