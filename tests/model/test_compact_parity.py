@@ -116,6 +116,7 @@ def test_a_broken_selection_fails_the_bound(broken, monkeypatch):
     monkeypatch.setattr(ops, "indexer_topk", BROKEN[broken])
     median, rate = _measure(_runner("bf16", torch.float32))
     print(f"\nbroken ({broken}): mean median {median:.4f}, top-1 move rate {rate:.4f}")
-    assert cb.violations(median, rate, cb.POOLED) == [
-        f"median |dlogprob| {median:.4f} > {cb.POOLED['median']}",
-        f"top-1 move rate {rate:.4f} > {cb.POOLED['move_rate']}"], (broken, median, rate)
+    # the bound rejects it: at least one of its two criteria (a wrong selection need not move
+    # both past their limits: "first k" moved the median 2x past its bound and the top-1 rate
+    # to 0.1085 of 0.11 under one seed)
+    assert cb.violations(median, rate, cb.POOLED), (broken, median, rate, SESSION_SEED)

@@ -97,18 +97,19 @@ def test_topk_512_with_more_entries_visible(ckpt_topk512):
     # Over 2,304 tokens some selection nearly ties (seed 302153: the 512th and 513th entry of
     # token 2,295 in the first c4a layer, 8e-6 apart, swapped by fp32 rounding: 0.06 in its
     # logprobs, 8e-4 in the tokens after it, which read its KV). Parity is checked on the tokens
-    # before the first near-tie, drawing prompts until that leaves >= 128 tokens past position
-    # 2,048 (where more than 512 entries are visible); the network tests redraw their prompts
-    # the same way (their 1-in-4 rate at 256 tokens is near 1 at 2,304).
-    for salt in range(1, 11):
+    # before the first near-tie, drawing prompts until that leaves >= 32 tokens past position
+    # 2,048 (where more than 512 entries are visible: 520 at 2,080); the network tests redraw
+    # their prompts the same way. Most prompts tie somewhere in 2,304 tokens: under seed 326174,
+    # 4 of 20 reached 2,080 and 2 of 20 the earlier 2,176, so 10 draws of the old rule failed.
+    for salt in range(1, 41):
         ids = _ids(hf.config.vocab_size, PROMPT, salt)
         ref, margins = _hf_logprobs_and_margins(hf, ids)
         tied = (margins < MIN_MARGIN).nonzero().flatten()
         upto = int(tied[0]) if len(tied) else PROMPT
-        if upto >= 4 * TOPK + 128:
+        if upto >= 4 * TOPK + 32:
             break
     else:
-        pytest.fail(f"10 prompts had a near-tie < {MIN_MARGIN} before token {4 * TOPK + 128} "
+        pytest.fail(f"40 prompts had a near-tie < {MIN_MARGIN} before token {4 * TOPK + 32} "
                     f"(seed {SESSION_SEED})")
     del hf
     runner = SingleSequenceRunner(ckpt_topk512, torch.float32, "fp32", "fp32", max_len=PROMPT)

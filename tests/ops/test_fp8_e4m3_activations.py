@@ -84,9 +84,12 @@ def test_matches_oracle(backend, m, n, k, g, block, dtype, gen):
     xq = oracle_quantize(x, block[1]).float()   # exact in fp32
     want = assert_close(got, xq, wq, sc, block, dtype)
     if m:
-        # the quantization is really applied: W8A16 on x itself is measurably elsewhere
+        # the quantization is really applied: W8A16 on x itself is measurably elsewhere, in
+        # some output row against that row's own magnitude (the rows' scales span 2^-12..2^6,
+        # so one global maximum would hide every row but the largest)
         plain = impl(FP8_BLOCK_LINEAR, backend)(x, wq, sc, block, torch.float32)
-        assert (plain.double() - want).abs().max() > 1e-3 * want.abs().max()
+        moved = (plain.double() - want).abs().amax(-1) / want.abs().amax(-1)
+        assert moved.max() > 1e-3
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
