@@ -25,7 +25,7 @@ DECODE_K = (512, 8192)
 def _variants(cfg: dict, n_cand: int, wide: dict) -> dict:
     """Named option sets over the launch rule's tiles ``cfg`` -> (options, same bits expected as
     the two-loop kernel at the rule's tiles). For the 64-head tiles: the 32-entry tile without
-    stages (before 2026-12-03 evening, with one or two loops) and the 64-entry one at 1 / 2
+    stages (before 2026-12-03 night, with one or two loops) and the 64-entry one at 2 / 3
     stages; for the 16-head tiles: no register prefetch, and the 64-head tiles (``wide``) in
     splits of 256 / 512 candidates."""
     out = {"two loops": (dict(one_loop=False), True), "one loop": ({}, True)}
@@ -80,10 +80,8 @@ def sweep_attn_loop(dev, batches):
     rows = []
     for k_comp in DECODE_K:
         for b in batches:
-            sets = [make_inputs(dev, "fp8_ds_mla", b, topk=max(k_comp, 1),
-                                cache_entries=1 << 20 if k_comp else 4096)[0] for _ in range(3)]
-            if not k_comp:
-                sets = [a[:3] + (None, None) + a[5:] for a in sets]
+            sets = [make_inputs(dev, "fp8_ds_mla", b, topk=k_comp, cache_entries=1 << 20)[0]
+                    for _ in range(3)]
             outs = [torch.empty_like(a[0]) for a in sets]
             n_cand = 128 + k_comp
             rows.append(_sweep_case(tsa, launch, sets, outs, f"decode W=128 K={k_comp} B={b}",

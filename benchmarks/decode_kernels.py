@@ -25,7 +25,7 @@ Ops and knobs (the GEMM sweeps live in ``benchmarks.gemm_sweeps``, the timing in
 * ``attn_prefill``: ``sparse_attention`` over an 8192-token prefill chunk (64 heads, window 128 +
   512 / 1024 compressed): e4m3 decode x head block x tile x warps x prefetch, no split;
 * ``attn_loop``: ``sparse_attention``'s single loop over both caches against one loop per cache,
-  and its pipeline stages / tiles, at decode (K = 0 / 512 / 8192, the batches) and prefill
+  and its pipeline stages / tiles, at decode (K = 512 / 8192, the batches) and prefill
   shapes (``benchmarks.attn_sweeps``);
 * ``index``: the indexer score kernel at 128K / 1M context, B = 1, 4, 32: keys as the dots' A or
   B operand x BLOCK_S x ITERS x warps, and pipeline stages 3 / 4 for a few tiles;

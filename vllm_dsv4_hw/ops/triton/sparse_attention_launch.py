@@ -82,7 +82,7 @@ class TileChoice(NamedTuple):
 
 
 # The 64-head fp8 tiles (prefill chunks and long decode lists), best first. With the single loop
-# over both caches (H200, 2026-12-03 evening, ``decode_kernels --only attn_loop``) 64-entry
+# over both caches (H200, 2026-12-03 night, ``decode_kernels --only attn_loop``) 64-entry
 # tiles beat the 32-entry one by 16-22% at prefill (8,192 tokens x 640 candidates 5.30 ->
 # 4.24 ms, x 1,152 9.22 -> 7.24 ms, 2,048 x 8,320 17.95 -> 15.26 ms) and 3-11% at decode (B = 32
 # x 8,320 341 -> 305 us, B = 4 50.7 -> 48.7 us); pipelining them over 2 / 3 stages gains at most

@@ -161,9 +161,9 @@ def _attend_range(q, m_i, l_i, acc, u8_ptr, typed_ptr, slots_row_ptr, lo, hi,
 
 
 @triton.jit
-def _tile_source(start, lo, hi, W, w_u8, w_typed, w_row, w_E, w_PB, w_PE,
+def _tile_source(start, hi, W, w_u8, w_typed, w_row, w_E, w_PB, w_PE,
                  c_u8, c_typed, c_row, c_E, c_PB, c_PE):
-    """Where the tile at candidate ``start`` of ``[lo, hi)`` lies: the window's cache and slot
+    """Where the tile at candidate ``start`` (of a range ending at ``hi``) lies: the window's cache and slot
     row below ``W``, the compressed one from ``W`` on (scalar selects; no tile straddles ``W``).
     Returns (bytes, typed view, slot row, first and end index in that row, E, page bytes, page
     elements)."""
@@ -186,13 +186,13 @@ def _attend_candidates(q, m_i, l_i, acc, lo, hi, W,
     the sm_90 build of the 64-head tile spilled its second loop's state (85 reloads per tile),
     the single loop is spill-free, and Triton's pipeliner can keep its loads in flight."""
     if PREFETCH:  # one tile in flight ahead of the compute (register double buffering)
-        u8, ty, row, i0, i1, E, PB, PE = _tile_source(lo, lo, hi, W, w_u8, w_typed, w_row, w_E,
+        u8, ty, row, i0, i1, E, PB, PE = _tile_source(lo, hi, W, w_u8, w_typed, w_row, w_E,
                                                       w_PB, w_PE, c_u8, c_typed, c_row, c_E,
                                                       c_PB, c_PE)
         valid, a, b, c = _load_raw_tile(u8, ty, row, i0, i1, E, PB, PE, FMT, D, DATA_ELEMS,
                                         BLOCK_N, BLOCK_D)
         for start in range(lo, hi, BLOCK_N):
-            u8, ty, row, i0, i1, E, PB, PE = _tile_source(start + BLOCK_N, lo, hi, W, w_u8,
+            u8, ty, row, i0, i1, E, PB, PE = _tile_source(start + BLOCK_N, hi, W, w_u8,
                                                           w_typed, w_row, w_E, w_PB, w_PE, c_u8,
                                                           c_typed, c_row, c_E, c_PB, c_PE)
             n_valid, n_a, n_b, n_c = _load_raw_tile(u8, ty, row, i0, i1, E, PB, PE, FMT, D,
@@ -202,7 +202,7 @@ def _attend_candidates(q, m_i, l_i, acc, lo, hi, W,
             valid, a, b, c = n_valid, n_a, n_b, n_c
     else:
         for start in range(lo, hi, BLOCK_N):
-            u8, ty, row, i0, i1, E, PB, PE = _tile_source(start, lo, hi, W, w_u8, w_typed, w_row,
+            u8, ty, row, i0, i1, E, PB, PE = _tile_source(start, hi, W, w_u8, w_typed, w_row,
                                                           w_E, w_PB, w_PE, c_u8, c_typed, c_row,
                                                           c_E, c_PB, c_PE)
             valid, a, b, c = _load_raw_tile(u8, ty, row, i0, i1, E, PB, PE, FMT, D, DATA_ELEMS,
