@@ -378,3 +378,42 @@ def test_layer_parameter_names():
     assert sd["compressor.ape"].shape == (4, 2 * CFG.head_dim)
     assert sd["indexer.compressor.ape"].shape == (4, 2 * CFG.index_head_dim)
     assert sd["attn_sink"].dtype == torch.float32
+
+
+def test_fp8_wo_a_takes_the_fused_codes(monkeypatch, gen):
+    """FP8 linears with e4m3 activations (W8A8): step 6 is one ``inv_rope_fp8_quant`` whose codes
+    and scales feed ``wo_a`` as they are (no rope launch, no second quantization), within the
+    rounding of the other order (rope, then wo_a's own quantization); W8A16: rope, then wo_a."""
+    from tests.ops.test_fp8_block_linear import quantized_weight
+    from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
+    from vllm_dsv4_hw.quant.scheme import WeightScheme
+
+    import dataclasses
+
+    cfg = dataclasses.replace(CFG, hidden_size=128, o_lora_rank=128)  # wo_a / wo_b on 128-blocks
+    layer = DSV4Attention(cfg, ratio=0, dtype=torch.bfloat16,
+                          max_positions=cfg.max_position_embeddings,
+                          quant_config=DSV4HwQuantConfig(WeightScheme(linear="fp8")))
+    for lin in (layer.wo_a, layer.wo_b):
+        wq, sc = quantized_weight(gen, tuple(lin.weight.shape), (128, 128))
+        lin.weight.data.view(torch.uint8).copy_(wq.view(torch.uint8))
+        lin.scale.data.view(torch.uint8).copy_(sc.view(torch.uint8))
+    t = 5
+    o = torch.randn(t, CFG.num_heads, CFG.head_dim, generator=gen).to(torch.bfloat16)
+    pos = torch.tensor([0, 3, 128, 255, 511])
+    calls = []
+    fused = ops.inv_rope_fp8_quant
+    monkeypatch.setattr(ops, "inv_rope_fp8_quant", lambda *a: calls.append(1) or fused(*a))
+
+    monkeypatch.setenv("VLLM_DSV4_HW_FP8_ACTIVATIONS", "e4m3")
+    got = layer._output_projection(o, pos, torch.bfloat16)
+    assert calls == [1]
+    layer.act_quant_o = False     # rope in bf16, then wo_a quantizes it
+    other = layer._output_projection(o, pos, torch.bfloat16)
+    assert calls == [1]
+    err = (got.float() - other.float()).abs().max() / other.float().abs().max()
+    assert 0 < err < 2 ** -4
+    layer.act_quant_o = None
+    monkeypatch.setenv("VLLM_DSV4_HW_FP8_ACTIVATIONS", "model")
+    layer._output_projection(o, pos, torch.bfloat16)
+    assert calls == [1]           # W8A16: no e4m3 input to take

@@ -172,3 +172,45 @@ def test_w8a8_tile_rule():
     assert _tile(32, 1024, 1, 4096)["block_m"] == 32
     pre = _tile(4096, 4096, 1, 8192)
     assert (pre["block_m"], pre["block_n"], pre["wt"], pre["pre"]) == (64, 128, False, True)
+
+
+def _codes(x: torch.Tensor, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (e4m3 codes, fp32 scales [..., KB]) of the oracle's quantization."""
+    from vllm_dsv4_hw.ops.reference.fp8_linear import quantize_activations
+
+    vals = quantize_activations(x.reshape(-1, x.shape[-1]), bk).view(x.shape)
+    kb = -(-x.shape[-1] // bk)
+    pad = torch.zeros(*x.shape[:-1], kb * bk)
+    pad[..., :x.shape[-1]] = vals
+    amax = pad.view(*x.shape[:-1], kb, bk).abs().amax(-1).clamp_min(1e-4)
+    scales = torch.exp2(torch.ceil(torch.log2(amax / 448)))
+    codes = (vals / scales.repeat_interleave(bk, -1)[..., :x.shape[-1]]).to(torch.float8_e4m3fn)
+    return codes, scales
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("m,n,k,g,block", [s for s in SHAPES if s[0]])
+def test_prequantized_x_is_quantize_x(backend, m, n, k, g, block, gen):
+    """``x_scales``: x given as e4m3 codes + scales gives the result of ``quantize_x`` on the
+    values they encode (the same codes enter the same dots), bit for bit; bf16 out by default."""
+    wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
+    x = _x(gen, m, g, k, torch.float32)
+    codes, scales = _codes(x, block[1])
+    f = impl(FP8_BLOCK_LINEAR, backend)
+    got = f(codes, wq, sc, block, None, False, x_scales=scales)
+    assert got.dtype == torch.bfloat16
+    want = f(x, wq, sc, block, torch.bfloat16, True)
+    assert torch.equal(got, want)
+    assert_close(f(codes, wq, sc, block, torch.float32, x_scales=scales),
+                 oracle_quantize(x, block[1]).float(), wq, sc, block, torch.float32)
+
+
+def test_prequantized_x_errors(gen):
+    from vllm_dsv4_hw.ops import api
+
+    wq, sc = quantized_weight(gen, (64, 256), (128, 128))
+    codes, scales = _codes(_x(gen, 2, None, 256, torch.float32), 128)
+    with pytest.raises(ValueError, match="with x_scales, x must be e4m3 codes"):
+        api.fp8_block_linear(codes.float(), wq, sc, (128, 128), x_scales=scales)
+    with pytest.raises(ValueError, match=r"x_scales must be float32 \[2, 2\]"):
+        api.fp8_block_linear(codes, wq, sc, (128, 128), x_scales=scales[:, :1])

@@ -197,6 +197,20 @@ def test_inv_rope_fp8_quant_matches_oracle(backend, dtype, table, gen):
     assert torch.all((deq - x).abs() <= x.abs() * (2 ** -4 + 1e-6) + s_el * 2 ** -10)
 
 
+@pytest.mark.parametrize("rows,warps", [(2, 1), (4, 4), (8, 2)])
+def test_inv_rope_fp8_quant_row_tiles(rows, warps, table, gen):
+    """The Triton kernel's tiles of several (token, head) rows per iteration (prefill), the last
+    tile ragged, give the one-row program's codes and scales bit for bit."""
+    from vllm_dsv4_hw.ops.triton.inv_rope_quant import inv_rope_fp8_quant
+
+    t = len(POSITIONS)
+    o = _rows(gen, (t, 3, D), torch.bfloat16, -20.0, 10.0)   # 42 rows
+    pos = torch.tensor(POSITIONS)
+    q1, s1 = inv_rope_fp8_quant(o, pos, table, rows=1)
+    q, s = inv_rope_fp8_quant(o, pos, table, rows=rows, num_warps=warps)
+    assert torch.equal(q.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(s, s1)
+
+
 @pytest.mark.parametrize("backend", cpu_backends(INV_ROPE_FP8_QUANT))
 def test_inv_rope_fp8_quant_undoes_forward_rope(backend, table, gen):
     # rope then inverse-rope is the identity: quantizing a rope'd row gives the row's own codes.

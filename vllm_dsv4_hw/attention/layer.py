@@ -149,7 +149,7 @@ class DSV4Attention(nn.Module):
 
     def __init__(self, cfg: DSV4Config, layer_id: int | None = None, *, ratio: int | None = None,
                  dtype: torch.dtype = torch.bfloat16, max_positions: int | None = None,
-                 device: torch.device | str | None = None, act_quant_o: bool = False,
+                 device: torch.device | str | None = None, act_quant_o: bool | None = None,
                  quant_config: DSV4HwQuantConfig | None = None, prefix: str = "",
                  layout: ParallelLayout = ParallelLayout()) -> None:
         super().__init__()
@@ -163,7 +163,9 @@ class DSV4Attention(nn.Module):
         self.ratio = ratio
         self.dtype = dtype
         # FP8 activation quantization of the o-projection input (as the official FP8 x FP8 wo_a
-        # does): the fused inverse-RoPE + quantize op, then its dequantized values feed wo_a.
+        # does): the fused inverse-RoPE + quantize op, its codes and scales straight into wo_a.
+        # None: wherever wo_a quantizes its input anyway (W8A8 on this device); True: always
+        # (a wo_a that cannot take codes multiplies their values).
         self.act_quant_o = act_quant_o
         self.layout = layout
         self.num_heads = layout.local_heads(cfg)
@@ -285,15 +287,21 @@ class DSV4Attention(nn.Module):
                            dtype: torch.dtype) -> torch.Tensor:
         """Step 6: inverse RoPE (fused with the FP8 activation quantization under
         ``act_quant_o``), the per-group ``wo_a`` and ``wo_b``."""
-        t = o.shape[0]
-        if self.act_quant_o:
+        t, g = o.shape[0], self.o_groups
+        if self._o_codes(o.device):
             o8, scales = ops.inv_rope_fp8_quant(o, pos, self.cos_sin)
-            o = (o8.float() * scales.repeat_interleave(o8.shape[-1] // scales.shape[-1], -1))
-            o = o.to(dtype)
+            y = grouped_linear(self.wo_a, o8.view(t, g, -1), g, x_scales=scales.view(t, g, -1))
         else:
             o = ops.rope(o, pos, self.cos_sin, inverse=True)
-        y = grouped_linear(self.wo_a, o.reshape(t, self.o_groups, -1), self.o_groups)
-        return self.wo_b(y.reshape(t, self.o_groups * self.o_lora_rank))
+            y = grouped_linear(self.wo_a, o.reshape(t, g, -1), g)
+        return self.wo_b(y.reshape(t, g * self.o_lora_rank))
+
+    def _o_codes(self, device: torch.device) -> bool:
+        """Step 6 as one fused inverse RoPE + e4m3 quantization whose codes feed wo_a."""
+        if self.act_quant_o is not None:
+            return self.act_quant_o
+        takes = getattr(self.wo_a.quant_method, "takes_e4m3_input", None)
+        return takes is not None and takes(device)
 
     def _indexer_keys_and_weights(self, x: torch.Tensor, meta: StepMetadata,
                                   caches: LayerCaches) -> torch.Tensor:

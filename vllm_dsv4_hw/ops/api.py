@@ -209,7 +209,8 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor,
 
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      block: tuple[int, int], out_dtype: torch.dtype | None = None,
-                     quantize_x: bool = False) -> torch.Tensor:
+                     quantize_x: bool = False,
+                     x_scales: torch.Tensor | None = None) -> torch.Tensor:
     """``y = x @ dequant(weight)^T`` for an FP8 block-quantized weight as the checkpoint ships it.
 
     Plain: x [M, K], weight [N, K] e4m3 (``torch.float8_e4m3fn`` or its uint8 bytes), scale
@@ -223,8 +224,13 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     activation scheme (``ops.reference.fp8_linear.quantize_activations``: per row and ``bk``-wide
     block of K, a power-of-two scale ``2^ceil(log2(max(amax, 1e-4) / 448))``, codes rounded to
     nearest even), so backends with FP8 x FP8 tensor-core dots read both operands as e4m3.
+    ``x_scales``: x is already quantized, as e4m3 codes (``torch.float8_e4m3fn``) with fp32 scales
+    ``x_scales [M, (G,) ceil(K/bk)]``, one per row and ``bk`` block (a producer's own quantization,
+    e.g. ``inv_rope_fp8_quant``'s for the o projection); y is as for x = codes * scales (exact in
+    fp32), ``out_dtype`` bf16 unless given; ``quantize_x`` is then moot.
     """
-    return _impl(FP8_BLOCK_LINEAR, x)(x, weight, scale, block, out_dtype, quantize_x)
+    return _impl(FP8_BLOCK_LINEAR, x)(x, weight, scale, block, out_dtype, quantize_x,
+                                      x_scales=x_scales)
 
 
 def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,

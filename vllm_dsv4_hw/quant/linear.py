@@ -61,8 +61,15 @@ class DenseLinearMethod(LinearMethodBase):
                              self.out_dtype or x.dtype).view(*lead, -1)
         return y if bias is None else y + bias
 
-    def apply_grouped(self, layer, x3: torch.Tensor, groups: int) -> torch.Tensor:
+    def takes_e4m3_input(self, device: torch.device) -> bool:
+        return False
+
+    def apply_grouped(self, layer, x3: torch.Tensor, groups: int,
+                      x_scales: torch.Tensor | None = None) -> torch.Tensor:
         w = layer.weight.view(groups, -1, layer.weight.shape[-1])
+        if x_scales is not None:  # e4m3 codes: their values, in the weight's dtype
+            x3 = (x3.float() * x_scales.repeat_interleave(x3.shape[-1] // x_scales.shape[-1], -1)
+                  ).to(w.dtype)
         return torch.einsum("mgk,gnk->mgn", x3, w.to(x3.dtype))
 
 
@@ -117,7 +124,14 @@ class Fp8BlockLinearMethod(LinearMethodBase):
         y = y.view(*lead, -1)
         return y if bias is None else y + bias
 
-    def apply_grouped(self, layer, x3: torch.Tensor, groups: int) -> torch.Tensor:
+    def takes_e4m3_input(self, device: torch.device) -> bool:
+        """Whether this layer's input may come as e4m3 codes with per-128-column scales (the
+        producer's quantization, ``x_scales``) with nothing lost: it quantizes its activations
+        on ``device`` anyway (W8A8) in blocks of that size."""
+        return e4m3_activations(device) and self.block[1] == 128
+
+    def apply_grouped(self, layer, x3: torch.Tensor, groups: int,
+                      x_scales: torch.Tensor | None = None) -> torch.Tensor:
         w, s = layer.weight, layer.scale
         n = w.shape[0] // groups
         if n % self.block[0]:
@@ -125,13 +139,16 @@ class Fp8BlockLinearMethod(LinearMethodBase):
                              f"cut the {self.block[0]}-row FP8 block")
         return ops.fp8_block_linear(x3, w.view(groups, n, w.shape[1]),
                                     s.view(groups, n // self.block[0], s.shape[1]), self.block,
-                                    quantize_x=e4m3_activations(x3.device))
+                                    out_dtype=layer.params_dtype if x_scales is not None else None,
+                                    quantize_x=e4m3_activations(x3.device), x_scales=x_scales)
 
 
-def grouped_linear(layer, x3: torch.Tensor, groups: int) -> torch.Tensor:
+def grouped_linear(layer, x3: torch.Tensor, groups: int,
+                   x_scales: torch.Tensor | None = None) -> torch.Tensor:
     """``x3 [M, G, K]`` through a linear layer whose ``[G*N, K]`` weight holds G independent
-    ``[N, K]`` matrices (group g's rows are g*N .. g*N + N - 1) -> ``[M, G, N]``."""
-    return layer.quant_method.apply_grouped(layer, x3, groups)
+    ``[N, K]`` matrices (group g's rows are g*N .. g*N + N - 1) -> ``[M, G, N]``. ``x_scales``
+    ``[M, G, K/128]``: x3 is e4m3 codes with these scales (``ops.inv_rope_fp8_quant``)."""
+    return layer.quant_method.apply_grouped(layer, x3, groups, x_scales)
 
 
 # -- the model's linear layers ---------------------------------------------------------------------

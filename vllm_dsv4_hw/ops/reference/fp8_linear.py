@@ -103,6 +103,29 @@ def check_fp8_block_linear_args(x: torch.Tensor, weight: torch.Tensor, scale: to
     return Fp8LinearArgs(grouped, m, g, n, k, bn, bk, x, w, s, out_dtype)
 
 
+def check_prequantized_x(x: torch.Tensor, x_scales: torch.Tensor, bk: int,
+                         out_dtype: torch.dtype | None) -> torch.dtype:
+    """``fp8_block_linear`` with ``x_scales``: x holds e4m3 codes and ``x_scales`` their fp32
+    scales per row and ``bk`` block of K (checked here; one ValueError). Returns the output
+    dtype, bf16 unless given."""
+    if x.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise ValueError(f"fp8_block_linear: with x_scales, x must be e4m3 codes "
+                         f"(torch.float8_e4m3fn or its uint8 bytes), got {x.dtype}")
+    want = (*x.shape[:-1], -(-x.shape[-1] // bk))
+    if x_scales.dtype != torch.float32 or tuple(x_scales.shape) != want:
+        raise ValueError(f"fp8_block_linear: x_scales must be float32 {list(want)} (one scale per "
+                         f"row and {bk}-column block of x), got {x_scales.dtype} "
+                         f"{tuple(x_scales.shape)}")
+    return torch.bfloat16 if out_dtype is None else out_dtype
+
+
+def prequantized_values(x: torch.Tensor, x_scales: torch.Tensor, bk: int) -> torch.Tensor:
+    """The fp32 values of checked e4m3 codes x and scales (exact: an e4m3 value times a power
+    of two)."""
+    codes = x.view(torch.float8_e4m3fn) if x.dtype == torch.uint8 else x
+    return codes.float() * x_scales.repeat_interleave(bk, -1)[..., :x.shape[-1]]
+
+
 def _pow2(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Exact 2^e (integer tensor e; fp32: -149 <= e <= 127, float64: -1022 <= e <= 1023)."""
     if dtype == torch.float64:
@@ -135,7 +158,12 @@ def quantize_activations(x: torch.Tensor, bk: int) -> torch.Tensor:
 @register_op(FP8_BLOCK_LINEAR, "reference")
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      block: tuple[int, int], out_dtype: torch.dtype | None = None,
-                     quantize_x: bool = False) -> torch.Tensor:
+                     quantize_x: bool = False,
+                     x_scales: torch.Tensor | None = None) -> torch.Tensor:
+    if x_scales is not None:  # the activations' own quantization given: its values, exact
+        out_dtype = check_prequantized_x(x, x_scales, int(block[1]), out_dtype)
+        x = prequantized_values(x, x_scales, int(block[1]))
+        quantize_x = False
     a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
     m, g, n, k, bn, bk = a.m, a.g, a.n, a.k, a.bn, a.bk
     out = torch.empty(m, g, n, dtype=a.out_dtype, device=x.device)

@@ -219,9 +219,10 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None 
            split_k: int | None = None, num_warps: int | None = None,
            num_stages: int | None = None, wt: bool | None = None,
            serial: bool | None = None, pre: bool | None = None,
-           xpf: bool | None = None) -> torch.Tensor:
-    """One W8A8 GEMM of checked arguments (``supports(a)``); the keywords are launch knobs for
-    benchmarks and tests."""
+           xpf: bool | None = None, x_scales: torch.Tensor | None = None) -> torch.Tensor:
+    """One W8A8 GEMM of checked arguments (``supports(a)``); ``x_scales [M, G, KB]``: ``a.x`` is
+    already e4m3 codes with these scales (taken as they lie, no quantizing launch); the other
+    keywords are launch knobs for benchmarks and tests."""
     m, g, n, k = a.m, a.g, a.n, a.k
     dev = a.x.device
     shape = (m, g, n) if a.grouped else (m, n)
@@ -236,6 +237,7 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None 
     num_warps = tile["num_warps"] if num_warps is None else num_warps
     num_stages = tile["num_stages"] if num_stages is None else num_stages
     pre = tile["pre"] if pre is None else pre
+    pre = pre or x_scales is not None
     xpf = tile["xpf"] if xpf is None else xpf
     xv = a.x if a.x.stride(-1) == 1 else a.x.contiguous()
     wb = a.w if a.w.stride(-1) == 1 else a.w.contiguous()
@@ -255,12 +257,16 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None 
     if rows < m:
         kw = dict(block_n=bn, block_m=bm, split_k=split_k, num_warps=num_warps,
                   num_stages=num_stages, wt=wt, serial=serial, pre=pre, xpf=xpf)
-        return torch.cat([launch(a._replace(m=min(rows, m - r), x=a.x[r:r + rows]), **kw)
+        return torch.cat([launch(a._replace(m=min(rows, m - r), x=a.x[r:r + rows]), **kw,
+                                 x_scales=None if x_scales is None else x_scales[r:r + rows])
                           for r in range(0, m, rows)])
     if serial is None:
         serial = sk.SERIAL_SPLIT_K and n_mblk == 1 and bm <= sk.SERIAL_MAX_ROWS
     o = sk.SplitOutputs.make(a, split_k, torch.float32, serial, base)
-    if pre:
+    if x_scales is not None:   # the producer's codes: bytes in the interpreter, e4m3 on a GPU
+        xv = xv.view(torch.uint8 if interp else torch.float8_e4m3fn)
+        xs = x_scales if x_scales.stride(-1) == 1 else x_scales.contiguous()
+    elif pre:
         q, xs = quantize(xv.reshape(m * g, k), a.bk)
         xv, xs = q.view(m, g, k), xs.view(m, g, kb)
     else:

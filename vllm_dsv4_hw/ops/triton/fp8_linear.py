@@ -37,6 +37,8 @@ from vllm_dsv4_hw.ops.api import FP8_BLOCK_LINEAR
 from vllm_dsv4_hw.ops.reference.fp8_linear import (
     Fp8LinearArgs,
     check_fp8_block_linear_args,
+    check_prequantized_x,
+    prequantized_values,
     quantize_activations,
 )
 from vllm_dsv4_hw.ops.registry import register_op
@@ -287,17 +289,30 @@ def _math(dtype: torch.dtype, interpreting: bool) -> int:
 @register_op(FP8_BLOCK_LINEAR, "triton")
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      block: tuple[int, int], out_dtype: torch.dtype | None = None,
-                     quantize_x: bool = False, **knobs) -> torch.Tensor:
+                     quantize_x: bool = False, x_scales: torch.Tensor | None = None,
+                     **knobs) -> torch.Tensor:
     """The op contract (``ops.api.fp8_block_linear``); the keyword-only ``knobs`` (those of
     :func:`launch`, or of ``fp8_dot_linear.launch`` with ``quantize_x``) are for benchmarks and
     tests. ``quantize_x`` takes the W8A8 kernel where it runs (``fp8_dot_linear.supports``), else
     this kernel on the quantized activations' values, the same products (a float64 x, an odd
     scale block, a device without FP8 dots): kept in bf16 for bf16 x (e4m3 times a power of two
     from 2^-31 up is a bf16 value: exact, the 16-bit dot), else fp32."""
+    from vllm_dsv4_hw.ops.triton import fp8_dot_linear  # imports this module's launch helpers
+    if x_scales is not None:  # x given as e4m3 codes + scales
+        out_dtype = check_prequantized_x(x, x_scales, int(block[1]), out_dtype)
+        # the values' dtype: bf16 holds every e4m3 value times a power of two exactly
+        vdt = out_dtype if out_dtype in (torch.float32, torch.float64) else torch.bfloat16
+        a = check_fp8_block_linear_args(torch.empty(x.shape, dtype=vdt, device="meta"), weight,
+                                        scale, block, out_dtype)
+        if vdt != torch.float64 and fp8_dot_linear.supports(a._replace(x=x)):  # codes to dots
+            xs = x_scales if a.grouped else x_scales.unsqueeze(1)
+            codes = x if a.grouped else x.unsqueeze(1)
+            return fp8_dot_linear.launch(a._replace(x=codes), x_scales=xs, **knobs)
+        vals = prequantized_values(x, x_scales, a.bk).to(vdt)   # the 16-bit kernel on the values
+        return launch(a._replace(x=vals if a.grouped else vals.unsqueeze(1)), **knobs)
     a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
     if not quantize_x:
         return launch(a, **knobs)
-    from vllm_dsv4_hw.ops.triton import fp8_dot_linear  # imports this module's launch helpers
     if fp8_dot_linear.supports(a):
         return fp8_dot_linear.launch(a, **knobs)
     xq = quantize_activations(a.x.reshape(a.m * a.g, a.k), a.bk).view(a.m, a.g, a.k)
@@ -310,8 +325,8 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None 
            block_m: int | None = None, fold: int | None = None, cvt: int | None = None,
            serial: bool | None = None, w16: bool = False) -> torch.Tensor:
     """One GEMM of checked arguments: column block, forced split-K, launch options, the e4m3
-    decode and the split-K sum as knobs. ``w16``: ``a.w`` is x's 16-bit float dtype, not e4m3
-    bytes (``ops.triton.dense_linear``; ``a.s`` is then never read)."""
+    decode and the split-K sum as knobs. ``w16``: ``a.w`` is
+    x's 16-bit float dtype, not e4m3 bytes (``ops.triton.dense_linear``; ``a.s`` is then never read)."""
     m, g, n, k = a.m, a.g, a.n, a.k
     dev = a.x.device
     shape = (m, g, n) if a.grouped else (m, n)

@@ -16,37 +16,60 @@ from vllm_dsv4_hw.ops.triton.common import grid_1d, rope_pairs
 from vllm_dsv4_hw.ops.triton.quant import ceil_log2_div, f32_to_e4m3_bits, pow2_f32
 
 
+# Rows (token, head) per program iteration and warps, by row count (few rows: decode, where
+# programs matter more than bytes in flight per program).
+def launch_shape(n_rows: int) -> tuple[int, int]:
+    """(rows per iteration, num_warps) of a call over ``n_rows`` (token, head) rows."""
+    if n_rows >= MANY_ROWS:
+        return MANY_ROWS_TILE, MANY_ROWS_WARPS
+    return 1, (4 if n_rows <= 256 else 2)
+
+
+MANY_ROWS = 4096
+MANY_ROWS_TILE = 1
+MANY_ROWS_WARPS = 1
+
+
 @triton.jit
 def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_rows, n_heads,
                                o_tok_stride, o_head_stride, cs_stride, amax_floor,
                                NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
-                               FIRST_PAIR: tl.constexpr, HALF: tl.constexpr):
+                               FIRST_PAIR: tl.constexpr, HALF: tl.constexpr,
+                               ROWS: tl.constexpr):
+    # a [ROWS, BG, GP] tile of pairs per iteration: ROWS rows' loads in flight at once
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     g = tl.arange(0, BG)
     gm = g < NG
-    pidx = g[:, None] * GP + tl.arange(0, GP)[None, :]  # [BG, GP]: row = one quant group
-    pm = gm[:, None] & (pidx >= 0)
-    for row in range(pid, n_rows, nprog):
-        r = tl.cast(row, tl.int64)
+    pidx = (g[:, None] * GP + tl.arange(0, GP)[None, :])[None, :, :]   # [1, BG, GP]
+    jr = tl.arange(0, ROWS)
+    for blk in range(pid, tl.cdiv(n_rows, ROWS), nprog):
+        r = tl.cast(blk, tl.int64) * ROWS + jr                            # [ROWS]
+        rm = r < n_rows
         t = r // n_heads
-        src = o_ptr + t * o_tok_stride + (r % n_heads) * o_head_stride
+        src = (o_ptr + t * o_tok_stride + (r % n_heads) * o_head_stride)[:, None, None]
+        pm = rm[:, None, None] & gm[None, :, None] & (pidx >= 0)
         xe = tl.load(src + 2 * pidx, mask=pm, other=0.0).to(tl.float32)
         xo = tl.load(src + 2 * pidx + 1, mask=pm, other=0.0).to(tl.float32)
-        pos = tl.load(pos_ptr + t).to(tl.int64)
-        ye, yo = rope_pairs(xe, xo, cs_ptr + pos * cs_stride, pidx, FIRST_PAIR, HALF, True, False)
-        amax = tl.maximum(tl.max(tl.abs(ye), axis=1), tl.max(tl.abs(yo), axis=1))  # [BG]
-        ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)  # 448 = 1.75 * 2^8
-        inv = pow2_f32(-ex)[:, None]
-        dst = out_ptr + r * (NG * GP * 2)
+        pos = tl.load(pos_ptr + t, mask=rm, other=0).to(tl.int64)
+        ye, yo = rope_pairs(xe, xo, (cs_ptr + pos * cs_stride)[:, None, None], pidx, FIRST_PAIR,
+                            HALF, True, False)
+        amax = tl.max(tl.maximum(tl.abs(ye), tl.abs(yo)), axis=2)        # [ROWS, BG]
+        ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)   # 448 = 1.75 * 2^8
+        inv = pow2_f32(-ex)[:, :, None]
+        dst = (out_ptr + r * (NG * GP * 2))[:, None, None]
         tl.store(dst + 2 * pidx, f32_to_e4m3_bits(ye * inv), mask=pm)
         tl.store(dst + 2 * pidx + 1, f32_to_e4m3_bits(yo * inv), mask=pm)
-        tl.store(scale_ptr + r * NG + g, pow2_f32(ex), mask=gm)
+        tl.store(scale_ptr + r[:, None] * NG + g[None, :], pow2_f32(ex),
+                 mask=rm[:, None] & gm[None, :])
 
 
 @register_op(INV_ROPE_FP8_QUANT, "triton")
 def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
-                       cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                       cos_sin: torch.Tensor, *, rows: int | None = None,
+                       num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op (``ops.api.inv_rope_fp8_quant``); ``rows`` / ``num_warps``: launch knobs for
+    benchmarks and tests (default ``launch_shape``)."""
     check_inv_rope_fp8_quant_args(o, O_QUANT_GROUP)
     t, h, d = o.shape
     check_fused_rope_args("inv_rope_fp8_quant", positions, cos_sin, t, d)
@@ -62,8 +85,11 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
     if cs.stride(-1) != 1:
         cs = cs.contiguous()
     pos = positions.to(o.device)
-    _inv_rope_fp8_quant_kernel[grid_1d(t * h, o.device)](
+    auto_rows, auto_warps = launch_shape(t * h)
+    rows = auto_rows if rows is None else rows
+    _inv_rope_fp8_quant_kernel[grid_1d(triton.cdiv(t * h, rows), o.device)](
         o, pos, cs, out.view(torch.uint8), scales, t * h, h, o.stride(0), o.stride(1),
         cs.stride(0), float(O_QUANT_AMAX_FLOOR), NG=ng, BG=triton.next_power_of_2(ng),
-        GP=O_QUANT_GROUP // 2, FIRST_PAIR=(d - r) // 2, HALF=r // 2, num_warps=4)
+        GP=O_QUANT_GROUP // 2, FIRST_PAIR=(d - r) // 2, HALF=r // 2, ROWS=rows,
+        num_warps=auto_warps if num_warps is None else num_warps)
     return out, scales
