@@ -246,6 +246,35 @@ def sweep_topk(dev, batches):
     return rows
 
 
+# -- the o projection's input ----------------------------------------------------------------------
+def sweep_inv_rope(dev, batches, prefill=(8192,)):
+    """Step 6's input to wo_a at V4-Flash shapes (64 heads x 512, 64 rope dims): the fused
+    ``inv_rope_fp8_quant`` (codes + scales straight into the W8A8 wo_a) at its row tiles and warps,
+    each checked bit-equal to the one-row program, against what it replaces: the inverse rope
+    (bf16) and the W8A8 GEMM's own quantizing launch of that."""
+    from vllm_dsv4_hw import ops
+    from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin
+    from vllm_dsv4_hw.ops.triton import fp8_dot_linear, inv_rope_quant as irq
+
+    cs = rope_cos_sin(10000.0, 64, 1 << 17).to(dev)
+    rows = []
+    for t in list(batches) + list(prefill):
+        sets = [torch.randn(t, 64, 512, device=dev).to(torch.bfloat16) for _ in range(3)]
+        pos = torch.randint(0, 1 << 17, (t,), device=dev)
+        q1, s1 = irq.inv_rope_fp8_quant(sets[0], pos, cs, rows=1, num_warps=4)
+        res = {"default": _try(lambda i: irq.inv_rope_fp8_quant(sets[i], pos, cs), 3)}
+        for r, w in ((1, 4), (1, 1), (1, 2), (2, 2), (4, 4), (4, 2), (8, 4), (8, 8)):
+            q, sc = irq.inv_rope_fp8_quant(sets[0], pos, cs, rows=r, num_warps=w)
+            same = torch.equal(q.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(sc, s1)
+            res[f"rows={r} warps={w}"] = (_try(lambda i, r=r, w=w: irq.inv_rope_fp8_quant(
+                sets[i], pos, cs, rows=r, num_warps=w), 3) if same else "wrong: bits differ")
+        res["rope + quantize launch (before)"] = _try(lambda i: fp8_dot_linear.quantize(
+            ops.rope(sets[i], pos, cs, inverse=True).view(t * 8, 4096), 128), 3)
+        floor = t * 64 * 512 * (2 + 1) / HBM * 1e6
+        rows.append(_summary("inv_rope", f"T={t} H=64", res, "default", floor))
+    return rows
+
+
 # -- compressor pool ----------------------------------------------------------------------------------
 def sweep_pool(dev, batches):
     from benchmarks.gpu.compressor import CASES, _decode_reqs, make_step
@@ -289,7 +318,10 @@ SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": s
           "gemm": sweep_gemm, "gemm_prefill": sweep_gemm_prefill, "gemm_fold": sweep_gemm_fold,
           "index_prefill": sweep_index_prefill, "gemm_cvt": sweep_gemm_cvt,
           "attn_prefill": sweep_attn_prefill, "gemm_split": sweep_gemm_split,
-          "dense": sweep_dense, "gemm_w8a8": sweep_gemm_w8a8, "attn_loop": sweep_attn_loop}
+          "dense": sweep_dense, "gemm_w8a8": sweep_gemm_w8a8, "attn_loop": sweep_attn_loop,
+          # the prefill rows only (8,192 rows: a chunk), whatever --batches says
+          "gemm_w8a8_prefill": lambda dev, _: sweep_gemm_w8a8(dev, (), prefill_ms=(8192,)),
+          "inv_rope": sweep_inv_rope}
 
 
 def main(argv=None) -> int:
