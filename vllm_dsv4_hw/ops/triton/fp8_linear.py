@@ -325,8 +325,8 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None 
            block_m: int | None = None, fold: int | None = None, cvt: int | None = None,
            serial: bool | None = None, w16: bool = False) -> torch.Tensor:
     """One GEMM of checked arguments: column block, forced split-K, launch options, the e4m3
-    decode and the split-K sum as knobs. ``w16``: ``a.w`` is
-    x's 16-bit float dtype, not e4m3 bytes (``ops.triton.dense_linear``; ``a.s`` is then never read)."""
+    decode and the split-K sum as knobs. ``w16``: ``a.w`` is x's 16-bit float dtype, not e4m3
+    bytes (``ops.triton.dense_linear``; ``a.s`` is then never read)."""
     m, g, n, k = a.m, a.g, a.n, a.k
     dev = a.x.device
     shape = (m, g, n) if a.grouped else (m, n)

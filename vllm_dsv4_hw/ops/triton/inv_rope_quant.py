@@ -1,7 +1,8 @@
-"""Triton ``inv_rope_fp8_quant``: inverse RoPE on the last R dims of each head of the attention output,
-then FP8 e4m3 quantization in 128-dim groups with power-of-two (ue8m0) fp32 scales, one program per
-(token, head). The e4m3 codes are built from integer bit operations (bit-exact, round to nearest
-even) and written as bytes, so no fp8 arithmetic is needed on the device."""
+"""Triton ``inv_rope_fp8_quant``: inverse RoPE on the last R dims of each head of the attention
+output, then FP8 e4m3 quantization in 128-dim groups with power-of-two (ue8m0) fp32 scales,
+(token, head) rows looped over the programs. The e4m3 codes are built from integer bit operations
+(bit-exact, round to nearest even) and written as bytes, so no fp8 arithmetic is needed on the
+device."""
 
 from __future__ import annotations
 
@@ -16,18 +17,20 @@ from vllm_dsv4_hw.ops.triton.common import grid_1d, rope_pairs
 from vllm_dsv4_hw.ops.triton.quant import ceil_log2_div, f32_to_e4m3_bits, pow2_f32
 
 
-# Rows (token, head) per program iteration and warps, by row count (few rows: decode, where
-# programs matter more than bytes in flight per program).
+# Launch by row count: one (token, head) row per iteration; 1 warp per row from MANY_ROWS rows
+# (prefill: more rows in flight per SM), 2 from 257, 4 below (H200 2026-12-04, ``python -m
+# benchmarks.decode_kernels --only inv_rope``: 8,192 tokens x 64 heads 540 -> 392 us, 32 tokens
+# 4.0 -> 3.65 us). Tiles of several rows per iteration (``rows``) were 5-7x slower there.
+MANY_ROWS = 4096
+MANY_ROWS_TILE = 1
+MANY_ROWS_WARPS = 1
+
+
 def launch_shape(n_rows: int) -> tuple[int, int]:
     """(rows per iteration, num_warps) of a call over ``n_rows`` (token, head) rows."""
     if n_rows >= MANY_ROWS:
         return MANY_ROWS_TILE, MANY_ROWS_WARPS
     return 1, (4 if n_rows <= 256 else 2)
-
-
-MANY_ROWS = 4096
-MANY_ROWS_TILE = 1
-MANY_ROWS_WARPS = 1
 
 
 @triton.jit
@@ -36,7 +39,7 @@ def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_row
                                NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
                                FIRST_PAIR: tl.constexpr, HALF: tl.constexpr,
                                ROWS: tl.constexpr):
-    # a [ROWS, BG, GP] tile of pairs per iteration: ROWS rows' loads in flight at once
+    # a [ROWS, BG, GP] tile of pairs per iteration (a knob; the launch rule takes ROWS = 1)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     g = tl.arange(0, BG)
