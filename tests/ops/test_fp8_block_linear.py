@@ -452,8 +452,9 @@ def test_kit_cases_pass(backend, caps_name, gen):
                 main_fmt="bf16", indexer_fmt="bf16", main_formats=("bf16",),
                 indexer_formats=("bf16",))
     cases = fp8_block_linear_cases(ctx)
-    assert len(cases) == 12 and all(c.op == FP8_BLOCK_LINEAR for c in cases)
+    assert len(cases) == 14 and all(c.op == FP8_BLOCK_LINEAR for c in cases)
     assert sum(c.name.startswith("e4m3 x: ") for c in cases) == 4   # quantize_x=True
+    assert sum(c.name.startswith("e4m3 codes in: ") for c in cases) == 2   # x_scales
     failures = []
     for case in cases:
         ok, detail, _ = case.run(impl(FP8_BLOCK_LINEAR, backend))

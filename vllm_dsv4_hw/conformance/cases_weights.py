@@ -115,15 +115,20 @@ def fp8_block_linear_cases(ctx: Ctx) -> list[Case]:
     # e4m3 activations (``quantize_x``, W8A8): decode, grouped, V4.1 blocks, a prefill chunk
     specs += [(f"e4m3 x: {spec[0]}",) + spec[1:] + (True,) for i, spec in enumerate(specs)
               if i in (0, 2, 3, 5)]
+    # x given as its e4m3 codes and scales (``x_scales``, as ``inv_rope_fp8_quant`` hands wo_a)
+    specs += [(f"e4m3 codes in: {spec[0]}",) + spec[1:] + ("codes",) for i, spec in
+              enumerate(specs) if i in (0, 2)]
     out = []
     for name, m, g, n, k, block, sbytes, xmag, *qx in specs:
-        quantize_x = bool(qx and qx[0])
+        codes_in = bool(qx) and qx[0] == "codes"
+        quantize_x = bool(qx and qx[0]) and not codes_in
         lead = (g,) if g else ()
         wb, sb = _weight(ctx, lead, n, k, block, sbytes)
         x = (torch.randn(*((m, g, k) if g else (m, k)), generator=ctx.gen) * xmag)
         x = x.to(torch.bfloat16).to(ctx.device)
         xo = x.to(ctx.oracle_device)
-        want = fp8_block_linear_oracle(e4m3_activation_values(xo, block[1]) if quantize_x else xo,
+        want = fp8_block_linear_oracle(e4m3_activation_values(xo, block[1])
+                                       if quantize_x or codes_in else xo,
                                        wb.to(ctx.oracle_device), sb.to(ctx.oracle_device), block)
         w_dev, s_dev = wb.to(ctx.device), sb.to(ctx.device)
         if ctx.caps.fp8:  # the checkpoint's own dtypes; raw bytes where the device has no fp8
@@ -143,9 +148,28 @@ def fp8_block_linear_cases(ctx: Ctx) -> list[Case]:
                                   dense_bound(w, torch.bfloat16)))
 
         args = (x, w_dev, s_dev, block) + ((None, True) if quantize_x else ())
+        if codes_in:
+            codes, scales = _e4m3_codes(e4m3_activation_values(x.cpu(), block[1]), block[1])
+            codes = codes.to(ctx.device)
+            args = ((codes if ctx.caps.fp8 else codes.view(torch.uint8)), w_dev, s_dev, block,
+                    None, False, scales.to(ctx.device))
         out.append(Case(api.FP8_BLOCK_LINEAR, f"{name}, block {block[0]}x{block[1]}, bf16",
                         args, check))
     return out
+
+
+def _e4m3_codes(vals: torch.Tensor, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantized activation values [..., K] (e4m3 values times a power of two per ``bk`` block)
+    -> (their e4m3 codes, fp32 scales [..., ceil(K/bk)]) with the rule's scale,
+    2^ceil(log2(max(amax, 1e-4) / 448)): codes = values / scale, exact."""
+    k = vals.shape[-1]
+    kb = -(-k // bk)
+    pad = torch.zeros(*vals.shape[:-1], kb * bk, dtype=torch.float64)
+    pad[..., :k] = vals
+    amax = pad.view(*vals.shape[:-1], kb, bk).abs().amax(-1).clamp_min(1e-4)
+    scales = torch.exp2(torch.ceil(torch.log2(amax / 448)))
+    codes = vals / scales.repeat_interleave(bk, -1)[..., :k]
+    return codes.to(torch.float8_e4m3fn), scales.float()
 
 
 def dense_linear_cases(ctx: Ctx) -> list[Case]:
