@@ -176,16 +176,9 @@ def test_w8a8_tile_rule():
 
 def _codes(x: torch.Tensor, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] -> (e4m3 codes, fp32 scales [..., KB]) of the oracle's quantization."""
-    from vllm_dsv4_hw.ops.reference.fp8_linear import quantize_activations
+    from vllm_dsv4_hw.conformance.cases_weights import _e4m3_codes
 
-    vals = quantize_activations(x.reshape(-1, x.shape[-1]), bk).view(x.shape)
-    kb = -(-x.shape[-1] // bk)
-    pad = torch.zeros(*x.shape[:-1], kb * bk)
-    pad[..., :x.shape[-1]] = vals
-    amax = pad.view(*x.shape[:-1], kb, bk).abs().amax(-1).clamp_min(1e-4)
-    scales = torch.exp2(torch.ceil(torch.log2(amax / 448)))
-    codes = (vals / scales.repeat_interleave(bk, -1)[..., :x.shape[-1]]).to(torch.float8_e4m3fn)
-    return codes, scales
+    return _e4m3_codes(oracle_quantize(x, bk), bk)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
