@@ -86,6 +86,10 @@ def test_decode_metadata_equals_general_builder(backend, ratio, null_page, gen, 
         want = build_step_metadata(positions, [1] * n, ratio, tables, geom, WINDOW,
                                    max_comp_entries=layout.max_comp_entries or None)
         assert torch.equal(got.positions[:n], want.positions)
+        # a bound fixed by the tables (graphs), never below what the step sees
+        assert got.max_visible_entries >= want.max_visible_entries
+        if ratio == 4:
+            assert got.max_visible_entries == raw["indexer"].shape[1] * geom.indexer_entries_per_page
         assert bool((got.positions[n:] == -1).all())
         for name in ("window_insert_slots", "window_slots"):
             g, w = getattr(got, name), getattr(want, name)

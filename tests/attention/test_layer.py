@@ -417,3 +417,30 @@ def test_fp8_wo_a_takes_the_fused_codes(monkeypatch, gen):
     monkeypatch.setenv("VLLM_DSV4_HW_FP8_ACTIVATIONS", "model")
     layer._output_projection(o, pos, torch.bfloat16)
     assert calls == [1]           # W8A16: no e4m3 input to take
+
+
+def test_indexer_sees_only_the_visible_pages(monkeypatch):
+    """vLLM's block tables span the model length whatever the context: the layer hands the
+    indexer only the columns that hold a visible entry (the step's ``max_visible_entries``), so a
+    short prefill does not score and select over the whole width; the output is the same bits as
+    with tables as wide as the sequences."""
+    params, xs, _ = _case(4)
+    layer = _layer_from(params, 4, torch.float64)
+    geom, _ = page_geometry(CFG, 4, "fp32", "fp32")
+    tables, counts = static_block_tables(geom, 4, LENS)
+    caches = allocate_layer_caches(CFG, 4, counts, "fp32", "fp32", block_tables=tables)
+    widths = []
+    topk = ops.indexer_topk
+    monkeypatch.setattr(ops, "indexer_topk",
+                        lambda *a: widths.append(a[4].shape[1]) or topk(*a))
+    x = torch.cat(xs)
+    outs = []
+    for pad in (0, 7):   # 7 more pages per table, none allocated
+        wide = BlockTables(**{k: torch.nn.functional.pad(v, (0, pad), value=-1)
+                              for k, v in vars(tables).items() if v is not None})
+        meta = build_step_metadata([0] * len(LENS), list(LENS), 4, wide, caches.geometry)
+        with torch.no_grad():
+            outs.append(layer(x, meta, caches))
+    per_page = caches.geometry.indexer_entries_per_page
+    assert widths == [-(-max(LENS) // 4 // per_page)] * 2
+    assert torch.equal(outs[0], outs[1])

@@ -54,6 +54,15 @@ def _plan(out: dict, name: str, rows: torch.Tensor, pos: torch.Tensor) -> Compre
                           positions=pos, token_req=rows)
 
 
+def _entry_bound(kind, layout: DecodeLayout, tables: BlockTables) -> int:
+    """A bound on the entries a row can see that needs no data: fixed shapes under graphs."""
+    if kind.attends_all_entries:
+        return layout.max_comp_entries
+    if kind.has_indexer:
+        return tables.indexer.shape[1] * layout.indexer_per_page
+    return 0
+
+
 def decode_step_metadata(seq_lens: torch.Tensor, block_tables: BlockTables,
                          geometry: PageGeometry, layout: DecodeLayout) -> StepMetadata:
     """Metadata of a decode step of ``seq_lens.shape[0]`` rows (see the module docstring)."""
@@ -79,5 +88,6 @@ def decode_step_metadata(seq_lens: torch.Tensor, block_tables: BlockTables,
         query_start_loc=torch.arange(b + 1, device=dev), seq_starts=pos, seq_lens=lens,
         positions=pos, token_req=rows, window_insert_slots=out["window_insert_slots"],
         window_slots=out["window_slots"], comp_entry_end=end,
-        max_visible_entries=layout.max_comp_entries, main_plan=main, indexer_plan=idx,
+        max_visible_entries=_entry_bound(kind, layout, tables_out), main_plan=main,
+        indexer_plan=idx,
         comp_slots=out.get("comp_slots"))

@@ -321,8 +321,9 @@ class DSV4Attention(nn.Module):
         qi = idx.wq_b(q_r).view(t, idx.n_heads, idx.head_dim)
         qi = ops.rope(qi, pos, self.cos_sin)
         top = ops.indexer_topk(qi, w, caches.indexer, caches.indexer_format,
-                               meta.block_tables.indexer, meta.token_req, pos, idx.topk,
-                               self.ratio)
+                               _visible_pages(meta.block_tables.indexer, meta.max_visible_entries,
+                                              meta.geometry.indexer_entries_per_page),
+                               meta.token_req, pos, idx.topk, self.ratio)
         if self.capture_topk:
             self.last_topk = top
         return ops.entry_slots(meta.block_tables.comp, meta.token_req, top,
@@ -342,3 +343,10 @@ class DSV4Attention(nn.Module):
     def extra_repr(self) -> str:
         return (f"kind={self.kind.name}, heads={self.num_heads}, head_dim={self.head_dim}, "
                 f"o_groups={self.o_groups}, dtype={self.dtype}")
+
+
+def _visible_pages(block_table: torch.Tensor, max_visible: int, per_page: int) -> torch.Tensor:
+    """The block table's columns that hold a visible entry. vLLM's tables span the model length
+    (1M tokens: 4,096 pages) whatever the context; the indexer scores and selects over every
+    column it is given, so a short prefill would pay for the whole width."""
+    return block_table[:, :min(block_table.shape[1], -(-max_visible // per_page))]

@@ -85,7 +85,9 @@ class StepMetadata:
     window_insert_slots: torch.Tensor    # [T] int64
     window_slots: torch.Tensor           # [T, W] int64, oldest first, -1 pad
     comp_entry_end: torch.Tensor         # [T] int64: visible compressed entries are 0..end-1
-    max_visible_entries: int             # max of comp_entry_end (0 for ratio 0)
+    # >= max of comp_entry_end, known on the host (0 for ratio 0): the exact max for a varlen
+    # step, the block table's bound for a decode step (fixed under graphs)
+    max_visible_entries: int
     main_plan: CompressorPlan | None = None
     indexer_plan: CompressorPlan | None = None
     comp_slots: torch.Tensor | None = None  # [T, K] int64 (ratio 128), -1 pad
