@@ -36,8 +36,6 @@ Ops and knobs (the GEMM sweeps live in ``benchmarks.gemm_sweeps``, the timing in
   -1 fill is not timed: the indexer allocates that buffer anyway). A two-stage torch variant
   (top-k of chunks, then of the survivors) was tried on 2026-11-29 and lost at every shape: 71-150
   us vs 62-71 us at 256K scores;
-* ``topk_prefill``: the selection at prefill-sized calls (up to 8,192 rows): ``torch.topk``
-  against ``row_topk`` (one program per row) and its tiles, and the radix form;
 * ``dense``: ``dense_linear`` (the projections shipped in bf16) against cuBLAS, M = the batches:
   column block x split-K;
 * ``pool``: ``compressor_store`` of one decode token per request, completing a group or not
@@ -248,40 +246,6 @@ def sweep_topk(dev, batches):
     return rows
 
 
-def sweep_topk_prefill(dev, _batches, shapes=((8192, 2048), (8192, 8192), (8192, 16384),
-                                               (4096, 32768), (512, 262144))):
-    """The indexer's selection at prefill-sized calls (the rows x scores the indexer hands it:
-    a chunk of 8,192 tokens, split where rows x scores pass 2^27), k = 512: each ``SELECT``
-    impl as ``select_topk`` runs it (torch's includes its compaction launch) and the row form's
-    tiles x warps, every row-form config checked bit-equal to the radix form's output."""
-    from vllm_dsv4_hw.ops.triton import indexer as ti, topk as tk
-
-    rows = []
-    saved = dict(ti.SELECT)
-    for t, n in shapes:
-        sets = [torch.randn(t, n, device=dev) for _ in range(2)]
-        outs = [torch.full((t, 512), -1, dtype=torch.int32, device=dev) for _ in range(2)]
-        want = tk.radix_topk(sets[0], 512, torch.full_like(outs[0], -1), one_launch=False)
-        res = {}
-        for impl in ("torch", "row", "radix"):
-            ti.SELECT["impl"] = impl
-            res[impl] = _try(lambda i: ti.select_topk(sets[i], 512, outs[i]), 2)
-        ti.SELECT.update(saved)
-        res["default"] = _try(lambda i: ti.select_topk(sets[i], 512, outs[i]), 2)
-        for tile in (1024, 2048, 4096):
-            for w in (4, 8, 16):
-                got = tk.row_topk(sets[0], 512, torch.full_like(outs[0], -1), tile=tile,
-                                  num_warps=w)
-                res[f"row tile={tile} warps={w}"] = (
-                    _try(lambda i, tile=tile, w=w: tk.row_topk(sets[i], 512, outs[i], tile=tile,
-                                                               num_warps=w), 2)
-                    if torch.equal(got, want) else "wrong: bits differ from the radix form")
-        rows.append(_summary("topk_prefill", f"T={t} n={n}", res, "torch", t * n * 4 / HBM * 1e6))
-        del sets, outs
-        torch.cuda.empty_cache()
-    return rows
-
-
 # -- the o projection's input ----------------------------------------------------------------------
 def sweep_inv_rope(dev, batches, prefill=(8192,)):
     """Step 6's input to wo_a at V4-Flash shapes (64 heads x 512, 64 rope dims): the fused
@@ -357,7 +321,7 @@ SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": s
           "dense": sweep_dense, "gemm_w8a8": sweep_gemm_w8a8, "attn_loop": sweep_attn_loop,
           # the prefill rows only (8,192 rows: a chunk), whatever --batches says
           "gemm_w8a8_prefill": lambda dev, _: sweep_gemm_w8a8(dev, (), prefill_ms=(8192,)),
-          "inv_rope": sweep_inv_rope, "topk_prefill": sweep_topk_prefill}
+          "inv_rope": sweep_inv_rope}
 
 
 def main(argv=None) -> int:

@@ -235,7 +235,7 @@ def main(argv=None) -> int:
                     help="device memory kept free for workspaces when sizing the batch")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no new variant after this many seconds")
-    ap.add_argument("--indexer-select", default="auto", choices=("auto", "radix", "row", "torch"),
+    ap.add_argument("--indexer-select", default="auto", choices=("auto", "radix", "torch"),
                     help="indexer top-k selection: radix select kernels, torch.topk, or auto "
                          "(radix up to 1M scores per step and layer)")
     ap.add_argument("--profile", action="store_true",

@@ -43,7 +43,7 @@ from vllm_dsv4_hw.ops.triton import quant
 from vllm_dsv4_hw.ops.triton.launch import dot_dim, program_cap, sm_count
 from vllm_dsv4_hw.ops.triton.quant import load_entry_pairs
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_PTX, CVT_INT, CVT_PTX, e4m3_mode
-from vllm_dsv4_hw.ops.triton.topk import radix_topk, row_topk
+from vllm_dsv4_hw.ops.triton.topk import radix_topk
 
 DOT_F32 = 0
 DOT_BF16 = 1
@@ -348,42 +348,19 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     return out
 
 
-# Selection after scoring: "radix" (``ops.triton.topk.radix_topk``: the whole row spread over
-# programs), "row" (``row_topk``: one program per row, for calls of many rows), "torch"
-# (``torch.topk`` unsorted + one compaction launch), or "auto": radix up to ``radix_max_scores``
-# scores per call, row from ``row_min_rows`` rows, torch otherwise. H200, 2026-11-29
-# (benchmarks/decode_kernels.py topk, k = 512): radix 35 / 47 us vs torch 62 / 71 us at 1 / 4 rows
-# of 262,144 scores, 38-53 us vs 42-59 us at 32,768 scores x 1-32 rows, but 202 vs 145 us at
-# 32 x 262,144 (atomics contend).
-SELECT = {"impl": "auto", "radix_max_scores": 1 << 20, "row_min_rows": 256}
+# Selection after scoring: "radix" (``ops.triton.topk.radix_topk``: 10 launches spread over the
+# row), "torch" (``torch.topk`` unsorted + one compaction launch), or "auto": radix up to
+# ``radix_max_scores`` scores per call, torch above. H200, 2026-11-29 (benchmarks/decode_kernels.py
+# topk, k = 512): radix 35 / 47 us vs torch 62 / 71 us at 1 / 4 rows of 262,144 scores, 38-53 us
+# vs 42-59 us at 32,768 scores x 1-32 rows, but 202 vs 145 us at 32 x 262,144 (atomics contend).
+SELECT = {"impl": "auto", "radix_max_scores": 1 << 20}
 
 
-def _select_impl(rows: int, n: int) -> str:
+def _use_radix(rows: int, n: int) -> bool:
     impl = SELECT["impl"]
-    if impl not in ("auto", "radix", "row", "torch"):
-        raise ValueError(f"indexer SELECT impl {impl!r}; use auto, radix, row or torch")
-    if impl != "auto":
-        return impl
-    if rows * n <= SELECT["radix_max_scores"]:
-        return "radix"
-    return "row" if rows >= SELECT["row_min_rows"] else "torch"
-
-
-def select_topk(scores: torch.Tensor, k: int, dst: torch.Tensor) -> torch.Tensor:
-    """Step 2: per row of ``scores`` [T, n] fp32, the k (<= n) best entries into ``dst`` [T, >= k]
-    int32 (filled with -1): selected first, -1 after."""
-    impl = _select_impl(dst.shape[0], scores.shape[1])
-    if impl == "radix":
-        return radix_topk(scores, k, dst)
-    if impl == "row":
-        return row_topk(scores, k, dst)
-    # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
-    # H200), then one launch puts the selected entries first and -1 after, as int32
-    vals, idx = torch.topk(scores, k, dim=-1, largest=True, sorted=False)
-    _select_compact_kernel[(_grid(dst.shape[0], dst.device),)](
-        vals, idx, dst, k, dst.shape[0], vals.stride(0), idx.stride(0), dst.stride(0),
-        BLOCK_K=triton.next_power_of_2(k), num_warps=4)
-    return dst
+    if impl not in ("auto", "radix", "torch"):
+        raise ValueError(f"indexer SELECT impl {impl!r}; use auto, radix or torch")
+    return impl == "radix" or (impl == "auto" and rows * n <= SELECT["radix_max_scores"])
 
 
 @register_op(api.INDEXER_TOPK, "triton")
@@ -407,5 +384,14 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         sl = slice(c0, min(t, c0 + chunk))
         scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
                                 token_req[sl], token_pos[sl], ratio, n_max=n_max)
-        select_topk(scores, k, out[sl])
+        dst = out[sl]
+        if _use_radix(dst.shape[0], n_max):
+            radix_topk(scores, k, dst)
+            continue
+        # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
+        # H200), then one launch puts the selected entries first and -1 after, as int32
+        vals, idx = torch.topk(scores, k, dim=-1, largest=True, sorted=False)
+        _select_compact_kernel[(_grid(dst.shape[0], dev),)](
+            vals, idx, dst, k, dst.shape[0], vals.stride(0), idx.stride(0), dst.stride(0),
+            BLOCK_K=triton.next_power_of_2(k), num_warps=4)
     return out

@@ -225,53 +225,6 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, k, n, stride, stri
     tl.store(orow + (k - need) + pe, offs.to(tl.int32), mask=eq & (pe < need))
 
 
-@triton.jit
-def _tile_keys(row_ptr, offs, n):
-    m = offs < n
-    u = tl.load(row_ptr + offs, mask=m, other=float("-inf")).to(tl.uint32, bitcast=True)
-    return tl.where((u >> 31) != 0, ~u, u | 0x80000000), m
-
-
-@triton.jit
-def _row_kernel(scores_ptr, out_ptr, k, n, stride, stride_out, TILE: tl.constexpr):
-    """One program per row, looping over it in tiles: the same passes, select and output order
-    as the kernels above (so the same bits), with the histograms summed in registers instead of
-    with atomics. For calls of many rows (prefill), where a row's tiles are read from L2 after the
-    first pass and the whole-row forms would contend on their atomics."""
-    row = tl.program_id(0).to(tl.int64)
-    src = scores_ptr + row * stride
-    b256 = tl.arange(0, 256)
-    prefix = tl.zeros([], dtype=tl.uint32)
-    need = k + tl.zeros([], dtype=tl.int32)
-    for p in tl.static_range(4):
-        h = tl.zeros([256], dtype=tl.int32)
-        for t0 in range(0, n, TILE):
-            key, m = _tile_keys(src, t0 + tl.arange(0, TILE), n)
-            if p > 0:
-                m = m & ((key >> (32 - 8 * p)) == prefix)
-            h += tl.histogram(((key >> (24 - 8 * p)) & 0xFF).to(tl.int32), 256, mask=m)
-        ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h     # keys with digit >= b
-        d = tl.max(tl.where(ge >= need, b256, -1), axis=0)
-        need = need - tl.sum(tl.where(b256 > d, h, 0), axis=0)
-        prefix = (prefix << 8) | d.to(tl.uint32)
-    dst = out_ptr + row * stride_out
-    n_gt = tl.zeros([], dtype=tl.int32)
-    n_eq = tl.zeros([], dtype=tl.int32)
-    for t0 in range(0, n, TILE):
-        offs = t0 + tl.arange(0, TILE)
-        key, m = _tile_keys(src, offs, n)
-        gt = m & (key > prefix)
-        eq = m & (key == prefix) & (key != 0x007FFFFF)  # -inf entries are never selected
-        g = gt.to(tl.int32)
-        e = eq.to(tl.int32)
-        pos = n_gt + tl.cumsum(g, axis=0) - g
-        pe = n_eq + tl.cumsum(e, axis=0) - e
-        tl.store(dst + pos, offs.to(tl.int32), mask=gt & (pos < k))
-        tl.store(dst + (k - need) + pe, offs.to(tl.int32), mask=eq & (pe < need))
-        n_gt += tl.sum(g, axis=0)
-        n_eq += tl.sum(e, axis=0)
-
-
 def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
     """Whether the one-launch form may run: every program of the call resident at once on a
     ``spin_sync`` device (at most one per multiprocessor), or one program per row (nothing to
@@ -314,26 +267,4 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
                                 NB=triton.next_power_of_2(n_blk), num_warps=8)
     _gather_kernel[(t * n_blk,)](scores, state, base, out, n, scores.stride(0), out.stride(0),
                                  n_blk, k, BLOCK=blk, num_warps=8)
-    return out
-
-
-# The row form's tile and warps (``row_topk``): the largest tile that compiles spill-free for
-# sm_90 with 8 warps (Triton 3.6: 229 registers at 4,096; 4 warps spill there).
-ROW_LAUNCH = {"tile": 4096, "num_warps": 8}
-
-
-def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor, tile: int | None = None,
-             num_warps: int | None = None) -> torch.Tensor:
-    """``radix_topk``'s contract and output bits with one program per row (``_row_kernel``); for
-    calls of many rows. ``tile`` / ``num_warps`` override ``ROW_LAUNCH`` (benchmarks, tests)."""
-    t, n = scores.shape
-    if scores.dtype != torch.float32 or scores.stride(-1) != 1:
-        raise ValueError("row_topk: scores must be fp32 with unit inner stride")
-    if not 1 <= k <= n or out.shape[0] != t or out.shape[1] < k or out.dtype != torch.int32:
-        raise ValueError(f"row_topk: need 1 <= k={k} <= n={n} and int32 out [T, >= k]")
-    if t == 0:
-        return out
-    tile = min(tile or ROW_LAUNCH["tile"], triton.next_power_of_2(n))
-    _row_kernel[(t,)](scores, out, k, n, scores.stride(0), out.stride(0), TILE=tile,
-                      num_warps=num_warps or ROW_LAUNCH["num_warps"])
     return out
