@@ -180,6 +180,14 @@ FP8_ACTIVATIONS = _Var(
     "kernels; else the model dtype), e4m3 (quantized on every device: the same numbers "
     "everywhere, slower where the device has no FP8 dots) or model (weight-only W8A16).",
 )
+PDL = _Var(
+    "VLLM_DSV4_HW_PDL",
+    "1",
+    _bool,
+    "The Triton kernels launch with programmatic dependent launch where the device has it "
+    "(capability pdl: CUDA sm_90+): each kernel's launch overlaps its predecessor's tail, and "
+    "waits for it before touching memory (1); 0: plain launches (A/B measurements).",
+)
 TRAP_C_OPS = _Var(
     "VLLM_DSV4_HW_TRAP_C_OPS",
     "",
@@ -189,7 +197,8 @@ TRAP_C_OPS = _Var(
 )
 
 ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS,
-            CUDA_CAPABILITY, PLATFORM, MODEL_OWNER, KERNEL_FAILURES, FP8_ACTIVATIONS, TRAP_C_OPS)
+            CUDA_CAPABILITY, PLATFORM, MODEL_OWNER, KERNEL_FAILURES, FP8_ACTIVATIONS, PDL,
+            TRAP_C_OPS)
 
 
 def device() -> str:
@@ -234,3 +243,7 @@ def model_owner() -> str:
 
 def trap_c_ops() -> str:
     return TRAP_C_OPS.get()
+
+
+def pdl() -> bool:
+    return PDL.get()

@@ -29,14 +29,21 @@ def unique(records: list[dict]) -> list[dict]:
     return out
 
 
-def for_backend(record: dict, backend: str) -> dict:
+def for_backend(record: dict, backend: str, arch: str = "90") -> dict:
     """The record as the target's device would launch it: a ROCm device declares no inline PTX,
-    so its e4m3 decode is the hardware cvt (``ops.triton.ptx_codecs.e4m3_mode``)."""
+    so its e4m3 decode is the hardware cvt (``ops.triton.ptx_codecs.e4m3_mode``); programmatic
+    dependent launch (``PDL``) where the target's declared capabilities have it (sm_90+), so the
+    griddepcontrol instructions are compiled for every target that takes them."""
     from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_PTX
+    from vllm_dsv4_hw.platform.capabilities import cuda_capabilities
 
-    if backend == "hip" and record["constexprs"].get("CVT") == CVT_PTX:
-        record = dict(record, constexprs=dict(record["constexprs"], CVT=CVT_HW))
-    return record
+    c = record["constexprs"]
+    if backend == "hip" and c.get("CVT") == CVT_PTX:
+        c = dict(c, CVT=CVT_HW)
+    if "PDL" in c:
+        major = int(arch) // 10 if backend == "cuda" else 9
+        c = dict(c, PDL=cuda_capabilities(major, 0, hip=backend == "hip").pdl)
+    return dict(record, constexprs=c)
 
 
 def forced_decode(record: dict, backend: str) -> bool:
@@ -94,13 +101,13 @@ def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
 
     target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, int(warp))
     results = []
-    records = [for_backend(r, backend) for r in json.load(open(path))["launches"]]
+    records = [for_backend(r, backend, arch) for r in json.load(open(path))["launches"]]
     for r in unique([r for r in records if not forced_decode(r, backend)
                      and selected_on(r, int(limit))
                      and not (backend == "hip" and needs_fp8_dot(r))]):
         name = f"{r['module'].rsplit('.', 1)[-1]}.{r['kernel']}"
         row = {"kernel": name, "constexprs": r["constexprs"], "num_warps": r["num_warps"],
-               "num_stages": r["num_stages"], "error": None, "shared": None}
+               "num_stages": r["num_stages"], "error": None, "shared": None, "pdl": None}
         try:
             fn = getattr(importlib.import_module(r["module"]), r["kernel"])
             names = fn.arg_names
@@ -113,6 +120,7 @@ def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
                                     options={"num_warps": r["num_warps"],
                                              "num_stages": r["num_stages"]})
             row["shared"] = int(kernel.metadata.shared)
+            row["pdl"] = "griddepcontrol.wait" in kernel.asm.get("ptx", "")
         except Exception as exc:  # report every failure, not just the first
             row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
         results.append(row)

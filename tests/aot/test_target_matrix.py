@@ -106,6 +106,18 @@ def test_targets_without_e4m3_conversion_take_the_integer_paths():
     assert CVT_PTX not in modes(NATIVE, gemm, "hip") | modes(NATIVE, attn, "hip")
 
 
+@pytest.mark.skipif(not HAS_PTXAS, reason="Triton's bundled ptxas is not installed")
+def test_programmatic_dependent_launch_only_where_declared(compiled):
+    """Every kernel waits for its predecessor (griddepcontrol.wait) on the targets whose declared
+    capabilities take PDL (sm_90 / 100 / 120), and carries no such instruction for sm_80 / 86 /
+    89 (which have none: the ptx would not assemble) or ROCm (no PTX at all)."""
+    for target, rows in compiled.items():
+        ok = [r for r in rows if not r["error"]]
+        want = target in ("sm_90", "sm_100", "sm_120")
+        wrong = sorted({r["kernel"] for r in ok if bool(r["pdl"]) != want})
+        assert ok and not wrong, f"{target}: PDL {'missing' if want else 'present'} in {wrong}"
+
+
 def _launched_kernels() -> set[str]:
     """``module.kernel`` for every @triton.jit function of ops/triton launched as
     ``kernel[grid](...)`` in its module (device helpers are called, not launched)."""

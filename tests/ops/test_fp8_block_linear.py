@@ -369,6 +369,7 @@ results = []
 
 
 def comp(fn, sig, consts, name, cap, **opts):
+    consts = dict(consts, PDL=cap >= 90)  # programmatic dependent launch where the GPU has it
     full = dict(sig)
     full.update({k: "constexpr" for k in consts})
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig if k in DIV16}

@@ -291,6 +291,7 @@ DIV16 = {"x_ptr", "w_ptr", "s_ptr", "sorted_ptr", "bexp_ptr", "act_ptr", "a_ptr"
 
 
 def comp(fn, sig, consts, name, target):
+    consts = dict(consts, PDL=target.arch >= 90)  # programmatic dependent launch (sm_90+)
     full = dict(sig)
     full.update({k: "constexpr" for k in consts})
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig if k in DIV16}

@@ -140,3 +140,60 @@ def test_fp8_linear_over_the_grid_bound_launches_by_rows(caps, monkeypatch, gen)
     caps(max_grid=2)
     with pytest.raises(ValueError, match="exceed the device's grid bound 2"):
         fp8_linear.fp8_block_linear(x, w, s, (32, 32), block_n=32)
+
+
+def test_programmatic_dependent_launch_where_declared(monkeypatch):
+    """``pdl_launch`` turns PDL on only for CUDA devices whose declared capabilities have it
+    (sm_90+; not sm_80 / 89 nor ROCm) and while ``VLLM_DSV4_HW_PDL`` is on."""
+    from vllm_dsv4_hw.ops.triton import pdl
+    from vllm_dsv4_hw.platform.capabilities import cuda_capabilities
+
+    cuda = torch.device("cuda", 0)
+    for (major, minor, hip), want in (((9, 0, False), True), ((10, 0, False), True),
+                                      ((12, 0, False), True), ((8, 0, False), False),
+                                      ((8, 9, False), False), ((9, 4, True), False)):
+        caps = cuda_capabilities(major, minor, hip)
+        monkeypatch.setattr(pdl, "capabilities", lambda device, caps=caps: caps)
+        assert pdl.pdl_launch(cuda) == ({"PDL": True, "launch_pdl": True} if want else {})
+        assert pdl.pdl_launch(CPU_DEV) == {}          # the interpreter: never
+    monkeypatch.setattr(pdl, "capabilities", lambda device: cuda_capabilities(9, 0))
+    monkeypatch.setenv("VLLM_DSV4_HW_PDL", "0")
+    assert pdl.pdl_launch(cuda) == {}
+
+
+def test_every_kernel_launched_with_pdl_waits_first():
+    """A kernel launched with PDL may start while its predecessor still runs: every launch site
+    of ops/triton passes ``**pdl_launch(...)`` and every kernel so launched has the ``PDL``
+    constexpr and begins with ``pdl_start(PDL)`` (after its docstring), before any memory op."""
+    import ast
+    import importlib
+    import inspect
+    import textwrap
+    from pathlib import Path
+
+    root = Path(launch.__file__).parent
+    checked = 0
+    for path in sorted(root.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        launched = {}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
+                    and isinstance(node.func.value, ast.Name)):
+                pdl_kw = any(k.arg is None and isinstance(k.value, ast.Call)
+                             and getattr(k.value.func, "id", "") == "pdl_launch"
+                             for k in node.keywords)
+                launched.setdefault(node.func.value.id, []).append(pdl_kw)
+        mod = importlib.import_module(f"vllm_dsv4_hw.ops.triton.{path.stem}")
+        for name, sites in launched.items():
+            fn = getattr(mod, name, None)
+            if not (hasattr(fn, "arg_names") and hasattr(fn, "fn")):   # a @triton.jit kernel
+                continue
+            assert all(sites), f"{path.stem}.{name}: a launch without **pdl_launch(...)"
+            assert "PDL" in fn.arg_names, f"{path.stem}.{name} has no PDL constexpr"
+            body = ast.parse(textwrap.dedent(inspect.getsource(fn.fn))).body[0].body
+            if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]                        # the docstring
+            first = ast.unparse(body[0])
+            assert first == "pdl_start(PDL)", f"{path.stem}.{name} starts with {first!r}"
+            checked += 1
+    assert checked >= 25, checked

@@ -36,6 +36,10 @@ class DeviceCapabilities:
     # wgmma, Blackwell's): the FP8 linears' W8A8 kernel (ops/triton/fp8_dot_linear.py). ROCm's
     # gfx942 e4m3 is the fnuz variant, not the checkpoint's bytes: no.
     fp8_dot: bool = False
+    # programmatic dependent launch (CUDA sm_90+, griddepcontrol): a kernel may be launched while
+    # its predecessor in the stream finishes, and waits for it in its first instruction
+    # (ops/triton/pdl.py); saves part of the launch gap between the decode step's ~1,300 kernels
+    pdl: bool = False
 
     def has(self, name: str) -> bool:
         if name not in {f.name for f in fields(self)}:
@@ -64,6 +68,7 @@ def cuda_capabilities(major: int, minor: int, hip: bool = False) -> DeviceCapabi
                               bf16=major >= 8, fp64=True, streams=True, graphs=True,
                               max_grid=2**31 - 1, ptx_inline=not hip and major >= 8,
                               spin_sync=True, fp8_dot=not hip and (major, minor) >= (8, 9),
+                              pdl=not hip and major >= 9,
                               shared_mem=HIP_SHARED if hip else _CUDA_SHARED.get(
                                   (major, minor), _CUDA_SHARED_BY_MAJOR.get(major, 48 * KIB)))
 

@@ -35,6 +35,7 @@ from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
 from vllm_dsv4_hw.ops.triton.launch import program_cap
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import entry_offsets, store_entry_pairs
 
 _OUT_CACHE = 0  # compressor_store: norm + rope + quantize + insert
@@ -45,9 +46,10 @@ _OUT_POOLED = 1  # compressor_pool: write the pooled fp32 vector
 def _write_rows_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, state_ptr, slot_ptr, n_tokens,
                        n_blocks, stride_kv, stride_score, stride_ape, stride_state,
                        WIDTH: tl.constexpr, RATIO: tl.constexpr, BLOCK: tl.constexpr,
-                       BT: tl.constexpr):
+                       BT: tl.constexpr, PDL: tl.constexpr = False):
     """BT tokens per program: state[slot, :WIDTH] = kv, state[slot, WIDTH:] = score + ape[pos % R]
     (slot -1 skipped)."""
+    pdl_start(PDL)
     for blk_t in range(tl.program_id(0), n_blocks, tl.num_programs(0)):  # grid-stride
         t = blk_t * BT + tl.arange(0, BT)          # [BT]
         tv = t < n_tokens
@@ -84,10 +86,11 @@ def _pool_kernel(state_ptr, rows_ptr, n_groups, n_gblocks, stride_state_pairs, s
                  NB: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr, BLOCK_R: tl.constexpr,
                  E: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
                  FMT: tl.constexpr, OUT: tl.constexpr, ROPE: tl.constexpr,
-                 SKIP_EMPTY: tl.constexpr):
+                 SKIP_EMPTY: tl.constexpr, PDL: tl.constexpr = False):
     """GB groups per program (1 on GPUs; more under the interpreter, where per-op overhead
     dominates). Tile rows q = (group, block): QR = GB * NB rows of BP pairs; W = COFF * RATIO
     member rows per group."""
+    pdl_start(PDL)
     for gblk in range(tl.program_id(0), n_gblocks, tl.num_programs(0)):  # grid-stride
         if SKIP_EMPTY:
             # one group per program, stored to the cache: a group without a cache slot (a decode
@@ -235,7 +238,8 @@ def _write_rows(kv, score, positions, ape, state, state_slots, ratio, coff, d):
     _write_rows_kernel[(_grid(nblk, dev),)](
         kv, score, pos, ape, state, slots, n, nblk,
         kv.stride(0), score.stride(0), ape.stride(0), state.stride(0),
-        WIDTH=width, RATIO=ratio, BLOCK=triton.next_power_of_2(width), BT=bt, num_warps=4)
+        WIDTH=width, RATIO=ratio, BLOCK=triton.next_power_of_2(width), BT=bt, num_warps=4,
+        **pdl_launch(dev))
 
 
 def _grid(n: int, device: torch.device) -> int:
@@ -296,7 +300,8 @@ def _launch_pool(state, group_rows, ratio, coff, d, fmt_code, out_mode, *, norm_
                        BLOCK_R=_block_r(ratio, d, gb),
                        E=e, DATA_BYTES=data_bytes, SCALE_BYTES=scale_bytes, FMT=fmt_code,
                        OUT=out_mode, ROPE=rope_dim, SKIP_EMPTY=out_mode == _OUT_CACHE and gb == 1,
-                       num_warps=POOL_CONFIG["warps_large" if d >= 512 else "warps_small"])
+                       num_warps=POOL_CONFIG["warps_large" if d >= 512 else "warps_small"],
+                       **pdl_launch(dev))
 
 
 @register_op(api.COMPRESSOR_POOL, "triton")

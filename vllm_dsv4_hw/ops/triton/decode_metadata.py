@@ -16,6 +16,7 @@ from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops.api import DECODE_METADATA, DecodeLayout
 from vllm_dsv4_hw.ops.checks import check_decode_metadata_tables
 from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 
 
 @triton.jit
@@ -37,7 +38,9 @@ def _slot(bt_ptr, row_off, idx, ncols, ok, PER: tl.constexpr, STRIDE: tl.constex
 
 @triton.jit
 def _window_kernel(len_ptr, bt_ptr, bt_stride, bt_cols, ins_ptr, win_ptr,
-                   PPP: tl.constexpr, W: tl.constexpr, NULL: tl.constexpr):
+                   PPP: tl.constexpr, W: tl.constexpr, NULL: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     pos = tl.load(len_ptr + r).to(tl.int64) - 1
     tl.store(ins_ptr + r, _slot(bt_ptr, r * bt_stride, pos, bt_cols, pos >= 0, PPP, PPP, NULL))
@@ -50,7 +53,9 @@ def _window_kernel(len_ptr, bt_ptr, bt_stride, bt_cols, ins_ptr, win_ptr,
 def _plan_kernel(len_ptr, sbt_ptr, sbt_stride, sbt_cols, cbt_ptr, cbt_stride, cbt_cols,
                  state_ptr, rows_ptr, entry_ptr, cslot_ptr,
                  RATIO: tl.constexpr, RPP: tl.constexpr, STRIDE: tl.constexpr, E: tl.constexpr,
-                 WIDTH: tl.constexpr, BW: tl.constexpr, NULL: tl.constexpr):
+                 WIDTH: tl.constexpr, BW: tl.constexpr, NULL: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     pos = tl.load(len_ptr + r).to(tl.int64) - 1
     ok = pos >= 0
@@ -70,7 +75,9 @@ def _plan_kernel(len_ptr, sbt_ptr, sbt_stride, sbt_cols, cbt_ptr, cbt_stride, cb
 
 @triton.jit
 def _c128_kernel(len_ptr, bt_ptr, bt_stride, bt_cols, out_ptr, K,
-                 RATIO: tl.constexpr, E: tl.constexpr, BK: tl.constexpr, NULL: tl.constexpr):
+                 RATIO: tl.constexpr, E: tl.constexpr, BK: tl.constexpr, NULL: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     end = tl.maximum(tl.load(len_ptr + r).to(tl.int64), 0) // RATIO
@@ -98,7 +105,7 @@ def _plan(out, name, lens, ratio, state_table, rpp, stride, cache_table, epp, nu
         _plan_kernel[(b,)](lens, sbt, sbt.stride(0), sbt.shape[1], cbt, cbt.stride(0),
                            cbt.shape[1], state, rows, entry, cslot, RATIO=ratio, RPP=rpp,
                            STRIDE=stride, E=epp, WIDTH=width, BW=triton.next_power_of_2(width),
-                           NULL=null)
+                           NULL=null, **pdl_launch(dev))
     out.update({f"{name}.state_slots": state, f"{name}.group_rows": rows, f"{name}.entry": entry,
                 f"{name}.cache_slots": cslot})
 
@@ -119,7 +126,7 @@ def decode_metadata(seq_lens: torch.Tensor, tables: dict[str, torch.Tensor],
     wt = _table(tables["window"])
     if b:
         _window_kernel[(b,)](lens, wt, wt.stride(0), wt.shape[1], ins, win,
-                             PPP=lay.window_per_page, W=w, NULL=null)
+                             PPP=lay.window_per_page, W=w, NULL=null, **pdl_launch(dev))
     out["window_insert_slots"], out["window_slots"] = ins, win
     if kind.compressed:
         _plan(out, "main", lens, kind.ratio, tables["main_state"], lay.main_state_per_page,
@@ -140,6 +147,6 @@ def decode_metadata(seq_lens: torch.Tensor, tables: dict[str, torch.Tensor],
         if b and k:
             _c128_kernel[(b, triton.cdiv(k, bk))](lens, ct, ct.stride(0), ct.shape[1], comp, k,
                                                   RATIO=kind.ratio, E=lay.comp_per_page, BK=bk,
-                                                  NULL=null)
+                                                  NULL=null, **pdl_launch(dev))
         out["comp_slots"] = comp
     return out

@@ -10,11 +10,14 @@ import triton.language as tl
 
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 
 
 @triton.jit
 def _entry_slots_kernel(bt_ptr, req_ptr, idx_ptr, out_ptr, k, n_cols, stride_bt, stride_idx,
-                        stride_out, PER_PAGE: tl.constexpr, BLOCK: tl.constexpr):
+                        stride_out, PER_PAGE: tl.constexpr, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < k
@@ -41,5 +44,5 @@ def entry_slots(block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.T
     block = min(1024, triton.next_power_of_2(k))
     _entry_slots_kernel[(t, triton.cdiv(k, block))](
         bt, req, idx, out, k, bt.shape[1], bt.stride(0), idx.stride(0), out.stride(0),
-        PER_PAGE=per_page, BLOCK=block, num_warps=4)
+        PER_PAGE=per_page, BLOCK=block, num_warps=4, **pdl_launch(dev))
     return out

@@ -35,6 +35,7 @@ from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
 from vllm_dsv4_hw.ops.triton import fp8_linear as w16
 from vllm_dsv4_hw.ops.triton import split_k as sk
 from vllm_dsv4_hw.ops.triton.launch import capabilities, grid_limit
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import (
     ceil_log2_div,
     e4m3_bits_to_f32,
@@ -68,7 +69,9 @@ def _w8a8_block_linear_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt
                               BK: tl.constexpr, WT: tl.constexpr, EMU: tl.constexpr,
                               PRE: tl.constexpr, XPF: tl.constexpr,
                               OUT_BF16: tl.constexpr, SERIAL: tl.constexpr,
-                              SPLITS: tl.constexpr, RED_BF16: tl.constexpr):
+                              SPLITS: tl.constexpr, RED_BF16: tl.constexpr,
+                              PDL: tl.constexpr = False):
+    pdl_start(PDL)
     # PRE: x_ptr holds x's e4m3 codes and xs_ptr their scales (``_quantize_kernel``), loaded as
     # they lie (pipelined like the weight); else x itself, quantized here, its next K block's
     # tile loaded one iteration ahead when XPF (its latency hidden behind the dot)
@@ -147,9 +150,11 @@ def _w8a8_block_linear_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt
 
 @triton.jit
 def _quantize_kernel(x_ptr, q_ptr, xs_ptr, R, K, KB, sx, sq, sxs,
-                     BR: tl.constexpr, BK: tl.constexpr, EMU: tl.constexpr):
+                     BR: tl.constexpr, BK: tl.constexpr, EMU: tl.constexpr,
+                     PDL: tl.constexpr = False):
     """x rows [R, K] -> e4m3 codes [R, K] and scales [R, KB] (``quantize_activations``): one
     program per BR rows and K block."""
+    pdl_start(PDL)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     kb = tl.program_id(1)
     offs_k = kb * BK + tl.arange(0, BK)
@@ -177,7 +182,7 @@ def quantize(x2: torch.Tensor, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
     br = min(16, triton.next_power_of_2(r))
     _quantize_kernel[(triton.cdiv(r, br), kb)](x2, q, xs, r, k, kb, x2.stride(0), q.stride(0),
                                                 xs.stride(0), BR=br, BK=bk, EMU=interp,
-                                                num_warps=4)
+                                                num_warps=4, **pdl_launch(x2.device))
     return q, xs
 
 
@@ -277,5 +282,5 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None 
         sc.stride(0), sc.stride(1), o.sos, o.out.stride(-2), o.out.stride(-3),
         SBN=a.bn, BM=bm, BN=bn, BK=a.bk, WT=wt, EMU=interp, PRE=pre, XPF=xpf,
         OUT_BF16=o.direct_bf16, SERIAL=o.serial, SPLITS=o.splits, RED_BF16=o.bf16_mode,
-        num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev))
     return o.finish(a)

@@ -43,6 +43,7 @@ from vllm_dsv4_hw.ops.reference.fp8_linear import (
 )
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.launch import grid_limit, sm_count
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit, e4m3_mode
 from vllm_dsv4_hw.ops.triton.split_k import SERIAL_MAX_ROWS, SERIAL_SPLIT_K, SplitOutputs, store_tile
 from vllm_dsv4_hw.ops.triton.quant import (
@@ -93,7 +94,8 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                              MATH: tl.constexpr, CVT: tl.constexpr, OUT_BF16: tl.constexpr,
                              FOLD: tl.constexpr, SERIAL: tl.constexpr, SPLITS: tl.constexpr,
-                             RED_BF16: tl.constexpr, W16: tl.constexpr):
+                             RED_BF16: tl.constexpr, W16: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     # W16: the weight is already x's 16-bit float dtype (``ops.dense_linear``): no decode, no
     # scales (s_ptr is never read), the FOLD path's accumulating dot
     pid = tl.program_id(0)
@@ -374,5 +376,6 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None 
         o.sos, o.out.stride(-2), o.out.stride(-3),
         SBN=a.bn, SBK=a.bk, BM=bm, BN=bn_tile, BK=bk_tile, MATH=math, CVT=cvt,
         OUT_BF16=o.direct_bf16, FOLD=_fold(math, fold), SERIAL=o.serial, SPLITS=o.splits,
-        RED_BF16=o.bf16_mode, W16=w16, num_warps=num_warps, num_stages=num_stages)
+        RED_BF16=o.bf16_mode, W16=w16, num_warps=num_warps, num_stages=num_stages,
+        **pdl_launch(dev))
     return o.finish(a)

@@ -23,6 +23,7 @@ from vllm_dsv4_hw.ops.triton.kv_insert import (
     insert_entry,
 )
 from vllm_dsv4_hw.ops.triton.norm import rsqrt_m
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 
 
 # From this many tokens the query rows and the KV rows go to two launches of the kernel, each
@@ -86,7 +87,9 @@ def _qnorm_rope_kv_insert_kernel(
         DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, FMT: tl.constexpr,
         NB: tl.constexpr, BP: tl.constexpr, NP: tl.constexpr, ALIGNED: tl.constexpr,
         FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, F64: tl.constexpr, Q_BF16: tl.constexpr,
-        BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, DO_Q: tl.constexpr, DO_KV: tl.constexpr):
+        BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, DO_Q: tl.constexpr, DO_KV: tl.constexpr,
+        PDL: tl.constexpr = False):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     blk = tl.arange(0, NB)
@@ -149,10 +152,12 @@ def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Ten
                   num_warps=4 if d >= 512 else 2)
     if t < SEPARATE_FROM_TOKENS:  # one launch for both row kinds (decode: launch-bound)
         _qnorm_rope_kv_insert_kernel[grid_1d(t * h + t, q.device)](*args, DO_Q=True, DO_KV=True,
-                                                                     **consts)
+                                                                     **consts,
+                                                                     **pdl_launch(q.device))
     else:  # each launch compiled without the other row kind's code and registers
         _qnorm_rope_kv_insert_kernel[grid_1d(t * h, q.device)](
-            *args, DO_Q=True, DO_KV=False, **dict(consts, num_warps=SEPARATE_Q_WARPS))
+            *args, DO_Q=True, DO_KV=False, **dict(consts, num_warps=SEPARATE_Q_WARPS),
+            **pdl_launch(q.device))
         _qnorm_rope_kv_insert_kernel[grid_1d(t, q.device)](*args, DO_Q=False, DO_KV=True,
-                                                             **consts)
+                                                             **consts, **pdl_launch(q.device))
     return q_out

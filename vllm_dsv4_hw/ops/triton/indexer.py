@@ -41,6 +41,7 @@ from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
 from vllm_dsv4_hw.ops.triton.launch import dot_dim, program_cap, sm_count
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import load_entry_pairs
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_PTX, CVT_INT, CVT_PTX, e4m3_mode
 from vllm_dsv4_hw.ops.triton.topk import radix_topk
@@ -141,7 +142,7 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                           UNIT: tl.constexpr, RATIO: tl.constexpr, FMT: tl.constexpr,
                           DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr,
                           KP: tl.constexpr, TB: tl.constexpr, KT: tl.constexpr,
-                          CVT: tl.constexpr):
+                          CVT: tl.constexpr, PDL: tl.constexpr = False):
     """Program = (TB consecutive tokens, split of ITERS entry blocks). Keys are read as (even,
     odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per pair), so logits =
     q_even @ k_even + q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode), for the TB
@@ -149,6 +150,7 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
     (prefill, where consecutive tokens share their request; a group whose tokens belong to
     different requests, or to none, is scored one token at a time). KP: the dots' K, DI/2 padded
     with zero pairs up to the device's smallest tl.dot (``launch.dot_dim``)."""
+    pdl_start(PDL)
     r = tl.arange(0, TB * H)
     tok_of_row = r // H
     head = r % H
@@ -209,10 +211,11 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
 
 @triton.jit
 def _select_compact_kernel(vals_ptr, idx_ptr, out_ptr, k, n_rows, stride_v, stride_i, stride_o,
-                           BLOCK_K: tl.constexpr):
+                           BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Rows of an unsorted top-k: the selected entries (score > -inf) first, in the order
     found, then -1; int32 out. Position of a selected entry = selected ones before it; of an
     unselected one = all selected + unselected ones before it. Grid-strided over the rows."""
+    pdl_start(PDL)
     j = tl.arange(0, BLOCK_K)
     m = j < k
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -344,7 +347,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         RATIO=ratio, FMT=fmt_code, DOT=dot, BLOCK_S=block_s, ITERS=iters,
         KP=dot_dim(di // 2, dev), TB=tb, KT=KEYS_A if keys_a is None else keys_a,
         CVT=_key_decode(fmt_code, dot, dev) if cvt is None else cvt,
-        num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev))
     return out
 
 
@@ -393,5 +396,5 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         vals, idx = torch.topk(scores, k, dim=-1, largest=True, sorted=False)
         _select_compact_kernel[(_grid(dst.shape[0], dev),)](
             vals, idx, dst, k, dst.shape[0], vals.stride(0), idx.stride(0), dst.stride(0),
-            BLOCK_K=triton.next_power_of_2(k), num_warps=4)
+            BLOCK_K=triton.next_power_of_2(k), num_warps=4, **pdl_launch(dev))
     return out

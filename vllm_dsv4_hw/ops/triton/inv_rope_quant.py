@@ -14,6 +14,7 @@ from vllm_dsv4_hw.ops.api import INV_ROPE_FP8_QUANT, O_QUANT_AMAX_FLOOR, O_QUANT
 from vllm_dsv4_hw.ops.checks import check_fused_rope_args, check_inv_rope_fp8_quant_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d, rope_pairs
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import ceil_log2_div, f32_to_e4m3_bits, pow2_f32
 
 
@@ -38,7 +39,8 @@ def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_row
                                o_tok_stride, o_head_stride, cs_stride, amax_floor,
                                NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
                                FIRST_PAIR: tl.constexpr, HALF: tl.constexpr,
-                               ROWS: tl.constexpr):
+                               ROWS: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     # a [ROWS, BG, GP] tile of pairs per iteration (a knob; the launch rule takes ROWS = 1)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -94,5 +96,5 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
         o, pos, cs, out.view(torch.uint8), scales, t * h, h, o.stride(0), o.stride(1),
         cs.stride(0), float(O_QUANT_AMAX_FLOOR), NG=ng, BG=triton.next_power_of_2(ng),
         GP=O_QUANT_GROUP // 2, FIRST_PAIR=(d - r) // 2, HALF=r // 2, ROWS=rows,
-        num_warps=auto_warps if num_warps is None else num_warps)
+        num_warps=auto_warps if num_warps is None else num_warps, **pdl_launch(o.device))
     return out, scales

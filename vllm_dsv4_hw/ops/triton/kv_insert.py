@@ -18,6 +18,7 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.api import KV_GATHER, KV_INSERT
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import (
     FMT_BF16,
     FMT_FP8_DS_MLA,
@@ -222,7 +223,9 @@ def insert_entry(cache_ptr, slot, capacity, E, page_stride, xe, xo, pidx, blk,
 @triton.jit
 def _kv_insert_kernel(cache_ptr, slots_ptr, x_ptr, n_rows, x_stride, page_stride, capacity, E,
                       DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, NB: tl.constexpr,
-                      BP: tl.constexpr, FMT: tl.constexpr, ALIGNED: tl.constexpr):
+                      BP: tl.constexpr, FMT: tl.constexpr, ALIGNED: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     blk = tl.arange(0, NB)
@@ -241,7 +244,9 @@ def _kv_insert_kernel(cache_ptr, slots_ptr, x_ptr, n_rows, x_stride, page_stride
 @triton.jit
 def _kv_gather_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, page_stride, capacity, E,
                       DIM: tl.constexpr, BLOCK_D: tl.constexpr, DATA_BYTES: tl.constexpr,
-                      SCALE_BYTES: tl.constexpr, FMT: tl.constexpr, ALIGNED: tl.constexpr):
+                      SCALE_BYTES: tl.constexpr, FMT: tl.constexpr, ALIGNED: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     d = tl.arange(0, BLOCK_D)
@@ -277,7 +282,8 @@ def kv_insert(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt) ->
         cache, slots, x, n, x.stride(0), cache.stride(0),
         cache.shape[0] * fmt.entries_per_page, fmt.entries_per_page,
         DATA_BYTES=fmt.data_bytes, SCALE_BYTES=fmt.scale_bytes, NB=nb, BP=bp, FMT=code,
-        ALIGNED=cache_aligned(cache), num_warps=4 if fmt.dim >= 512 else 2)
+        ALIGNED=cache_aligned(cache), num_warps=4 if fmt.dim >= 512 else 2,
+        **pdl_launch(cache.device))
 
 
 @register_op(KV_GATHER, "triton")
@@ -296,5 +302,6 @@ def kv_gather(cache: torch.Tensor, slots: torch.Tensor, fmt) -> torch.Tensor:
         cache, flat, out, n, cache.stride(0), cache.shape[0] * fmt.entries_per_page,
         fmt.entries_per_page, DIM=fmt.dim, BLOCK_D=triton.next_power_of_2(fmt.dim),
         DATA_BYTES=fmt.data_bytes, SCALE_BYTES=fmt.scale_bytes, FMT=code,
-        ALIGNED=cache_aligned(cache), num_warps=4 if fmt.dim >= 512 else 2)
+        ALIGNED=cache_aligned(cache), num_warps=4 if fmt.dim >= 512 else 2,
+        **pdl_launch(cache.device))
     return out

@@ -39,6 +39,7 @@ from vllm_dsv4_hw.ops.api import MOE_EXPERTS
 from vllm_dsv4_hw.ops.reference.moe import sum_slots, validate_moe_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.launch import grid_limit
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import (
     bf16_bits_to_f32,
     e2m1_to_f32,
@@ -190,8 +191,9 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, s_ptr, sorted_ptr, bexp_ptr, npad_ptr, act
                         stride_se, stride_sn, stride_at,
                         FP4: tl.constexpr, HAS_LIMIT: tl.constexpr, DOT_BF16: tl.constexpr,
                         BF16_BITS: tl.constexpr, ACT_BF16: tl.constexpr, BM: tl.constexpr,
-                        BN: tl.constexpr):
+                        BN: tl.constexpr, PDL: tl.constexpr = False):
     """act[pair, n] = swiglu(h[pair, n], h[pair, I + n]) with h = w13[e] x[pair // topk]."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     pid_m = pid // n_tiles
     pid_n = pid % n_tiles
@@ -234,8 +236,9 @@ def _moe_down_kernel(a_ptr, w_ptr, s_ptr, sorted_ptr, bexp_ptr, npad_ptr, tw_ptr
                      n_pairs, D, I, n_tiles, stride_at, stride_we, stride_wn, stride_se,
                      stride_sn, stride_out,
                      FP4: tl.constexpr, DOT_BF16: tl.constexpr, BF16_BITS: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr):
+                     BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr = False):
     """out[pair, n] = topk_weight[pair] * (w2[e] act[pair])[n] in fp32."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     pid_m = pid // n_tiles
     pid_n = pid % n_tiles
@@ -315,7 +318,7 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
         x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), act.stride(0),
         FP4=fp4, HAS_LIMIT=has_limit, DOT_BF16=mode13, BF16_BITS=is_bf16 and not dot13,
         ACT_BF16=is_bf16, BM=bm, BN=bn, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        num_stages=cfg["num_stages"], **pdl_launch(x.device))
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     out = buf.view(p, d)
     tiles2 = triton.cdiv(d, bn)
@@ -323,5 +326,5 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
         act, w2, s2, sorted_ids, block_expert, n_padded, tw, out, p, d, inter, tiles2,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0),
         FP4=fp4, DOT_BF16=mode2, BF16_BITS=is_bf16 and not dot2, BM=bm, BN=bn,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x.device))
     return sum_slots(buf)

@@ -11,6 +11,7 @@ from vllm_dsv4_hw.ops.api import QKV_RMS_NORM, RMS_NORM
 from vllm_dsv4_hw.ops.checks import check_qkv_rms_norm_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d, is_f64, out_is_bf16, row_view, to_math, to_out
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 
 
 @triton.jit
@@ -37,7 +38,8 @@ def rms_norm_row(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, BLOCK: tl.constexp
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_rows, x_stride, out_stride, eps,
                      N: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr,
-                     F64: tl.constexpr, OUT_BF16: tl.constexpr):
+                     F64: tl.constexpr, OUT_BF16: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     for row in range(pid, n_rows, nprog):
@@ -51,7 +53,8 @@ def _qkv_rms_norm_kernel(q_ptr, qw_ptr, qo_ptr, kv_ptr, kvw_ptr, kvo_ptr, n_toke
                          q_stride, qo_stride, kv_stride, kvo_stride, eps,
                          NQ: tl.constexpr, BQ: tl.constexpr, NKV: tl.constexpr, BKV: tl.constexpr,
                          Q_F64: tl.constexpr, Q_BF16: tl.constexpr, KV_F64: tl.constexpr,
-                         KV_BF16: tl.constexpr):
+                         KV_BF16: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     # Programs [0, T) normalize q_r rows, [T, 2T) kv rows: no communication between programs.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -87,7 +90,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     _rms_norm_kernel[grid_1d(rows, x.device)](
         x2, weight if weight is not None else x2, o2, rows, x2.stride(0), o2.stride(0), float(eps),
         N=n, BLOCK=block, HAS_W=weight is not None, F64=is_f64(x), OUT_BF16=out_is_bf16(out),
-        num_warps=_warps(block))
+        num_warps=_warps(block), **pdl_launch(x.device))
     return out
 
 
@@ -112,5 +115,5 @@ def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: t
         q2.stride(0), q_out.stride(0), kv2.stride(0), kv_out.stride(0), float(eps),
         NQ=nq, BQ=bq, NKV=nkv, BKV=bkv, Q_F64=is_f64(q_r), Q_BF16=out_is_bf16(q_out),
         KV_F64=is_f64(kv), KV_BF16=out_is_bf16(kv_out),
-        num_warps=_warps(max(bq, bkv)))
+        num_warps=_warps(max(bq, bkv)), **pdl_launch(q_r.device))
     return q_out, kv_out

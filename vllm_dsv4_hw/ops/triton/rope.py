@@ -10,13 +10,15 @@ from vllm_dsv4_hw.ops.api import ROPE
 from vllm_dsv4_hw.ops.checks import check_rope_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d, is_f64, out_is_bf16, rope_pairs, to_math, to_out
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 
 
 @triton.jit
 def _rope_kernel(x_ptr, pos_ptr, cs_ptr, out_ptr, n_rows, rows_per_tok, x_tok_stride,
                  x_row_stride, cs_stride, NP: tl.constexpr, BLOCK_P: tl.constexpr,
                  FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, INVERSE: tl.constexpr,
-                 F64: tl.constexpr, OUT_BF16: tl.constexpr):
+                 F64: tl.constexpr, OUT_BF16: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     p = tl.arange(0, BLOCK_P)
@@ -61,5 +63,5 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
         x3, pos, cs, out, n_rows, rows_per_tok, x3.stride(0), x3.stride(1), cs.stride(0),
         NP=d // 2, BLOCK_P=triton.next_power_of_2(d // 2), FIRST_PAIR=(d - r) // 2, HALF=r // 2,
         INVERSE=bool(inverse), F64=is_f64(x), OUT_BF16=out_is_bf16(out),
-        num_warps=4 if d >= 512 else 1)
+        num_warps=4 if d >= 512 else 1, **pdl_launch(x.device))
     return out

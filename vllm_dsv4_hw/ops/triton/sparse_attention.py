@@ -50,6 +50,7 @@ from vllm_dsv4_hw.kv_cache.paged import gather_rows
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION
 from vllm_dsv4_hw.ops.checks import check_sparse_attention_args
 from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_INT, e4m3_mode
 from vllm_dsv4_hw.ops.triton.quant import FMT_BF16, FMT_FP8_DS_MLA, FMT_FP32
 from vllm_dsv4_hw.ops.triton.sparse_attention_launch import (
@@ -83,8 +84,9 @@ def _sparse_attn_fwd(
     FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CVT: tl.constexpr, DOT_BF16: tl.constexpr, SPLIT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    PREFETCH: tl.constexpr, ONE_LOOP: tl.constexpr,
+    PREFETCH: tl.constexpr, ONE_LOOP: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     hb = pid % num_hb
     rest = pid // num_hb
@@ -147,10 +149,12 @@ def _sparse_attn_fwd(
 def _sparse_attn_combine(
     ws_acc_ptr, ws_ml_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, H, num_splits, t_start,
     D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DC: tl.constexpr, ROUND_BF16: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Merge the splits of one (token, head) over dims [BLOCK_DC * program_id(1), +BLOCK_DC):
     o = sum_s 2^(m_s-M) acc_s / (sum_s 2^(m_s-M) l_s + 2^(sink-M)). One dim chunk per program
     (at decode one program per head looping over the chunks left the device idle)."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     t = (pid // H + t_start).to(tl.int64)
     h = pid % H
@@ -337,7 +341,7 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
             FMT=code, D=d, DATA_ELEMS=data_elems, BLOCK_H=bh, BLOCK_N=bn, BLOCK_D=block_d,
             CVT=cvt, DOT_BF16=dot_bf16, SPLIT=split, ROUND_BF16=round_bf16, PREFETCH=pf,
             ONE_LOOP=one_loop,
-            **launch_opts,
+            **launch_opts, **pdl_launch(dev),
         )
     if split:
         bdc = min(128, block_d)
@@ -348,7 +352,7 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
             _sparse_attn_combine[(nt * h, n_dc)](
                 ws_acc, ws_ml, sink_f, out, out.stride(0), out.stride(1), h, splits, t0,
                 D=d, BLOCK_S=triton.next_power_of_2(splits), BLOCK_DC=bdc,
-                ROUND_BF16=round_bf16, num_warps=4,
+                ROUND_BF16=round_bf16, num_warps=4, **pdl_launch(dev),
             )
     return out
 

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import f32_to_bf16_bits, round_to_bf16
 
 
@@ -53,9 +54,10 @@ def store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc, mask, sos, OUT_B
 
 @triton.jit
 def splitk_sum_kernel(part_ptr, out_ptr, n_splits, n_elems, stride_s, BLOCK: tl.constexpr,
-                       OUT_BF16: tl.constexpr):
+                       OUT_BF16: tl.constexpr, PDL: tl.constexpr = False):
     """out = sum over the split-K partials [S, ...] (in split order), cast to out's dtype: one
     launch instead of a reduction and a cast."""
+    pdl_start(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n_elems
     acc = tl.zeros([BLOCK], dtype=part_ptr.dtype.element_ty)
@@ -147,5 +149,5 @@ class SplitOutputs(NamedTuple):
             ne = self.red.numel()
             splitk_sum_kernel[(triton.cdiv(ne, 1024),)](
                 self.out, self.red_arg, self.split_k, ne, self.out.stride(0), BLOCK=1024,
-                OUT_BF16=self.bf16_mode, num_warps=4)
+                OUT_BF16=self.bf16_mode, num_warps=4, **pdl_launch(self.out.device))
         return self.red if a.grouped else self.red.view(a.m, a.n)

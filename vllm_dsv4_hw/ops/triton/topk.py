@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.ops.triton.launch import sm_count
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.platform.device import adaptor_for
 
 INTERP_BLOCK = 1 << 16
@@ -85,7 +86,8 @@ def _last_of_row(st, n_blk):
 
 @triton.jit
 def _hist_kernel(scores_ptr, state_ptr, k, n, stride, n_blk, PASS: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     _, key, m, st = _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
     if PASS > 0:
         prefix = tl.load(st + 1024).to(tl.uint32, bitcast=True)
@@ -129,7 +131,8 @@ def _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
 
 @triton.jit
 def _count_kernel(scores_ptr, state_ptr, counts_ptr, n, stride, n_blk, BLOCK: tl.constexpr,
-                  NB: tl.constexpr):
+                  NB: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     _, gt, eq, st = _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
@@ -149,7 +152,8 @@ def _count_kernel(scores_ptr, state_ptr, counts_ptr, n, stride, n_blk, BLOCK: tl
 
 @triton.jit
 def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, n, stride, stride_out, n_blk, k,
-                   BLOCK: tl.constexpr):
+                   BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     offs, gt, eq, st = _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
     need = tl.load(st + 1025)
     pid = tl.program_id(0).to(tl.int64)
@@ -177,11 +181,12 @@ def _row_barrier(st, target):
 
 @triton.jit
 def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, k, n, stride, stride_out, n_blk,
-                  BLOCK: tl.constexpr, NB: tl.constexpr):
+                  BLOCK: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr = False):
     """The whole selection in one launch: the passes above with a row barrier where a launch
     ended, the select computed by every program of the row from the same histogram (integer
     counts: the same digit everywhere), so the keys are read once and the output is the
     multi-launch form's, bit for bit."""
+    pdl_start(PDL)
     offs, key, m, st = _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
@@ -257,14 +262,16 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
         if _one_launch(scores.device, t * n_blk, n_blk):
             _fused_kernel[(t * n_blk,)](scores, state, base, out, k, n, scores.stride(0),
                                         out.stride(0), n_blk, BLOCK=blk,
-                                        NB=triton.next_power_of_2(n_blk), num_warps=8)
+                                        NB=triton.next_power_of_2(n_blk), num_warps=8,
+                                        **pdl_launch(scores.device))
             return out
     for p in range(4):
         _hist_kernel[(t * n_blk,)](scores, state, k, n, scores.stride(0), n_blk, PASS=p,
-                                   BLOCK=blk, num_warps=8)
+                                   BLOCK=blk, num_warps=8, **pdl_launch(scores.device))
     # counts, then (in place) each block's first slots
     _count_kernel[(t * n_blk,)](scores, state, base, n, scores.stride(0), n_blk, BLOCK=blk,
-                                NB=triton.next_power_of_2(n_blk), num_warps=8)
+                                NB=triton.next_power_of_2(n_blk), num_warps=8,
+                                **pdl_launch(scores.device))
     _gather_kernel[(t * n_blk,)](scores, state, base, out, n, scores.stride(0), out.stride(0),
-                                 n_blk, k, BLOCK=blk, num_warps=8)
+                                 n_blk, k, BLOCK=blk, num_warps=8, **pdl_launch(scores.device))
     return out

@@ -1,0 +1,56 @@
+"""Programmatic dependent launch (PDL) for the Triton kernels.
+
+With PDL a kernel is launched while its predecessor in the stream is still running; it must wait
+(``griddepcontrol.wait``: the predecessor has completed and its memory is visible) before it
+touches memory. Every kernel here starts with :func:`pdl_start`, which waits and then signals that
+its own successor may launch, so the kernels still run one after another as far as memory is
+concerned (each waits for the one before it) and only the next kernel's launch and start overlap
+this one's run. The other order (signal, then wait: what upstream vLLM's PDL kernels do) lets a
+whole chain of kernels launch at once, each holding its programs' registers and shared memory
+while it waits: on the H200 it made the decode step 2-6% slower at batch 1 and 4
+(``docs/performance.md``, 2026-12-04). Kernels without PDL (torch's, or any launched without
+the attribute) keep the usual stream order; a PDL kernel after one of them starts when it ends.
+
+``pdl_launch(device)`` gives the launch arguments: the kernel's ``PDL`` constexpr and Triton's
+``launch_pdl`` option, where the device declares ``pdl`` (CUDA sm_90+) and ``VLLM_DSV4_HW_PDL``
+is on; nothing elsewhere (the kernels' ``PDL`` defaults to False, so no griddepcontrol
+instruction is emitted for older GPUs, ROCm, Ascend or the interpreter).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_dsv4_hw import envs
+from vllm_dsv4_hw.ops.triton.launch import capabilities
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without griddepcontrol (triton-ascend): PDL is never on there
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+_ON = {"PDL": True, "launch_pdl": True}
+_OFF: dict = {}
+
+
+def pdl_launch(device: torch.device) -> dict:
+    """``**`` into a launch: PDL where the device and the setting allow it."""
+    if device.type == "cuda" and capabilities(device).pdl and envs.pdl():
+        return _ON
+    return _OFF
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    """A kernel's first statement: wait for the previous kernel, then let the next one launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
