@@ -154,11 +154,14 @@ def test_programmatic_dependent_launch_where_declared(monkeypatch):
                                       ((8, 9, False), False), ((9, 4, True), False)):
         caps = cuda_capabilities(major, minor, hip)
         monkeypatch.setattr(pdl, "capabilities", lambda device, caps=caps: caps)
+        pdl._pdl_on.cache_clear()                     # decided once per device
         assert pdl.pdl_launch(cuda) == ({"PDL": True, "launch_pdl": True} if want else {})
         assert pdl.pdl_launch(CPU_DEV) == {}          # the interpreter: never
     monkeypatch.setattr(pdl, "capabilities", lambda device: cuda_capabilities(9, 0))
     monkeypatch.setenv("VLLM_DSV4_HW_PDL", "0")
+    pdl._pdl_on.cache_clear()
     assert pdl.pdl_launch(cuda) == {}
+    pdl._pdl_on.cache_clear()                         # nothing cached for later tests
 
 
 def test_every_kernel_launched_with_pdl_waits_first():

@@ -13,11 +13,14 @@ the attribute) keep the usual stream order; a PDL kernel after one of them start
 
 ``pdl_launch(device)`` gives the launch arguments: the kernel's ``PDL`` constexpr and Triton's
 ``launch_pdl`` option, where the device declares ``pdl`` (CUDA sm_90+) and ``VLLM_DSV4_HW_PDL``
-is on; nothing elsewhere (the kernels' ``PDL`` defaults to False, so no griddepcontrol
-instruction is emitted for older GPUs, ROCm, Ascend or the interpreter).
+is on (read at a device's first launch); nothing elsewhere (the kernels' ``PDL`` defaults to
+False, so no griddepcontrol instruction is emitted for older GPUs, ROCm, Ascend or the
+interpreter).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -42,10 +45,14 @@ _OFF: dict = {}
 
 
 def pdl_launch(device: torch.device) -> dict:
-    """``**`` into a launch: PDL where the device and the setting allow it."""
-    if device.type == "cuda" and capabilities(device).pdl and envs.pdl():
-        return _ON
-    return _OFF
+    """``**`` into a launch: PDL where the device and the setting allow it (decided once per
+    device: every launch asks, and eager decode makes ~1,300 launches a step)."""
+    return _ON if _pdl_on(device.type, device.index) else _OFF
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_on(kind: str, index: int | None) -> bool:
+    return kind == "cuda" and capabilities(torch.device(kind, index)).pdl and envs.pdl()
 
 
 @triton.jit
