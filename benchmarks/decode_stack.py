@@ -247,6 +247,11 @@ def main(argv=None) -> int:
     ap.add_argument("--network-only", action="store_true", help="only the --network rows")
     ap.add_argument("--network-layers", type=int, default=2)
     ap.add_argument("--network-contexts", default="128k,1m")
+    ap.add_argument("--model-len", default=None,
+                    help="positions the block tables and decode layouts span (vLLM's "
+                         "--max-model-len: its tables cover the model length whatever the "
+                         "context, the columns past a sequence unallocated); default: each "
+                         "row's context")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -270,6 +275,10 @@ def main(argv=None) -> int:
     args.network_contexts = [parse_context(c) for c in (
         "512" if args.smoke and args.network_contexts == "128k,1m" else
         args.network_contexts).split(",")]
+    args.model_len = parse_context(args.model_len) if args.model_len else None
+    if args.model_len is not None and args.model_len < max(args.contexts):
+        raise SystemExit(f"--model-len {args.model_len} is below a context "
+                         f"({max(args.contexts)}): the tables must cover every position")
     args.batches = [int(b) for b in (args.batches or "1,4,32").split(",")]
     args.steps = args.steps or 32
     args.reps = args.reps or 10
@@ -313,6 +322,7 @@ def main(argv=None) -> int:
             sys.argv[1:] if argv is None else argv),
         "smoke": bool(args.smoke),
         "settings": {"steps": args.steps, "reps": args.reps, "layers": args.layers,
+                     "model_len": args.model_len,
                      "prefill_chunk": args.prefill_chunk,
                      "max_prefill_tokens": args.max_prefill_tokens,
                      "kv_format": args.kv_format, "indexer_format": args.indexer_format,

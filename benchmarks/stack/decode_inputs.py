@@ -20,7 +20,7 @@ class DecodeInputs:
         self.batch = caches.batch
         self.seq_lens = torch.ones(self.batch, dtype=torch.int64, device=device)
         window = caches.cfg.sliding_window
-        self.layouts = {r: decode_layout(r, lay.geometry, window, caches.context)
+        self.layouts = {r: decode_layout(r, lay.geometry, window, caches.model_len)
                         for r, lay in caches.layouts.items()}
 
     def set_position(self, pos: int) -> None:

@@ -110,10 +110,14 @@ class StackCaches:
 
     def __init__(self, cfg: DSV4Config, batch: int, context: int, device: torch.device,
                  main_format: str = "fp8", indexer_format: str = "mxfp4", seed: int = 0,
-                 in_flight: int = 1, zero: bool = False, share_full_from: "StackCaches" = None):
+                 in_flight: int = 1, zero: bool = False, share_full_from: "StackCaches" = None,
+                 model_len: int | None = None):
         self.cfg = cfg
         self.batch = batch
         self.context = context
+        # positions the block tables span (vLLM's max_model_len); the columns past the context
+        # are unallocated (-1), as a vLLM table's past a sequence
+        self.model_len = max(context, model_len or context)
         self.device = device
         self.main_format = main_format
         self.indexer_format = indexer_format
@@ -197,14 +201,15 @@ class StackCaches:
 
     def _table(self, kl: KindLayout, gen: torch.Generator, dtype) -> torch.Tensor:
         b = self.batch
+        cols = max(kl.cols, cdiv(self.model_len, kl.per_page))
         if kl.window is not None:
-            j = torch.arange(kl.cols, dtype=torch.int64)
+            j = torch.arange(cols, dtype=torch.int64)
             t = torch.arange(b, dtype=torch.int64)[:, None] * kl.pages + (j % kl.pages)[None, :]
         else:
             order = torch.randperm(b * kl.pages, generator=gen)
             t = order.view(b, kl.pages)
-            if kl.cols > kl.pages:  # never: full kinds hold every column
-                t = torch.cat([t, torch.full((b, kl.cols - kl.pages), -1)], 1)
+            if cols > kl.pages:  # columns past the context (model_len): unallocated
+                t = torch.cat([t, torch.full((b, cols - kl.pages), -1)], 1)
         return t.to(dtype).to(self.device)
 
     # -- bytes ------------------------------------------------------------------------------------
@@ -245,7 +250,7 @@ class StackCaches:
         scratch pools for the windowed kinds with rings that hold a chunk in flight."""
         return StackCaches(self.cfg, self.batch, self.context, self.device, self.main_format,
                            self.indexer_format, in_flight=chunk_per_seq, zero=True,
-                           share_full_from=self)
+                           share_full_from=self, model_len=self.model_len)
 
     def migrate_windows(self, src: "StackCaches", next_pos: int) -> None:
         """Copy the windowed pages a decode step at position ``next_pos`` (same for every

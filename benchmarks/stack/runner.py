@@ -122,7 +122,7 @@ class Runner:
                     model, ctx_name(context), b, plan.allocated_bytes / GIB, plan.max_sequences)
 
         caches = StackCaches(cfg, b, context, self.device, args.kv_format, args.indexer_format,
-                             seed=args.seed)
+                             seed=args.seed, model_len=getattr(args, "model_len", None))
         kv = caches.kv_check()
         fit_measured = int(120 * GIB // kv["measured_bytes_per_seq"])
         kv.update(model=model, batch_requested=batch, fit_on_device=fit_dev,
@@ -437,7 +437,8 @@ class Runner:
                        caches.indexer_format)
         step_ms = median(times)
         row = {
-            "model": model, "context": caches.context, "batch": b, "cuda_graphs": graphs,
+            "model": model, "context": caches.context, "model_len": caches.model_len,
+            "batch": b, "cuda_graphs": graphs,
             "multi_stream": streams, "streams_parallel": aux.parallel,
             "decode_positions": [p0, last_pos], "steps": args.steps,
             "step_ms": step_ms, "step_ms_mean": sum(times) / len(times),

@@ -183,3 +183,35 @@ def test_triton_decode_path_matches_reference(monkeypatch):
     assert torch.isfinite(got).all()
     # bf16 outputs: a last-bit difference somewhere is ~1e-3 of max|out|
     assert float((got - ref).abs().max() / ref.abs().max()) <= 1e-2
+
+
+def test_model_len_widens_the_tables_not_the_step(gen):
+    """``--model-len`` (vLLM's tables span the model length): the full kinds' tables get
+    unallocated columns past the context and the decode layouts the model length's candidate
+    width; the step's metadata is the narrow one's plus -1 padding, so the same entries are read."""
+    cfg = ds.smoke_config()
+    narrow = StackCaches(cfg, 2, 512, torch.device("cpu"), seed=3)
+    wide = StackCaches(cfg, 2, 512, torch.device("cpu"), seed=3, model_len=2048)
+    metas = []
+    for caches in (narrow, wide):
+        dm = DecodeInputs(caches, torch.device("cpu"))
+        dm.set_position(300)
+        metas.append(dm.derive())
+    for r in narrow.tables:
+        for kind, t in vars(narrow.tables[r]).items():
+            if t is None:
+                continue
+            w = vars(wide.tables[r])[kind]
+            assert torch.equal(w[:, :t.shape[1]], t), (r, kind)
+            assert w.shape[1] >= t.shape[1] * 4 or t.shape[1] == w.shape[1] == 1, (r, kind)
+            if kind in ("comp", "indexer"):
+                assert (w[:, t.shape[1]:] == -1).all(), (r, kind)
+        n, m = metas[0][r], metas[1][r]
+        assert torch.equal(n.window_slots, m.window_slots)
+        if n.comp_slots is not None:        # c128a: the model length's width, -1 past 512 / 128
+            k = n.comp_slots.shape[1]
+            assert m.comp_slots.shape[1] == 2048 // r
+            assert torch.equal(m.comp_slots[:, :k], n.comp_slots)
+            assert (m.comp_slots[:, k:] == -1).all()
+        if r == 4:                           # the indexer's bound: the wide table
+            assert m.max_visible_entries == 4 * n.max_visible_entries
