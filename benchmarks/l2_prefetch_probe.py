@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from benchmarks.sweep_common import graph_us
+
 N, K = 32768, 1024
 COPIES = 4
 CHUNK = 1 << 20
@@ -53,29 +55,6 @@ def _load_kernel(ptr, n_words, sink_ptr, flag, BLOCK: tl.constexpr, ITERS: tl.co
         acc ^= tl.load(ptr + offs, mask=offs < n_words, other=0, eviction_policy="evict_last")
     if flag != 0:  # never at run time (flag = 0), unknown to the compiler: the loads stay
         tl.store(sink_ptr + tl.arange(0, BLOCK), acc)
-
-
-def _graph_us(fn, per_replay: int, reps: int = 30) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
-    ev[0].record()
-    for i in range(reps):
-        g.replay()
-        ev[i + 1].record()
-    torch.cuda.synchronize()
-    ts = sorted(ev[i].elapsed_time(ev[i + 1]) for i in range(reps))
-    return ts[reps // 2] * 1e3 / per_replay
 
 
 def main() -> None:
@@ -106,17 +85,16 @@ def main() -> None:
                                  ITERS=triton.cdiv(words, 264 * 1024), num_warps=4)
 
     def seq(kind, n_small):
-        def fn():
-            for i, w in enumerate(ws):
-                if kind in ("bulk", "load"):
-                    side.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(side):
-                        read_ahead(kind, w)
-                for _ in range(n_small):
-                    ops.rms_norm(row, nw, 1e-6)
-                if kind in ("bulk", "load"):
-                    torch.cuda.current_stream().wait_stream(side)
-                outs[i].copy_(ops.fp8_block_linear(x, w, sc, (128, 128), quantize_x=True))
+        def fn(i):  # one step on weight copy i (graph_us cycles over the copies)
+            if kind in ("bulk", "load"):
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    read_ahead(kind, ws[i])
+            for _ in range(n_small):
+                ops.rms_norm(row, nw, 1e-6)
+            if kind in ("bulk", "load"):
+                torch.cuda.current_stream().wait_stream(side)
+            outs[i].copy_(ops.fp8_block_linear(x, ws[i], sc, (128, 128), quantize_x=True))
         return fn
 
     rows = []
@@ -124,11 +102,11 @@ def main() -> None:
         ref = None
         for kind in ("base", "bulk", "load", "chain only"):
             if kind == "chain only":
-                us = _graph_us(lambda: [ops.rms_norm(row, nw, 1e-6) for _ in range(n_small)],
-                               1) if n_small else 0.0
+                us = graph_us(lambda i: [ops.rms_norm(row, nw, 1e-6) for _ in range(n_small)],
+                              1, inner=1, reps=30) if n_small else 0.0
                 same = None
             else:
-                us = _graph_us(seq(kind, n_small), COPIES)
+                us = graph_us(seq(kind, n_small), COPIES, inner=COPIES, reps=30)
                 got = torch.stack(outs).clone()
                 ref = got if kind == "base" else ref
                 same = bool(torch.equal(got, ref))

@@ -201,7 +201,7 @@ class StackCaches:
 
     def _table(self, kl: KindLayout, gen: torch.Generator, dtype) -> torch.Tensor:
         b = self.batch
-        cols = max(kl.cols, cdiv(self.model_len, kl.per_page))
+        cols = cdiv(self.model_len, kl.per_page)  # >= kl.cols: model_len >= context
         if kl.window is not None:
             j = torch.arange(cols, dtype=torch.int64)
             t = torch.arange(b, dtype=torch.int64)[:, None] * kl.pages + (j % kl.pages)[None, :]
