@@ -250,7 +250,8 @@ def sweep_topk(dev, batches):
 def sweep_inv_rope(dev, batches, prefill=(8192,)):
     """Step 6's input to wo_a at V4-Flash shapes (64 heads x 512, 64 rope dims): the fused
     ``inv_rope_fp8_quant`` (codes + scales straight into the W8A8 wo_a) at its row tiles and warps,
-    each checked bit-equal to the one-row program, against what it replaces: the inverse rope
+    and with the integer e4m3 encode instead of the cvt, each checked bit-equal to the one-row
+    program, against what it replaces: the inverse rope
     (bf16) and the W8A8 GEMM's own quantizing launch of that."""
     from vllm_dsv4_hw import ops
     from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin
@@ -268,6 +269,11 @@ def sweep_inv_rope(dev, batches, prefill=(8192,)):
             same = torch.equal(q.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(sc, s1)
             res[f"rows={r} warps={w}"] = (_try(lambda i, r=r, w=w: irq.inv_rope_fp8_quant(
                 sets[i], pos, cs, rows=r, num_warps=w), 3) if same else "wrong: bits differ")
+        qi, si = irq.inv_rope_fp8_quant(sets[0], pos, cs, hw_enc=False)
+        same = torch.equal(qi.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(si, s1)
+        res["integer encode"] = (_try(lambda i: irq.inv_rope_fp8_quant(sets[i], pos, cs,
+                                                                      hw_enc=False), 3)
+                                 if same else "wrong: bits differ")
         res["rope + quantize launch (before)"] = _try(lambda i: fp8_dot_linear.quantize(
             ops.rope(sets[i], pos, cs, inverse=True).view(t * 8, 4096), 128), 3)
         floor = t * 64 * 512 * (2 + 1) / HBM * 1e6

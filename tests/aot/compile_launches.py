@@ -33,16 +33,20 @@ def for_backend(record: dict, backend: str, arch: str = "90") -> dict:
     """The record as the target's device would launch it: a ROCm device declares no inline PTX,
     so its e4m3 decode is the hardware cvt (``ops.triton.ptx_codecs.e4m3_mode``); programmatic
     dependent launch (``PDL``) where the target's declared capabilities have it (sm_90+), so the
-    griddepcontrol instructions are compiled for every target that takes them."""
+    griddepcontrol instructions are compiled for every target that takes them; the hardware e4m3
+    encode (``HW_ENC``) where the target declares ``fp8_cvt`` (sm_89+, ROCm)."""
     from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_PTX
     from vllm_dsv4_hw.platform.capabilities import cuda_capabilities
 
     c = record["constexprs"]
     if backend == "hip" and c.get("CVT") == CVT_PTX:
         c = dict(c, CVT=CVT_HW)
+    major, minor = divmod(int(arch), 10) if backend == "cuda" else (9, 0)
+    caps = cuda_capabilities(major, minor, hip=backend == "hip")
     if "PDL" in c:
-        major = int(arch) // 10 if backend == "cuda" else 9
-        c = dict(c, PDL=cuda_capabilities(major, 0, hip=backend == "hip").pdl)
+        c = dict(c, PDL=caps.pdl)
+    if "HW_ENC" in c:
+        c = dict(c, HW_ENC=caps.fp8_cvt)
     return dict(record, constexprs=c)
 
 

@@ -211,6 +211,25 @@ def test_inv_rope_fp8_quant_row_tiles(rows, warps, table, gen):
     assert torch.equal(q.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(s, s1)
 
 
+def test_inv_rope_fp8_quant_hardware_encode(table, gen):
+    """The cvt encode (``HW_ENC``, what sm_89+ GPUs run) gives the integer encode's scales and
+    (nearly all of) its codes. The interpreter's fp8 cast is not the hardware's (ties round up, a
+    mantissa carry can drop the exponent: 31.5 -> 16), so bit equality of every code is checked
+    on the GPU (``benchmarks/gpu/fused.py``); here a wrong operand, byte order or scale would
+    still change most codes. Only GPUs that declare the cvt take it; CPU tensors never."""
+    from vllm_dsv4_hw.ops.triton.inv_rope_quant import hw_encode, inv_rope_fp8_quant
+
+    t = len(POSITIONS)
+    o = _rows(gen, (t, 3, D), torch.bfloat16, -20.0, 10.0)
+    pos = torch.tensor(POSITIONS)
+    q_int, s_int = inv_rope_fp8_quant(o, pos, table, hw_enc=False)
+    q_hw, s_hw = inv_rope_fp8_quant(o, pos, table, hw_enc=True)
+    assert torch.equal(s_hw, s_int)
+    differ = q_hw.view(torch.uint8) != q_int.view(torch.uint8)
+    assert differ.float().mean() < 0.15, float(differ.float().mean())
+    assert not hw_encode(torch.device("cpu"))
+
+
 @pytest.mark.parametrize("backend", cpu_backends(INV_ROPE_FP8_QUANT))
 def test_inv_rope_fp8_quant_undoes_forward_rope(backend, table, gen):
     # rope then inverse-rope is the identity: quantizing a rope'd row gives the row's own codes.

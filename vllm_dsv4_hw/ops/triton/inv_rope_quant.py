@@ -1,8 +1,9 @@
 """Triton ``inv_rope_fp8_quant``: inverse RoPE on the last R dims of each head of the attention
 output, then FP8 e4m3 quantization in 128-dim groups with power-of-two (ue8m0) fp32 scales,
-(token, head) rows looped over the programs. The e4m3 codes are built from integer bit operations
-(bit-exact, round to nearest even) and written as bytes, so no fp8 arithmetic is needed on the
-device."""
+(token, head) rows looped over the programs. The e4m3 codes are written as bytes: built by the
+hardware cvt where the device declares one (``fp8_cvt``: CUDA sm_89+, ROCm; round to nearest even,
+the values are already within +-448), else from integer bit operations (bit-exact with it: the
+interpreter, whose fp8 cast does not round to nearest even, and devices without fp8)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from vllm_dsv4_hw.ops.checks import check_fused_rope_args, check_inv_rope_fp8_qu
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d, rope_pairs
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.platform.device import adaptor_for
 from vllm_dsv4_hw.ops.triton.quant import ceil_log2_div, f32_to_e4m3_bits, pow2_f32
 
 
@@ -35,11 +37,27 @@ def launch_shape(n_rows: int) -> tuple[int, int]:
 
 
 @triton.jit
+def _e4m3_codes(v, HW_ENC: tl.constexpr):
+    """e4m3 bytes of fp32 values within +-448: one packed cvt per pair of values (``HW_ENC``;
+    sm_90 SASS of the decode program: 871 -> 647 instructions per row) or the integer encode."""
+    if HW_ENC:
+        return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return f32_to_e4m3_bits(v)
+
+
+def hw_encode(device: torch.device) -> bool:
+    """Whether the kernel encodes with the device's cvt: a GPU that declares ``fp8_cvt`` (the
+    interpreter's fp8 cast rounds ties up, so CPU tensors keep the integer encode)."""
+    return device.type != "cpu" and adaptor_for(device.type).capabilities.fp8_cvt
+
+
+@triton.jit
 def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_rows, n_heads,
                                o_tok_stride, o_head_stride, cs_stride, amax_floor,
                                NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
                                FIRST_PAIR: tl.constexpr, HALF: tl.constexpr,
-                               ROWS: tl.constexpr, PDL: tl.constexpr = False):
+                               ROWS: tl.constexpr, HW_ENC: tl.constexpr,
+                               PDL: tl.constexpr = False):
     pdl_start(PDL)
     # a [ROWS, BG, GP] tile of pairs per iteration (a knob; the launch rule takes ROWS = 1)
     pid = tl.program_id(0)
@@ -63,8 +81,8 @@ def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_row
         ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)   # 448 = 1.75 * 2^8
         inv = pow2_f32(-ex)[:, :, None]
         dst = (out_ptr + r * (NG * GP * 2))[:, None, None]
-        tl.store(dst + 2 * pidx, f32_to_e4m3_bits(ye * inv), mask=pm)
-        tl.store(dst + 2 * pidx + 1, f32_to_e4m3_bits(yo * inv), mask=pm)
+        tl.store(dst + 2 * pidx, _e4m3_codes(ye * inv, HW_ENC), mask=pm)
+        tl.store(dst + 2 * pidx + 1, _e4m3_codes(yo * inv, HW_ENC), mask=pm)
         tl.store(scale_ptr + r[:, None] * NG + g[None, :], pow2_f32(ex),
                  mask=rm[:, None] & gm[None, :])
 
@@ -72,9 +90,11 @@ def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_row
 @register_op(INV_ROPE_FP8_QUANT, "triton")
 def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
                        cos_sin: torch.Tensor, *, rows: int | None = None,
-                       num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       num_warps: int | None = None,
+                       hw_enc: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The op (``ops.api.inv_rope_fp8_quant``); ``rows`` / ``num_warps``: launch knobs for
-    benchmarks and tests (default ``launch_shape``)."""
+    benchmarks and tests (default ``launch_shape``); ``hw_enc``: force the encode (default
+    ``hw_encode``; the GPU tier compares both bit for bit)."""
     check_inv_rope_fp8_quant_args(o, O_QUANT_GROUP)
     t, h, d = o.shape
     check_fused_rope_args("inv_rope_fp8_quant", positions, cos_sin, t, d)
@@ -96,5 +116,6 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
         o, pos, cs, out.view(torch.uint8), scales, t * h, h, o.stride(0), o.stride(1),
         cs.stride(0), float(O_QUANT_AMAX_FLOOR), NG=ng, BG=triton.next_power_of_2(ng),
         GP=O_QUANT_GROUP // 2, FIRST_PAIR=(d - r) // 2, HALF=r // 2, ROWS=rows,
+        HW_ENC=hw_encode(o.device) if hw_enc is None else hw_enc,
         num_warps=auto_warps if num_warps is None else num_warps, **pdl_launch(o.device))
     return out, scales
