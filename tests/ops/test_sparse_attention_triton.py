@@ -90,6 +90,57 @@ def test_long_decode_tiles(gen):
         _check(args, out)
 
 
+@pytest.mark.parametrize("one_loop", [True, False])
+def test_tail_of_unused_slots_not_walked(one_loop, gen):
+    """Compressed lists as vLLM's graph-safe decode metadata sizes them (``--max-model-len``
+    wide, the candidates first, -1 after; here also -1 holes before the last candidate) against
+    the reference, and the walk that stops after each split's last candidate (``_visited_end``)
+    against the one that visits every -1 tile: the same values, splits starting inside the
+    window, in the candidates and past them, a token without candidates, lengths crossing 4, 8,
+    128 and 256, poisoned workspace (splits that took nothing store no acc and none is read)
+    and poisoned output."""
+    fmt = make_format("fp8_ds_mla", "main", 16)
+    t, w, width = 4, 32, 300
+    args = list(_case(gen, fmt, t, 4, w, width, p_invalid=0.1, empty=(2,)))
+    used = [int(n) for n in torch.randint(1, width, (t,), generator=gen)]
+    used[0], used[1] = 5, 129          # short lists crossing 4 / 8 and 128
+    col = torch.arange(width)
+    args[4] = torch.where(col[None, :] < torch.tensor(used)[:, None], args[4], -1).to(torch.int32)
+    outs = []
+    for splits in (1, 3, 7):
+        for trim in (None, False):
+            out = torch.full((t, 4, 512), float("nan"))
+            tsa.sparse_attention_triton(*args, out=out, num_splits=splits, block_n=16,
+                                        one_loop=one_loop, trim=trim, poison_workspace=True)
+            assert not out.isnan().any()
+            assert torch.equal(out[2], torch.zeros(4, 512))
+            outs.append(out)
+        assert torch.equal(outs[-2], outs[-1]), "trimmed walk differs from the full walk"
+    _check(args, outs[0])
+    # where a walk over [lo, hi) stops: just after the range's last candidate, the window
+    # walked whole (an end at or before lo: nothing to walk)
+    row = args[4][1]
+    ranges = [(0, 16), (0, 48), (32, 64), (32, 160), (144, 176), (160, 332), (0, 332)]
+    for (lo, hi), end in zip(ranges, _walk_ends(row, w, ranges)):
+        cand = [w + j for j in range(max(lo, w) - w, hi - w) if row[j] >= 0]
+        assert end == min(hi, max([min(hi, w)] + [c + 1 for c in cand])), (lo, hi, end)
+
+
+@triton.jit
+def _walk_end_kernel(row_ptr, lo_ptr, hi_ptr, out_ptr, W, TRIM: tl.constexpr):
+    i = tl.program_id(0)
+    tl.store(out_ptr + i, tsa._visited_end(row_ptr, tl.load(lo_ptr + i), tl.load(hi_ptr + i),
+                                           W, TRIM))
+
+
+def _walk_ends(row, w, ranges):
+    lo = torch.tensor([r[0] for r in ranges], dtype=torch.int32)
+    hi = torch.tensor([r[1] for r in ranges], dtype=torch.int32)
+    out = torch.empty(len(ranges), dtype=torch.int32)
+    _walk_end_kernel[(len(ranges),)](row.contiguous(), lo, hi, out, w, TRIM=64)
+    return out.tolist()
+
+
 @pytest.mark.parametrize("prefetch", [True, False])
 def test_one_loop_over_both_caches(prefetch, gen):
     """The single loop over window then compressed tiles (a window that is a multiple of the

@@ -71,9 +71,34 @@ _LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp(x) = exp2(x *
 _KNOWN = {"bf16": FMT_BF16, "fp8_ds_mla": FMT_FP8_DS_MLA, "fp32": FMT_FP32}
 
 
+# Slots scanned per load when looking for a split's last compressed candidate (``TRIM``).
+TRIM_BLOCK = 1024
+
+
 # ------------------------------------------------------------------------------------------------
 # kernels
 # ------------------------------------------------------------------------------------------------
+@triton.jit
+def _visited_end(c_row, lo, hi, W, TRIM: tl.constexpr):
+    """Where a program's walk over candidates ``[lo, hi)`` may stop: after the last compressed
+    slot of the range that is not -1 (the window part, ``[0, W)``, is always walked). The tiles
+    past it hold only -1 slots, and a tile of -1 slots leaves (m, l, acc) exactly as they were,
+    so stopping there gives the same bits. Why: vLLM's graph-safe decode metadata sizes the c128a
+    candidate lists by ``--max-model-len`` (at 128K context under 1M: 8,192 slots, 1,024 taken),
+    and the programs walked every -1 tile. ``TRIM`` = 0: walk to ``hi`` (no scan)."""
+    end = hi
+    if TRIM:
+        c_lo = tl.maximum(lo, W) - W
+        c_hi = hi - W
+        last = tl.full([], -1, tl.int32)
+        for s0 in range(c_lo, c_hi, TRIM):
+            j = s0 + tl.arange(0, TRIM)
+            sl = tl.load(c_row + j, mask=j < c_hi, other=-1)
+            last = tl.maximum(last, tl.max(tl.where(sl >= 0, j, -1), axis=0))
+        end = tl.minimum(hi, tl.maximum(W + last + 1, tl.minimum(hi, W)))
+    return end
+
+
 @triton.jit
 def _sparse_attn_fwd(
     q_ptr, stride_qt, stride_qh,
@@ -84,7 +109,8 @@ def _sparse_attn_fwd(
     FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CVT: tl.constexpr, DOT_BF16: tl.constexpr, SPLIT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    PREFETCH: tl.constexpr, ONE_LOOP: tl.constexpr, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr, ONE_LOOP: tl.constexpr, TRIM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     pdl_start(PDL)
     pid = tl.program_id(0)
@@ -113,8 +139,10 @@ def _sparse_attn_fwd(
 
     lo = sp * chunk
     hi = tl.minimum(lo + chunk, W + K)
+    # the tiles after the last compressed slot that is not -1 only hold -1: not visited
+    end = _visited_end(c_slots_ptr + t * stride_cs, lo, hi, W, TRIM)
     if ONE_LOOP:
-        m_i, l_i, acc = _attend_candidates(q, m_i, l_i, acc, lo, hi, W,
+        m_i, l_i, acc = _attend_candidates(q, m_i, l_i, acc, lo, hi, end, W,
                                            w_u8_ptr, w_typed_ptr, w_slots_ptr + t * stride_ws, w_E,
                                            w_page_bytes, w_page_elems,
                                            c_u8_ptr, c_typed_ptr, c_slots_ptr + t * stride_cs, c_E,
@@ -124,17 +152,22 @@ def _sparse_attn_fwd(
         m_i, l_i, acc = _attend_range(q, m_i, l_i, acc, w_u8_ptr, w_typed_ptr,
                                       w_slots_ptr + t * stride_ws, tl.minimum(lo, W),
                                       tl.minimum(hi, W), w_E, w_page_bytes, w_page_elems,
+                                      tl.minimum(hi, W),
                                       qk_scale2, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D, CVT,
                                       DOT_BF16, PREFETCH)
         m_i, l_i, acc = _attend_range(q, m_i, l_i, acc, c_u8_ptr, c_typed_ptr,
                                       c_slots_ptr + t * stride_cs, tl.maximum(lo, W) - W,
                                       tl.maximum(hi, W) - W, c_E, c_page_bytes, c_page_elems,
+                                      tl.maximum(end, W) - W,
                                       qk_scale2, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D, CVT,
                                       DOT_BF16, PREFETCH)
 
     if SPLIT:
         row = (t * H + heads) * num_splits + sp  # [BLOCK_H] rows of the [T, H, S] workspace
-        tl.store(ws_acc_ptr + row[:, None] * D + dims[None, :], acc, mask=qmask)
+        # a split that took no candidate (l = 0: acc is 0 too) stores no acc, and the combine
+        # reads none: under a long --max-model-len most c128a splits are such
+        tl.store(ws_acc_ptr + row[:, None] * D + dims[None, :], acc,
+                 mask=qmask & (l_i > 0)[:, None])
         tl.store(ws_ml_ptr + row * 2, m_i, mask=hmask)
         tl.store(ws_ml_ptr + row * 2 + 1, l_i, mask=hmask)
     else:
@@ -171,7 +204,7 @@ def _sparse_attn_combine(
     dd = tl.program_id(1) * BLOCK_DC + tl.arange(0, BLOCK_DC)
     dm = dd < D
     part = tl.load(ws_acc_ptr + row[:, None] * D + dd[None, :],
-                   mask=smask[:, None] & dm[None, :], other=0.0)
+                   mask=(smask & (l_s > 0))[:, None] & dm[None, :], other=0.0)
     o = tl.sum(part * w[:, None], axis=0) * inv
     _store_rows(out_ptr + t * stride_ot + h * stride_oh + dd, o, dm, ROUND_BF16)
 
@@ -241,14 +274,16 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
                             block_n: int | None = None, num_warps: int | None = None,
                             num_stages: int | None = None, prefetch: bool | None = None,
                             maxnreg: int | None = None, cvt: int | None = None,
-                            one_loop: bool | None = None,
+                            one_loop: bool | None = None, trim: bool | None = None,
                             poison_workspace: bool = False,
                             max_grid: int | None = None) -> torch.Tensor:
     """The op contract of ``ops.api.sparse_attention`` plus tuning / testing knobs: ``out``
     (written in full, q's dtype), forced ``num_splits`` / blocks / warps, ``poison_workspace``
     (fill the split workspace with NaN first: every element read must have been written),
     ``max_grid`` (programs per launch), ``one_loop`` (False: one loop per cache, as before the
-    single loop; True / None: the single loop wherever the window is a multiple of the tile) and
+    single loop; True / None: the single loop wherever the window is a multiple of the tile),
+    ``trim`` (False: walk every compressed tile, also those of -1 slots past the last candidate;
+    ``_visited_end``) and
     ``cvt`` (the e4m3 decode, ``ptx_codecs.CVT_*``; e.g.
     CVT_INT: integer ops even where the GPU converts fp8 in hardware, as on Ascend)."""
     comp_fmt = fmt if comp_fmt is None else comp_fmt
@@ -340,7 +375,7 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
             h, num_hb, splits, chunk, t0, qk_scale2,
             FMT=code, D=d, DATA_ELEMS=data_elems, BLOCK_H=bh, BLOCK_N=bn, BLOCK_D=block_d,
             CVT=cvt, DOT_BF16=dot_bf16, SPLIT=split, ROUND_BF16=round_bf16, PREFETCH=pf,
-            ONE_LOOP=one_loop,
+            ONE_LOOP=one_loop, TRIM=TRIM_BLOCK if (trim is not False and n_c) else 0,
             **launch_opts, **pdl_launch(dev),
         )
     if split:

@@ -135,15 +135,16 @@ def _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16: tl.constexpr)
 
 @triton.jit
 def _attend_range(q, m_i, l_i, acc, u8_ptr, typed_ptr, slots_row_ptr, lo, hi,
-                  E, PAGE_BYTES, PAGE_ELEMS, qk_scale2,
+                  E, PAGE_BYTES, PAGE_ELEMS, end, qk_scale2,
                   FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CVT: tl.constexpr,
                   DOT_BF16: tl.constexpr, PREFETCH: tl.constexpr):
-    """Candidates ``[lo, hi)`` of one token's slot list (one cache) in tiles of BLOCK_N."""
+    """Candidates ``[lo, hi)`` of one token's slot list (one cache) in tiles of BLOCK_N, the
+    tiles from ``end`` on (only -1 slots) not visited."""
     if PREFETCH:  # one tile in flight ahead of the compute (register double buffering)
         valid, a, b, c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, lo, hi, E, PAGE_BYTES,
                                         PAGE_ELEMS, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D)
-        for start in range(lo, hi, BLOCK_N):
+        for start in range(lo, end, BLOCK_N):
             n_valid, n_a, n_b, n_c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr,
                                                     start + BLOCK_N, hi, E, PAGE_BYTES, PAGE_ELEMS,
                                                     FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D)
@@ -151,7 +152,7 @@ def _attend_range(q, m_i, l_i, acc, u8_ptr, typed_ptr, slots_row_ptr, lo, hi,
             m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
             valid, a, b, c = n_valid, n_a, n_b, n_c
     else:
-        for start in range(lo, hi, BLOCK_N):
+        for start in range(lo, end, BLOCK_N):
             valid, a, b, c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, start, hi, E,
                                             PAGE_BYTES, PAGE_ELEMS, FMT, D, DATA_ELEMS, BLOCK_N,
                                             BLOCK_D)
@@ -175,14 +176,15 @@ def _tile_source(start, hi, W, w_u8, w_typed, w_row, w_E, w_PB, w_PE,
 
 
 @triton.jit
-def _attend_candidates(q, m_i, l_i, acc, lo, hi, W,
+def _attend_candidates(q, m_i, l_i, acc, lo, hi, end, W,
                        w_u8, w_typed, w_row, w_E, w_PB, w_PE,
                        c_u8, c_typed, c_row, c_E, c_PB, c_PE, qk_scale2,
                        FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CVT: tl.constexpr,
                        DOT_BF16: tl.constexpr, PREFETCH: tl.constexpr):
     """Candidates ``[lo, hi)`` of the window (``[0, W)``) and then the compressed list in one
-    loop of BLOCK_N tiles (``W`` and ``lo`` multiples of BLOCK_N). One loop, not one per cache:
+    loop of BLOCK_N tiles (``W`` and ``lo`` multiples of BLOCK_N), up to ``end`` (the tiles from
+    there on hold only -1 slots). One loop, not one per cache:
     the sm_90 build of the 64-head tile spilled its second loop's state (85 reloads per tile),
     the single loop is spill-free, and Triton's pipeliner can keep its loads in flight."""
     if PREFETCH:  # one tile in flight ahead of the compute (register double buffering)
@@ -191,7 +193,7 @@ def _attend_candidates(q, m_i, l_i, acc, lo, hi, W,
                                                       c_PB, c_PE)
         valid, a, b, c = _load_raw_tile(u8, ty, row, i0, i1, E, PB, PE, FMT, D, DATA_ELEMS,
                                         BLOCK_N, BLOCK_D)
-        for start in range(lo, hi, BLOCK_N):
+        for start in range(lo, end, BLOCK_N):
             u8, ty, row, i0, i1, E, PB, PE = _tile_source(start + BLOCK_N, hi, W, w_u8,
                                                           w_typed, w_row, w_E, w_PB, w_PE, c_u8,
                                                           c_typed, c_row, c_E, c_PB, c_PE)
@@ -201,7 +203,7 @@ def _attend_candidates(q, m_i, l_i, acc, lo, hi, W,
             m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
             valid, a, b, c = n_valid, n_a, n_b, n_c
     else:
-        for start in range(lo, hi, BLOCK_N):
+        for start in range(lo, end, BLOCK_N):
             u8, ty, row, i0, i1, E, PB, PE = _tile_source(start, hi, W, w_u8, w_typed, w_row,
                                                           w_E, w_PB, w_PE, c_u8, c_typed, c_row,
                                                           c_E, c_PB, c_PE)
