@@ -269,11 +269,15 @@ def sweep_inv_rope(dev, batches, prefill=(8192,)):
             same = torch.equal(q.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(sc, s1)
             res[f"rows={r} warps={w}"] = (_try(lambda i, r=r, w=w: irq.inv_rope_fp8_quant(
                 sets[i], pos, cs, rows=r, num_warps=w), 3) if same else "wrong: bits differ")
-        qi, si = irq.inv_rope_fp8_quant(sets[0], pos, cs, hw_enc=False)
-        same = torch.equal(qi.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(si, s1)
-        res["integer encode"] = (_try(lambda i: irq.inv_rope_fp8_quant(sets[i], pos, cs,
-                                                                      hw_enc=False), 3)
-                                 if same else "wrong: bits differ")
+        for hw in (False, True):
+            for w in (1, 2, 4):
+                qi, si = irq.inv_rope_fp8_quant(sets[0], pos, cs, num_warps=w, hw_enc=hw)
+                same = torch.equal(qi.view(torch.uint8), q1.view(torch.uint8)) \
+                    and torch.equal(si, s1)
+                res[f"{'cvt' if hw else 'integer'} encode warps={w}"] = (
+                    _try(lambda i, w=w, hw=hw: irq.inv_rope_fp8_quant(
+                        sets[i], pos, cs, num_warps=w, hw_enc=hw), 3)
+                    if same else "wrong: bits differ")
         res["rope + quantize launch (before)"] = _try(lambda i: fp8_dot_linear.quantize(
             ops.rope(sets[i], pos, cs, inverse=True).view(t * 8, 4096), 128), 3)
         floor = t * 64 * 512 * (2 + 1) / HBM * 1e6

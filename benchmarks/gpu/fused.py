@@ -236,8 +236,9 @@ def check(device, smoke: bool | None = None) -> list[dict]:
         # the hardware cvt and the integer encode must give the same bytes (round to nearest
         # even both; only a GPU rounds the cvt as the hardware does)
         q_int, s_int = ours(o, pos, table, hw_enc=False)
-        enc_diff = int((q_int.view(torch.uint8) != q_ours.view(torch.uint8)).sum()) \
-            + int((s_int != s_ours).sum())
+        q_hw, s_hw = ours(o, pos, table, hw_enc=True)
+        enc_diff = int((q_int.view(torch.uint8) != q_hw.view(torch.uint8)).sum()) \
+            + int((s_int != s_hw).sum())
         ok = torch_all(torch.isfinite(a)) and torch_all(err <= 0.125 * b.abs() + s_el * 2 ** -9) \
             and scale_mismatch <= max(1, s_ref.numel() // 1000) and enc_diff == 0
         rows.append(dict(op="inv_rope_fp8_quant", case=f"T={t} H={h}", ok=ok,

@@ -20,20 +20,23 @@ from vllm_dsv4_hw.platform.device import adaptor_for
 from vllm_dsv4_hw.ops.triton.quant import ceil_log2_div, f32_to_e4m3_bits, pow2_f32
 
 
-# Launch by row count: one (token, head) row per iteration; 1 warp per row from MANY_ROWS rows
-# (prefill: more rows in flight per SM), 2 from 257, 4 below (H200 2026-12-04, ``python -m
-# benchmarks.decode_kernels --only inv_rope``: 8,192 tokens x 64 heads 540 -> 392 us, 32 tokens
-# 4.0 -> 3.65 us). Tiles of several rows per iteration (``rows``) were 5-7x slower there.
+# Launch by row count: one (token, head) row per iteration; 1 warp per row from 257 rows, 4
+# below; the cvt encode below MANY_ROWS, the integer one from there (H200 2026-12-04, ``python -m
+# benchmarks.decode_kernels --only inv_rope``, us: 32 tokens x 64 heads 3.80 (cvt, 2 warps) ->
+# 3.26 (cvt, 1 warp; integer 1 warp 3.62); 8,192 tokens integer 1 warp 392 against cvt 446 (1
+# warp) / 406 (2); 1 token cvt 1.54 against integer 1.69). Tiles of several rows per iteration
+# (``rows``) were 5-7x slower.
 MANY_ROWS = 4096
 MANY_ROWS_TILE = 1
 MANY_ROWS_WARPS = 1
 
 
-def launch_shape(n_rows: int) -> tuple[int, int]:
-    """(rows per iteration, num_warps) of a call over ``n_rows`` (token, head) rows."""
+def launch_shape(n_rows: int) -> tuple[int, int, bool]:
+    """(rows per iteration, num_warps, whether the cvt encode pays) of a call over ``n_rows``
+    (token, head) rows; the cvt only where the device has one (``hw_encode``)."""
     if n_rows >= MANY_ROWS:
-        return MANY_ROWS_TILE, MANY_ROWS_WARPS
-    return 1, (4 if n_rows <= 256 else 2)
+        return MANY_ROWS_TILE, MANY_ROWS_WARPS, False
+    return 1, (4 if n_rows <= 256 else 1), True
 
 
 @triton.jit
@@ -93,8 +96,9 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
                        num_warps: int | None = None,
                        hw_enc: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The op (``ops.api.inv_rope_fp8_quant``); ``rows`` / ``num_warps``: launch knobs for
-    benchmarks and tests (default ``launch_shape``); ``hw_enc``: force the encode (default
-    ``hw_encode``; the GPU tier compares both bit for bit)."""
+    benchmarks and tests (default ``launch_shape``); ``hw_enc``: force the encode (default: the
+    cvt where ``launch_shape`` finds it pays and ``hw_encode`` has it; the GPU tier compares both
+    bit for bit)."""
     check_inv_rope_fp8_quant_args(o, O_QUANT_GROUP)
     t, h, d = o.shape
     check_fused_rope_args("inv_rope_fp8_quant", positions, cos_sin, t, d)
@@ -110,12 +114,14 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
     if cs.stride(-1) != 1:
         cs = cs.contiguous()
     pos = positions.to(o.device)
-    auto_rows, auto_warps = launch_shape(t * h)
+    auto_rows, auto_warps, cvt_pays = launch_shape(t * h)
     rows = auto_rows if rows is None else rows
+    if hw_enc is None:
+        hw_enc = cvt_pays and hw_encode(o.device)
     _inv_rope_fp8_quant_kernel[grid_1d(triton.cdiv(t * h, rows), o.device)](
         o, pos, cs, out.view(torch.uint8), scales, t * h, h, o.stride(0), o.stride(1),
         cs.stride(0), float(O_QUANT_AMAX_FLOOR), NG=ng, BG=triton.next_power_of_2(ng),
         GP=O_QUANT_GROUP // 2, FIRST_PAIR=(d - r) // 2, HALF=r // 2, ROWS=rows,
-        HW_ENC=hw_encode(o.device) if hw_enc is None else hw_enc,
+        HW_ENC=hw_enc,
         num_warps=auto_warps if num_warps is None else num_warps, **pdl_launch(o.device))
     return out, scales
