@@ -21,6 +21,7 @@ from tests.backends import impl  # noqa: E402
 from tests.oracles import indexer_oracle as oracle  # noqa: E402
 from vllm_dsv4_hw.kv_cache import paged  # noqa: E402
 from vllm_dsv4_hw.kv_cache.formats import make_format  # noqa: E402
+from vllm_dsv4_hw.kv_cache.formats.fp32 import FP32Format  # noqa: E402
 from vllm_dsv4_hw.ops.api import INDEXER_TOPK  # noqa: E402
 from vllm_dsv4_hw.ops.reference.indexer import indexer_head_weights  # noqa: E402
 from vllm_dsv4_hw.ops.registry import REGISTRY  # noqa: E402
@@ -165,3 +166,83 @@ def test_select_policy(monkeypatch):
     monkeypatch.setitem(ti.SELECT, "impl", "bogus")
     with pytest.raises(ValueError, match="auto, radix or torch"):
         ti._use_radix(1, 64)
+
+
+def _wide_table(gen, width: int):
+    """Small dims (16 heads x 16, fp32 keys, 4 entries per page), tokens of visible counts across
+    4 / 8 / 128 / 256 (decode and prefill, below and above topk, 0, padding tokens of request -1),
+    and a block table ``width`` pages wide, as under a long --max-model-len: past each request's
+    pages, allocated pages (large keys: they would win if read) and -1 pages, mixed."""
+    from tests.ops.test_indexer import build_key_cache, token_layout
+
+    hi, di = 16, 16
+    fmt = FP32Format(dim=di, entries_per_page=4)
+    reqs = [(0, 0, 9), (1, 500, 10), (2, 1020, 8), (3, 1030, 1), (4, 2, 3), (5, 511, 1),
+            (6, 1027, 2), (7, 15, 1)]
+    keys = [torch.randn((s + n) // 4 + 1, di, generator=gen) for _, s, n in reqs]
+    cache, bt, stored = build_key_cache(gen, keys, fmt, spare_pages=8)
+    extra = torch.randint(0, cache.shape[0], (bt.shape[0], width - bt.shape[1]), generator=gen,
+                          dtype=torch.int32)
+    extra[torch.rand(extra.shape, generator=gen) < 0.5] = -1
+    bt = torch.cat([bt, extra], dim=1)
+    token_req, token_pos = token_layout(reqs)
+    token_req += [-1, -1]
+    token_pos += [1100, 3]
+    t = len(token_req)
+    q = torch.randn(t, hi, di, generator=gen)
+    w = torch.randn(t, hi, generator=gen)
+    return q, w, cache, fmt, bt, stored, token_req, token_pos
+
+
+@pytest.mark.parametrize("interp_block", [None, 256])
+def test_topk_bounded_to_visible_entries_on_a_wide_table(gen, monkeypatch, interp_block):
+    """indexer_topk with the radix selection bounded to each token's visible entries (and the
+    scores past them not stored): the output of before (full -inf stores, then the unbounded
+    radix_topk) bit for bit, the float64 oracle's top-k set, the torch.topk selection's set; one
+    program per score row, and 8 (the multi-launch form)."""
+    from tests.ops.test_indexer import check_all
+    from vllm_dsv4_hw.ops.triton import topk as tk
+
+    if interp_block:
+        monkeypatch.setattr(tk, "INTERP_BLOCK", interp_block)
+    q, w, cache, fmt, bt, stored, token_req, token_pos = _wide_table(gen, 512)
+    req, pos = torch.tensor(token_req), torch.tensor(token_pos)
+    t, topk = len(token_req), 64
+    monkeypatch.setitem(ti.SELECT, "impl", "radix")
+    got = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, req, pos, topk)
+    before = torch.full((t, topk), -1, dtype=torch.int32)
+    tk.radix_topk(ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4), topk, before)
+    assert torch.equal(got, before)
+    assert (got[-2:] == -1).all()                                     # no request
+    real = [i for i in range(t) if token_req[i] >= 0]
+    expected = check_all(got[real], q[real], w[real], stored, [token_req[i] for i in real],
+                         [token_pos[i] for i in real], topk)
+    ks = [k for _, k in expected]
+    assert min(ks) == 0 and max(ks) == topk and any(0 < k < topk for k in ks)
+    monkeypatch.setitem(ti.SELECT, "impl", "torch")
+    full = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, req, pos, topk)
+    for i in range(t):
+        assert set(full[i].tolist()) == set(got[i].tolist()), i
+
+
+@pytest.mark.parametrize("tb", [1, 4])
+def test_skipped_tail_stores_leave_visible_scores_as_full_stores(gen, tb):
+    """indexer_scores(skip_tail=True) on a NaN-poisoned buffer: the columns below each token's
+    visible count hold exactly the full stores' values; blocks past every token of a program
+    keep the poison (nothing stored), which the bounded radix_topk never reads."""
+    q, w, cache, fmt, bt, _, token_req, token_pos = _wide_table(gen, 256)
+    req, pos = torch.tensor(token_req), torch.tensor(token_pos)
+    t, n_max = len(token_req), bt.shape[1] * fmt.entries_per_page
+    kw = dict(block_s=64, iters=2, tokens_per_program=tb)
+    full = ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4,
+                             out=torch.full((t, n_max), float("nan")), **kw)
+    skipped = ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4,
+                                out=torch.full((t, n_max), float("nan")), skip_tail=True, **kw)
+    assert not torch.isnan(full).any()
+    for i in range(t):
+        vis = 0 if token_req[i] < 0 else min(n_max, (token_pos[i] + 1) // 4)
+        assert torch.equal(skipped[i, :vis], full[i, :vis]), i
+        if tb == 1:  # one token per program: every block past its visible entries skipped
+            past = -(-vis // 64) * 64
+            assert torch.isnan(skipped[i, past:]).all(), i
+            assert torch.equal(skipped[i, vis:past], full[i, vis:past]), i

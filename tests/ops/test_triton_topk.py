@@ -2,7 +2,7 @@
 rows, under the Triton interpreter: distinct scores (the exact set), heavy ties (a valid top-k set:
 every selected score >= the k-th, all strictly larger ones taken), -inf entries (never selected;
 rows with fewer finite scores than k end in -1), an all -inf row, k = n, negative scores, several
-blocks per row."""
+blocks per row; the per-row bound (``row_pos`` / ``row_req``)."""
 
 from __future__ import annotations
 
@@ -121,3 +121,79 @@ def test_one_launch_form_only_where_programs_can_wait_on_each_other():
     cpu = torch.device("cpu")
     assert tk._one_launch(cpu, 4, 1)            # one program per row: nothing to wait for
     assert not tk._one_launch(cpu, 8, 2)        # the interpreter runs programs one by one
+
+
+def _bounded_rows(gen, n: int, k: int, ratio: int, levels: int | None):
+    """Rows whose bounds cross 4, 8, k, 128, 256 and the row's end (one past it: clamped), 0 by
+    request -1 (at a long position) and by position; token positions giving them at ``ratio``
+    (any of the ratio positions per bound); random scores, one row with -inf inside its prefix.
+    Returns scores, row_pos, row_req, the bounds."""
+    lens = [ln for ln in (0, 0, 1, 3, 4, 5, 7, 8, 9, k - 1, k + 1, 127, 128, 129, 255, 256, 257,
+                          n - 1, n) if ln <= n] + [n + 50]
+    t = len(lens)
+    pos = torch.tensor([ratio * ln - 1 + int(torch.randint(0, ratio, (1,), generator=gen))
+                        for ln in lens])
+    req = torch.randint(0, 3, (t,), generator=gen, dtype=torch.int32)
+    req[0], pos[0] = -1, ratio * n                                    # no request: nothing
+    scores = (torch.randint(-3, 4, (t, n), generator=gen).float() if levels else
+              torch.randn(t, n, generator=gen) * 10)
+    scores[-3, 5:200:7] = float("-inf")                                # holes in a prefix
+    return scores, pos, req, [0] + [min(n, ln) for ln in lens[1:]]
+
+
+# (one_launch, block, n, k): one program per row, 3 per row, 3 and 6 small ones per short row
+FORMS = [(True, None, 300, 40), (False, None, 300, 40), (False, 128, 300, 40), (False, 4, 24, 6),
+         (False, 8, 24, 6)]
+
+
+@pytest.mark.parametrize("one_launch,block,n,k", FORMS)
+@pytest.mark.parametrize("ratio,levels", [(4, None), (1, None), (4, 7)])
+def test_bounded_equals_unbounded_on_inf_tails(gen, one_launch, block, n, k, ratio, levels):
+    """Rows whose scores past their bound are -inf (what the indexer's full stores leave): the
+    bounded call gives the unbounded call's output bit for bit, in the one-launch form (one
+    program per row here; a row of bound 0 has no live program) and the multi-launch form with 1,
+    3 and 3-6 programs per row (the arrival counts wait for the live blocks only)."""
+    scores, pos, req, lens = _bounded_rows(gen, n, k, ratio, levels)
+    for r, ln in enumerate(lens):
+        scores[r, ln:] = float("-inf")
+    want = torch.full((len(lens), k), -1, dtype=torch.int32)
+    tk.radix_topk(scores, k, want, block=block, one_launch=one_launch)
+    got = torch.full((len(lens), k), -1, dtype=torch.int32)
+    tk.radix_topk(scores, k, got, block=block, one_launch=one_launch, row_pos=pos, row_req=req,
+                  ratio=ratio)
+    assert torch.equal(got, want)
+    for r in range(len(lens)):
+        assert got[r].tolist() == _deterministic_topk(scores[r], k), r
+
+
+@pytest.mark.parametrize("one_launch,block,n,k", FORMS)
+@pytest.mark.parametrize("poison", [1e30, float("nan"), float("inf")])
+def test_bounded_never_reads_past_the_bound(gen, one_launch, block, n, k, poison):
+    """Scores past each row's bound poisoned (large finite, NaN, +inf: each would be selected or
+    break the select if read): the bounded call still returns the exact top-k of the first
+    row_len scores (as a set: torch.topk of the prefix; and the contract's exact order)."""
+    ratio = 4
+    scores, pos, req, lens = _bounded_rows(gen, n, k, ratio, None)
+    clean = scores.clone()
+    for r, ln in enumerate(lens):
+        scores[r, ln:] = poison
+        clean[r, ln:] = float("-inf")
+    out = torch.full((len(lens), k), -1, dtype=torch.int32)
+    tk.radix_topk(scores, k, out, block=block, one_launch=one_launch, row_pos=pos, row_req=req,
+                  ratio=ratio)
+    for r, ln in enumerate(lens):
+        prefix = clean[r, :ln]
+        want = min(k, int(torch.isfinite(prefix).sum()))
+        top = set(torch.topk(prefix, want).indices.tolist()) if want else set()
+        assert set(out[r, :want].tolist()) == top and (out[r, want:] == -1).all(), (r, ln)
+        assert out[r].tolist() == _deterministic_topk(clean[r], k), (r, ln)
+
+
+def test_bounded_rejects_bad_arguments():
+    s = torch.zeros(2, 8)
+    out = torch.full((2, 4), -1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="together"):
+        tk.radix_topk(s, 4, out, row_pos=torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="int32 or int64"):
+        tk.radix_topk(s, 4, out, row_pos=torch.zeros(3, dtype=torch.long),
+                      row_req=torch.zeros(3, dtype=torch.int32))

@@ -11,9 +11,9 @@ logits), mxfp4, fp32 test format), computes all heads' logits with tl.dot [BLOCK
 read once per token group and no interleave is needed), and reduces ``score = sum_h w[h] *
 relu(logit[h])`` per token in fp32. A group whose tokens belong to more than
 one request (or to none) is scored token by token; blocks past every token's visible entries
-only store -inf. Entries not visible to the token
-(``ratio*s + ratio - 1 > pos``, beyond the block table, in an unallocated page, or any entry of a
-token with request -1) get -inf. Scores go to a [T, n_max] fp32 buffer, n_max = block-table width
+only store -inf (or nothing, ``SKIP_TAIL``, where the radix selection is bounded to the visible
+entries). Entries not visible to the token (``ratio*s + ratio - 1 > pos``, beyond the block
+table, in an unallocated page, or any entry of a token with request -1) get -inf. Scores go to a [T, n_max] fp32 buffer, n_max = block-table width
 * entries per page (known on the host: no device sync). Unlike the reference (which raises), a
 visible entry in an unallocated page (-1) is skipped (-inf) rather than read.
 
@@ -142,14 +142,16 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                           UNIT: tl.constexpr, RATIO: tl.constexpr, FMT: tl.constexpr,
                           DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr,
                           KP: tl.constexpr, TB: tl.constexpr, KT: tl.constexpr,
-                          CVT: tl.constexpr, PDL: tl.constexpr = False):
+                          CVT: tl.constexpr, SKIP_TAIL: tl.constexpr = False,
+                          PDL: tl.constexpr = False):
     """Program = (TB consecutive tokens, split of ITERS entry blocks). Keys are read as (even,
     odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per pair), so logits =
     q_even @ k_even + q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode), for the TB
     tokens' TB * H q rows at once: each key tile is loaded and dequantized once per TB tokens
     (prefill, where consecutive tokens share their request; a group whose tokens belong to
     different requests, or to none, is scored one token at a time). KP: the dots' K, DI/2 padded
-    with zero pairs up to the device's smallest tl.dot (``launch.dot_dim``)."""
+    with zero pairs up to the device's smallest tl.dot (``launch.dot_dim``). SKIP_TAIL: blocks
+    past every token's visible entries store nothing (a bounded ``radix_topk`` never reads them)."""
     pdl_start(PDL)
     r = tl.arange(0, TB * H)
     tok_of_row = r // H
@@ -191,8 +193,9 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                 if s0 >= v_max:
                     # a block past every selected token's visible entries (the causal tail of a
                     # prefill chunk, the table beyond a short request): no loads, no dots
-                    tl.store(out_rows + s[None, :],
-                             tl.full([TB, BLOCK_S], float("-inf"), tl.float32), mask=st_mask)
+                    if not SKIP_TAIL:
+                        tl.store(out_rows + s[None, :],
+                                 tl.full([TB, BLOCK_S], float("-inf"), tl.float32), mask=st_mask)
                 else:
                     logits, read = _block_logits(
                         qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, s < v_max,
@@ -286,10 +289,14 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
                    out: torch.Tensor | None = None, iters: int | None = None,
                    num_warps: int | None = None, num_stages: int = 2,
                    tokens_per_program: int | None = None,
-                   keys_a: bool | None = None, cvt: int | None = None) -> torch.Tensor:
+                   keys_a: bool | None = None, cvt: int | None = None,
+                   skip_tail: bool = False) -> torch.Tensor:
     """The [T, n_max] fp32 score buffer (masked entries -inf) of step 1 (also used by benchmarks).
 
     ``out``: an optional preallocated [T, n_max] fp32 buffer (every element is written).
+    ``skip_tail``: a block of ``block_s`` entries past the visible entries of every token scored
+    with it is left unwritten; the columns below a token's visible count are always written (the
+    bounded ``radix_topk`` of ``indexer_topk`` reads no others). Default: full -inf stores.
     ``block_s`` / ``iters`` / ``num_warps`` / ``num_stages`` / ``tokens_per_program``: launch
     knobs (benchmark sweeps)."""
     t, h, di = q.shape
@@ -346,7 +353,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         H=h, DI=di, E=e, DATA_BYTES=key_fmt.data_bytes, SCALE_BYTES=key_fmt.scale_bytes, UNIT=unit,
         RATIO=ratio, FMT=fmt_code, DOT=dot, BLOCK_S=block_s, ITERS=iters,
         KP=dot_dim(di // 2, dev), TB=tb, KT=KEYS_A if keys_a is None else keys_a,
-        CVT=_key_decode(fmt_code, dot, dev) if cvt is None else cvt,
+        CVT=_key_decode(fmt_code, dot, dev) if cvt is None else cvt, SKIP_TAIL=skip_tail,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev))
     return out
 
@@ -372,7 +379,10 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
 
     Returns [T, topk] int32: the top min(topk, visible) entry indices first (in no particular
     order), -1 after.
-    No host synchronization: the score buffer spans the whole block table (n_max entries).
+    No host synchronization: the score buffer spans the whole block table (n_max entries). The
+    radix selection is bounded per row to the token's visible entries (on the device), so neither
+    kernel writes or reads the scores of the blocks past them (under a 1M model length the table
+    spans 4,096 pages whatever the context); ``torch.topk`` reads every column: full stores.
     """
     t = q.shape[0]
     dev = q.device
@@ -385,11 +395,12 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
     chunk = max(1, _MAX_SCORE_ELEMS // n_max)
     for c0 in range(0, t, chunk):
         sl = slice(c0, min(t, c0 + chunk))
-        scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
-                                token_req[sl], token_pos[sl], ratio, n_max=n_max)
         dst = out[sl]
-        if _use_radix(dst.shape[0], n_max):
-            radix_topk(scores, k, dst)
+        radix = _use_radix(dst.shape[0], n_max)
+        scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
+                                token_req[sl], token_pos[sl], ratio, n_max=n_max, skip_tail=radix)
+        if radix:
+            radix_topk(scores, k, dst, row_pos=token_pos[sl], row_req=token_req[sl], ratio=ratio)
             continue
         # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
         # H200), then one launch puts the selected entries first and -1 after, as int32

@@ -30,6 +30,16 @@ Launches (8-bit digits, most significant first), 6 per call plus the state's zer
 3. ``_gather_kernel`` (rows x blocks): keys > tau go to slots [0, k - need) in index order, keys ==
    tau to slots [k - need, k) in index order while fewer than need precede them.
 
+Row bound (``row_pos`` / ``row_req``, constexpr ``BOUND``): the indexer's score rows span the
+whole block table (4,096 pages under a 1M model length) but a token sees only its first
+(pos + 1) // ratio entries; each program computes that row_len on the device (static shapes for
+CUDA graphs) and masks its loads at it. The row's live blocks, cdiv(row_len, BLOCK), come first;
+a program past them ends at once, and the arrival counts and barriers wait for the live programs
+only (a target every program of the row computes alike), so no program spins on their account and
+no live block reads their counts. The absent keys are added to the selects' histograms as the
+-inf keys they stand for, so tau, need and the output are those of the unbounded call on a row
+with a -inf tail.
+
 The state is one zeroed int32 buffer of ``_STATE`` words per row: histograms at 0..1023, prefix
 1024, need 1025, the arrival count 1026, 1027 unused (the kernels use these offsets as literals).
 Last-arrival selection: each program's atomics, a block barrier, then one acq_rel count; the last
@@ -61,8 +71,18 @@ _STATE = 4 * 256 + 4  # per row: 4 histograms, prefix, need, count above, count 
 
 
 @triton.jit
-def _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
-    """This program's row, score offsets, order-preserving keys, in-row mask, state row."""
+def _row_len(pos_ptr, req_ptr, row, n, RATIO: tl.constexpr):
+    """The row's bound: its token's visible entries (the indexer's ``visible``), 0 without a
+    request."""
+    pos = tl.load(pos_ptr + row)
+    req = tl.load(req_ptr + row)
+    return tl.where(req >= 0, tl.minimum((pos + 1) // RATIO, n), 0).to(tl.int32)
+
+
+@triton.jit
+def _block_keys(scores_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
+    """This program's score offsets, order-preserving keys and mask (columns < n: the row's
+    width, or its bound)."""
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
     offs = (pid % n_blk) * BLOCK + tl.arange(0, BLOCK)
@@ -70,7 +90,7 @@ def _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
     b = tl.load(scores_ptr + row * stride + offs, mask=m, other=float("-inf"))
     u = b.to(tl.uint32, bitcast=True)
     key = tl.where((u >> 31) != 0, ~u, u | 0x80000000)
-    return offs, key, m, state_ptr + row * 1028
+    return offs, key, m
 
 
 @triton.jit
@@ -85,10 +105,28 @@ def _last_of_row(st, n_blk):
 
 
 @triton.jit
-def _hist_kernel(scores_ptr, state_ptr, k, n, stride, n_blk, PASS: tl.constexpr,
-                 BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_start(PDL)
-    _, key, m, st = _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
+def _digit(h, need, prefix, absent, P: tl.constexpr, BOUND: tl.constexpr):
+    """The pass's select from the row's histogram ``h`` [256]: the digit d where the count of
+    keys with digit >= d first reaches ``need``; returns the need left and the grown prefix."""
+    b = tl.arange(0, 256)
+    if BOUND:
+        # the absent keys (columns >= row_len) counted as the -inf keys they stand for: the same
+        # digits, tau and need as the unbounded call on a row with a -inf tail (and a row with
+        # fewer than k keys still finds its digit: tau = -inf, every present key above it)
+        hit = b == ((0x007FFFFF >> (24 - 8 * P)) & 0xFF)
+        if P > 0:
+            hit = hit & (prefix == (0x007FFFFF >> (32 - 8 * P)))
+        h = h + tl.where(hit, absent, 0)
+    ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h     # keys with digit >= b
+    d = tl.max(tl.where(ge >= need, b, -1), axis=0)
+    need = need - tl.sum(tl.where(b > d, h, 0), axis=0)
+    return need, (prefix << 8) | d.to(tl.uint32)
+
+
+@triton.jit
+def _hist_add(scores_ptr, st, n, stride, n_blk, PASS: tl.constexpr, BLOCK: tl.constexpr):
+    """Add this block's histogram of the pass's digit (keys matching the prefix) to the row's."""
+    _, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
     if PASS > 0:
         prefix = tl.load(st + 1024).to(tl.uint32, bitcast=True)
         m = m & ((key >> (32 - 8 * PASS)) == prefix)
@@ -98,63 +136,99 @@ def _hist_kernel(scores_ptr, state_ptr, k, n, stride, n_blk, PASS: tl.constexpr,
     bins = tl.arange(0, 512)
     tl.atomic_add(st + PASS * 256 + bins, h, mask=(bins < 256) & (h > 0), sem="acq_rel",
                   scope="gpu")
-    if _last_of_row(st, n_blk):
-        _select(st, k, PASS)
 
 
 @triton.jit
-def _select(st, k, PASS: tl.constexpr):
-    bins = tl.arange(0, 256)
-    h = tl.load(st + PASS * 256 + bins, cache_modifier=".cg")
+def _hist_kernel(scores_ptr, state_ptr, pos_ptr, req_ptr, k, n, stride, n_blk,
+                 PASS: tl.constexpr, BLOCK: tl.constexpr, RATIO: tl.constexpr,
+                 BOUND: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
+    pid = tl.program_id(0)
+    row = (pid // n_blk).to(tl.int64)
+    st = state_ptr + row * 1028
+    if BOUND:
+        lim = _row_len(pos_ptr, req_ptr, row, n, RATIO)
+        live = (lim + BLOCK - 1) // BLOCK
+        if pid % n_blk < live:  # blocks past the bound: nothing to do (not counted either)
+            _hist_add(scores_ptr, st, lim, stride, n_blk, PASS, BLOCK)
+            if _last_of_row(st, live):
+                _select(st, k, n - lim, PASS, BOUND)
+    else:
+        _hist_add(scores_ptr, st, n, stride, n_blk, PASS, BLOCK)
+        if _last_of_row(st, n_blk):
+            _select(st, k, 0, PASS, BOUND)
+
+
+@triton.jit
+def _select(st, k, absent, PASS: tl.constexpr, BOUND: tl.constexpr):
+    h = tl.load(st + PASS * 256 + tl.arange(0, 256), cache_modifier=".cg")
     if PASS == 0:
         need = k
         prefix = tl.zeros([], dtype=tl.uint32)
     else:
         need = tl.load(st + 1025, cache_modifier=".cg")
         prefix = tl.load(st + 1024, cache_modifier=".cg").to(tl.uint32, bitcast=True)
-    ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h     # keys with digit >= b
-    d = tl.max(tl.where(ge >= need, bins, -1), axis=0)
-    above = tl.sum(tl.where(bins > d, h, 0), axis=0)
-    tl.store(st + 1024, ((prefix << 8) | d.to(tl.uint32)).to(tl.int32, bitcast=True))
-    tl.store(st + 1025, need - above)
+    need, prefix = _digit(h, need, prefix, absent, PASS, BOUND)
+    tl.store(st + 1024, prefix.to(tl.int32, bitcast=True))
+    tl.store(st + 1025, need)
 
 
 @triton.jit
-def _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
+def _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK: tl.constexpr):
     """This program's keys above tau (taken) and equal to tau (taken while need lasts)."""
-    offs, key, m, st = _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
+    offs, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
     tau = tl.load(st + 1024).to(tl.uint32, bitcast=True)
     gt = m & (key > tau)
     eq = m & (key == tau) & (key != 0x007FFFFF)  # -inf entries are never selected
-    return offs, gt, eq, st
+    return offs, gt, eq
 
 
 @triton.jit
-def _count_kernel(scores_ptr, state_ptr, counts_ptr, n, stride, n_blk, BLOCK: tl.constexpr,
-                  NB: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_start(PDL)
-    _, gt, eq, st = _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
-    pid = tl.program_id(0)
-    row = (pid // n_blk).to(tl.int64)
-    cnt = counts_ptr + pid.to(tl.int64) * 2
+def _block_starts(counts_ptr, row, n_blk, live, NB: tl.constexpr):
+    """Exclusive sums over the row's first ``live`` blocks, in block order: each one's first
+    slots (the blocks after them are past the bound: no counts, never read)."""
+    b = tl.arange(0, NB)
+    ok = b < live
+    rc = counts_ptr + row * n_blk * 2 + b * 2
+    g = tl.load(rc, mask=ok, other=0, cache_modifier=".cg")
+    e = tl.load(rc + 1, mask=ok, other=0, cache_modifier=".cg")
+    tl.store(rc, tl.cumsum(g, axis=0) - g, mask=ok)
+    tl.store(rc + 1, tl.cumsum(e, axis=0) - e, mask=ok)
+
+
+@triton.jit
+def _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK: tl.constexpr):
+    _, gt, eq = _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK)
     tl.store(cnt, tl.sum(gt.to(tl.int32), axis=0))
     tl.store(cnt + 1, tl.sum(eq.to(tl.int32), axis=0))
-    if _last_of_row(st, n_blk):
-        # exclusive sums over the row's blocks, in block order: each block's first slots
-        b = tl.arange(0, NB)
-        ok = b < n_blk
-        rc = counts_ptr + row * n_blk * 2 + b * 2
-        g = tl.load(rc, mask=ok, other=0, cache_modifier=".cg")
-        e = tl.load(rc + 1, mask=ok, other=0, cache_modifier=".cg")
-        tl.store(rc, tl.cumsum(g, axis=0) - g, mask=ok)
-        tl.store(rc + 1, tl.cumsum(e, axis=0) - e, mask=ok)
 
 
 @triton.jit
-def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, n, stride, stride_out, n_blk, k,
-                   BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _count_kernel(scores_ptr, state_ptr, counts_ptr, pos_ptr, req_ptr, n, stride, n_blk,
+                  BLOCK: tl.constexpr, NB: tl.constexpr, RATIO: tl.constexpr,
+                  BOUND: tl.constexpr, PDL: tl.constexpr = False):
     pdl_start(PDL)
-    offs, gt, eq, st = _block_picks(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
+    pid = tl.program_id(0)
+    row = (pid // n_blk).to(tl.int64)
+    st = state_ptr + row * 1028
+    cnt = counts_ptr + pid.to(tl.int64) * 2
+    if BOUND:
+        lim = _row_len(pos_ptr, req_ptr, row, n, RATIO)
+        live = (lim + BLOCK - 1) // BLOCK
+        if pid % n_blk < live:
+            _count_block(scores_ptr, st, cnt, lim, stride, n_blk, BLOCK)
+            if _last_of_row(st, live):
+                _block_starts(counts_ptr, row, n_blk, live, NB)
+    else:
+        _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK)
+        if _last_of_row(st, n_blk):
+            _block_starts(counts_ptr, row, n_blk, n_blk, NB)
+
+
+@triton.jit
+def _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_blk, k,
+                  BLOCK: tl.constexpr):
+    offs, gt, eq = _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK)
     need = tl.load(st + 1025)
     pid = tl.program_id(0).to(tl.int64)
     g = gt.to(tl.int32)
@@ -169,6 +243,23 @@ def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, n, stride, stride_o
 
 
 @triton.jit
+def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, pos_ptr, req_ptr, n, stride,
+                   stride_out, n_blk, k, BLOCK: tl.constexpr, RATIO: tl.constexpr,
+                   BOUND: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
+    pid = tl.program_id(0)
+    row = (pid // n_blk).to(tl.int64)
+    st = state_ptr + row * 1028
+    if BOUND:
+        lim = _row_len(pos_ptr, req_ptr, row, n, RATIO)
+        if (pid % n_blk) * BLOCK < lim:
+            _gather_block(scores_ptr, st, base_ptr, out_ptr, lim, stride, stride_out, n_blk, k,
+                          BLOCK)
+    else:
+        _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_blk, k, BLOCK)
+
+
+@triton.jit
 def _row_barrier(st, target):
     """Wait until ``target`` arrivals of the row's programs (this one's included) have been
     counted at st[1026] (``spin_sync`` devices only: every program of the row is resident)."""
@@ -180,14 +271,11 @@ def _row_barrier(st, target):
 
 
 @triton.jit
-def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, k, n, stride, stride_out, n_blk,
-                  BLOCK: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr = False):
-    """The whole selection in one launch: the passes above with a row barrier where a launch
-    ended, the select computed by every program of the row from the same histogram (integer
-    counts: the same digit everywhere), so the keys are read once and the output is the
-    multi-launch form's, bit for bit."""
-    pdl_start(PDL)
-    offs, key, m, st = _block_keys(scores_ptr, state_ptr, n, stride, n_blk, BLOCK)
+def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stride_out, n_blk,
+                 live, BLOCK: tl.constexpr, NB: tl.constexpr, BOUND: tl.constexpr):
+    """One program's share of the one-launch selection (keys at columns < n; the barriers wait
+    for the row's ``live`` programs)."""
+    offs, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
     blk = pid % n_blk
@@ -203,12 +291,9 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, k, n, stride, stri
         h = tl.histogram(digit, 512)
         tl.atomic_add(st + p * 256 + bins, h, mask=(bins < 256) & (h > 0), sem="acq_rel",
                       scope="gpu")
-        _row_barrier(st, n_blk * (p + 1))
+        _row_barrier(st, live * (p + 1))
         hh = tl.load(st + p * 256 + b256, cache_modifier=".cg")
-        ge = tl.sum(hh, axis=0) - tl.cumsum(hh, axis=0) + hh
-        d = tl.max(tl.where(ge >= need, b256, -1), axis=0)
-        need = need - tl.sum(tl.where(b256 > d, hh, 0), axis=0)
-        prefix = (prefix << 8) | d.to(tl.uint32)
+        need, prefix = _digit(hh, need, prefix, absent, p, BOUND)
     gt = m & (key > prefix)
     eq = m & (key == prefix) & (key != 0x007FFFFF)  # -inf entries are never selected
     g = gt.to(tl.int32)
@@ -216,7 +301,7 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, k, n, stride, stri
     cnt = counts_ptr + pid.to(tl.int64) * 2
     tl.store(cnt, tl.sum(g, axis=0))
     tl.store(cnt + 1, tl.sum(e, axis=0))
-    _row_barrier(st, n_blk * 5)
+    _row_barrier(st, live * 5)
     # the picks of the row's earlier blocks: each block's first slots, in block order
     b = tl.arange(0, NB)
     before = b < blk
@@ -228,6 +313,28 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, k, n, stride, stri
     orow = out_ptr + row * stride_out
     tl.store(orow + pos, offs.to(tl.int32), mask=gt & (pos < k))
     tl.store(orow + (k - need) + pe, offs.to(tl.int32), mask=eq & (pe < need))
+
+
+@triton.jit
+def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, k, n, stride,
+                  stride_out, n_blk, BLOCK: tl.constexpr, NB: tl.constexpr,
+                  RATIO: tl.constexpr, BOUND: tl.constexpr, PDL: tl.constexpr = False):
+    """The whole selection in one launch: the passes above with a row barrier where a launch
+    ended, the select computed by every program of the row from the same histogram (integer
+    counts: the same digit everywhere), so the keys are read once and the output is the
+    multi-launch form's, bit for bit."""
+    pdl_start(PDL)
+    pid = tl.program_id(0)
+    st = state_ptr + (pid // n_blk).to(tl.int64) * 1028
+    if BOUND:
+        lim = _row_len(pos_ptr, req_ptr, (pid // n_blk).to(tl.int64), n, RATIO)
+        live = (lim + BLOCK - 1) // BLOCK
+        if pid % n_blk < live:  # blocks past the bound end at once: no barrier waits for them
+            _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, lim, n - lim, stride,
+                         stride_out, n_blk, live, BLOCK, NB, BOUND)
+    else:
+        _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, 0, stride, stride_out, n_blk,
+                     n_blk, BLOCK, NB, BOUND)
 
 
 def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
@@ -242,36 +349,58 @@ def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
 
 
 def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | None = None,
-               one_launch: bool | None = None) -> torch.Tensor:
+               one_launch: bool | None = None, row_pos: torch.Tensor | None = None,
+               row_req: torch.Tensor | None = None, ratio: int = 1) -> torch.Tensor:
     """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32 filled with -1:
     columns [0, k) get the selected entries first, -1 after. ``block``: scores per program (a
-    power of two), ``one_launch``: force the form (where it may run); benchmarks and tests."""
+    power of two), ``one_launch``: force the form (where it may run); benchmarks and tests.
+
+    ``row_pos`` / ``row_req`` ([T] int32 or int64, given together): bound each row to its first
+    row_len = 0 if req < 0 else min(n, (pos + 1) // ratio) scores (the indexer's visible
+    entries), computed on the device; the scores at columns >= row_len are never read, counted or
+    selected (they may hold anything), and a program whose block lies wholly past it does
+    nothing (the row's counts and barriers wait for the others only). The output is the
+    unbounded call's, bit for bit, when those scores are -inf."""
     t, n = scores.shape
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         raise ValueError("radix_topk: scores must be fp32 with unit inner stride")
     if not 1 <= k <= n or out.shape[0] != t or out.shape[1] < k or out.dtype != torch.int32:
         raise ValueError(f"radix_topk: need 1 <= k={k} <= n={n} and int32 out [T, >= k]")
+    bound = row_pos is not None
+    if bound != (row_req is not None) or ratio < 1:
+        raise ValueError("radix_topk: row_pos and row_req go together, ratio >= 1")
     if t == 0:
         return out
-    blk = block or (INTERP_BLOCK if scores.device.type == "cpu" else auto_block(t, n))
+    dev = scores.device
+    blk = block or (INTERP_BLOCK if dev.type == "cpu" else auto_block(t, n))
     blk = min(blk, triton.next_power_of_2(n))
     n_blk = triton.cdiv(n, blk)
-    state = torch.zeros(t, _STATE, dtype=torch.int32, device=scores.device)
-    base = torch.empty(t, n_blk, 2, dtype=torch.int32, device=scores.device)
+    state = torch.zeros(t, _STATE, dtype=torch.int32, device=dev)
+    base = torch.empty(t, n_blk, 2, dtype=torch.int32, device=dev)
+    if bound:
+        pos = row_pos.to(dev).contiguous()
+        req = row_req.to(dev).contiguous()
+        ok = (torch.int32, torch.int64)
+        if pos.shape != (t,) or req.shape != (t,) or pos.dtype not in ok or req.dtype not in ok:
+            raise ValueError(f"radix_topk: row_pos / row_req must be int32 or int64 [{t}]")
+    else:  # unread without BOUND: any pointers of the bounded launch's types
+        pos, req = state.view(torch.int64), state
+    bnd = dict(RATIO=ratio if bound else 1, BOUND=bound)
     if ONE_LAUNCH if one_launch is None else one_launch:
-        if _one_launch(scores.device, t * n_blk, n_blk):
-            _fused_kernel[(t * n_blk,)](scores, state, base, out, k, n, scores.stride(0),
+        if _one_launch(dev, t * n_blk, n_blk):
+            _fused_kernel[(t * n_blk,)](scores, state, base, out, pos, req, k, n, scores.stride(0),
                                         out.stride(0), n_blk, BLOCK=blk,
-                                        NB=triton.next_power_of_2(n_blk), num_warps=8,
-                                        **pdl_launch(scores.device))
+                                        NB=triton.next_power_of_2(n_blk), **bnd, num_warps=8,
+                                        **pdl_launch(dev))
             return out
     for p in range(4):
-        _hist_kernel[(t * n_blk,)](scores, state, k, n, scores.stride(0), n_blk, PASS=p,
-                                   BLOCK=blk, num_warps=8, **pdl_launch(scores.device))
+        _hist_kernel[(t * n_blk,)](scores, state, pos, req, k, n, scores.stride(0), n_blk, PASS=p,
+                                   BLOCK=blk, **bnd, num_warps=8, **pdl_launch(dev))
     # counts, then (in place) each block's first slots
-    _count_kernel[(t * n_blk,)](scores, state, base, n, scores.stride(0), n_blk, BLOCK=blk,
-                                NB=triton.next_power_of_2(n_blk), num_warps=8,
-                                **pdl_launch(scores.device))
-    _gather_kernel[(t * n_blk,)](scores, state, base, out, n, scores.stride(0), out.stride(0),
-                                 n_blk, k, BLOCK=blk, num_warps=8, **pdl_launch(scores.device))
+    _count_kernel[(t * n_blk,)](scores, state, base, pos, req, n, scores.stride(0), n_blk,
+                                BLOCK=blk, NB=triton.next_power_of_2(n_blk), **bnd, num_warps=8,
+                                **pdl_launch(dev))
+    _gather_kernel[(t * n_blk,)](scores, state, base, out, pos, req, n, scores.stride(0),
+                                 out.stride(0), n_blk, k, BLOCK=blk, **bnd, num_warps=8,
+                                 **pdl_launch(dev))
     return out
