@@ -209,6 +209,7 @@ def test_topk_bounded_to_visible_entries_on_a_wide_table(gen, monkeypatch, inter
     req, pos = torch.tensor(token_req), torch.tensor(token_pos)
     t, topk = len(token_req), 64
     monkeypatch.setitem(ti.SELECT, "impl", "radix")
+    monkeypatch.setitem(ti.SELECT, "bounded", True)
     got = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, req, pos, topk)
     before = torch.full((t, topk), -1, dtype=torch.int32)
     tk.radix_topk(ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4), topk, before)

@@ -363,7 +363,12 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
 # ``radix_max_scores`` scores per call, torch above. H200, 2026-11-29 (benchmarks/decode_kernels.py
 # topk, k = 512): radix 35 / 47 us vs torch 62 / 71 us at 1 / 4 rows of 262,144 scores, 38-53 us
 # vs 42-59 us at 32,768 scores x 1-32 rows, but 202 vs 145 us at 32 x 262,144 (atomics contend).
-SELECT = {"impl": "auto", "radix_max_scores": 1 << 20}
+SELECT = {"impl": "auto", "radix_max_scores": 1 << 20, "bounded": False}
+# "bounded": the radix selection reads each row only up to the token's visible entries and the
+# score pass stores nothing past them (tables wider than the context: a long --max-model-len).
+# Off until it has run under CUDA-graph capture with such tables: the only H200 run that tried
+# (decode_stack --model-len 1m, 2026-12-04 16:46 UTC, with the trimmed sparse-attention walk) failed
+# its capture ("capturing stream has unjoined work"), cause not found (docs/performance.md).
 
 
 def _use_radix(rows: int, n: int) -> bool:
@@ -379,10 +384,11 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
 
     Returns [T, topk] int32: the top min(topk, visible) entry indices first (in no particular
     order), -1 after.
-    No host synchronization: the score buffer spans the whole block table (n_max entries). The
-    radix selection is bounded per row to the token's visible entries (on the device), so neither
-    kernel writes or reads the scores of the blocks past them (under a 1M model length the table
-    spans 4,096 pages whatever the context); ``torch.topk`` reads every column: full stores.
+    No host synchronization: the score buffer spans the whole block table (n_max entries). With
+    ``SELECT["bounded"]`` the radix selection is bounded per row to the token's visible entries
+    (on the device), so neither kernel writes or reads the scores of the blocks past them (under a
+    1M model length the table spans 4,096 pages whatever the context); ``torch.topk`` reads every
+    column: full stores.
     """
     t = q.shape[0]
     dev = q.device
@@ -397,10 +403,14 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         sl = slice(c0, min(t, c0 + chunk))
         dst = out[sl]
         radix = _use_radix(dst.shape[0], n_max)
+        bounded = radix and SELECT["bounded"]
         scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
-                                token_req[sl], token_pos[sl], ratio, n_max=n_max, skip_tail=radix)
+                                token_req[sl], token_pos[sl], ratio, n_max=n_max,
+                                skip_tail=bounded)
         if radix:
-            radix_topk(scores, k, dst, row_pos=token_pos[sl], row_req=token_req[sl], ratio=ratio)
+            bound = dict(row_pos=token_pos[sl], row_req=token_req[sl], ratio=ratio) if bounded \
+                else {}
+            radix_topk(scores, k, dst, **bound)
             continue
         # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
         # H200), then one launch puts the selected entries first and -1 after, as int32

@@ -71,8 +71,13 @@ _LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp(x) = exp2(x *
 _KNOWN = {"bf16": FMT_BF16, "fp8_ds_mla": FMT_FP8_DS_MLA, "fp32": FMT_FP32}
 
 
-# Slots scanned per load when looking for a split's last compressed candidate (``TRIM``).
+# Slots scanned per load when looking for a split's last compressed candidate (``TRIM``), and
+# whether calls trim by default. Off until it has run under CUDA-graph capture with lists as wide
+# as a long --max-model-len: the only H200 run that tried (decode_stack --model-len 1m, 2026-12-04
+# 16:46 UTC, with the bounded top-k) failed its capture ("capturing stream has unjoined work"),
+# cause not found; the GPU tier (eager and graph replay, empty and -1-holed lists) passed with it.
 TRIM_BLOCK = 1024
+TRIM_DEFAULT = False
 
 
 # ------------------------------------------------------------------------------------------------
@@ -282,8 +287,8 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
     (fill the split workspace with NaN first: every element read must have been written),
     ``max_grid`` (programs per launch), ``one_loop`` (False: one loop per cache, as before the
     single loop; True / None: the single loop wherever the window is a multiple of the tile),
-    ``trim`` (False: walk every compressed tile, also those of -1 slots past the last candidate;
-    ``_visited_end``) and
+    ``trim`` (True: stop each walk after its last compressed candidate, ``_visited_end``; False:
+    walk every tile, also those of -1 slots; None: ``TRIM_DEFAULT``) and
     ``cvt`` (the e4m3 decode, ``ptx_codecs.CVT_*``; e.g.
     CVT_INT: integer ops even where the GPU converts fp8 in hardware, as on Ascend)."""
     comp_fmt = fmt if comp_fmt is None else comp_fmt
@@ -375,7 +380,8 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
             h, num_hb, splits, chunk, t0, qk_scale2,
             FMT=code, D=d, DATA_ELEMS=data_elems, BLOCK_H=bh, BLOCK_N=bn, BLOCK_D=block_d,
             CVT=cvt, DOT_BF16=dot_bf16, SPLIT=split, ROUND_BF16=round_bf16, PREFETCH=pf,
-            ONE_LOOP=one_loop, TRIM=TRIM_BLOCK if (trim is not False and n_c) else 0,
+            ONE_LOOP=one_loop,
+            TRIM=TRIM_BLOCK if ((TRIM_DEFAULT if trim is None else trim) and n_c) else 0,
             **launch_opts, **pdl_launch(dev),
         )
     if split:
