@@ -71,7 +71,7 @@ import traceback
 import torch
 
 from benchmarks.stack.runner import Runner, ctx_name
-from benchmarks.stack.timing import Report
+from benchmarks.stack.timing import Report, error_text
 from vllm_dsv4_hw.kinds import KINDS
 
 KIND_NAMES = tuple(k.name for k in KINDS.values())  # window, c4a, c128a
@@ -366,7 +366,7 @@ def main(argv=None) -> int:
             except Exception as exc:
                 traceback.print_exc()
                 report.add("errors", {"where": f"{m} {ctx_name(c)} B={b}",
-                                      "error": f"{type(exc).__name__}: {exc}"[:2000]})
+                                      "error": error_text(exc)})
                 rc = 1
                 if dev.type == "cuda":
                     gc.collect()

@@ -11,7 +11,7 @@ import traceback
 
 import torch
 
-from benchmarks.stack.timing import Report, Timer, capture_cuda_graph, median
+from benchmarks.stack.timing import Report, Timer, capture_cuda_graph, error_text, median
 
 logger = logging.getLogger("decode_stack")
 GIB = 1 << 30
@@ -182,7 +182,7 @@ class Runner:
                     traceback.print_exc()
                     self.report.add("errors", {"where": f"{model} {ctx_name(context)} B={b} "
                                                         f"graphs={graphs} streams={streams}",
-                                               "error": f"{type(exc).__name__}: {exc}"[:2000]})
+                                               "error": error_text(exc)})
                     continue
                 if first_out is None:
                     first_out = out

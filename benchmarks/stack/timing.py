@@ -54,6 +54,17 @@ def capture_cuda_graph(fn, warmups: int = 2):
     return graph, out
 
 
+def error_text(exc: BaseException) -> str:
+    """One line for a results file: the exception, and the one it was raised while handling (a
+    failed CUDA-graph capture reports "capturing stream has unjoined work" and hides the error
+    inside the captured call that caused it)."""
+    text = f"{type(exc).__name__}: {exc}"
+    inner = exc.__cause__ or exc.__context__
+    if inner is not None:
+        text += f" [raised while handling {type(inner).__name__}: {inner}]"
+    return text[:2000]
+
+
 def median(xs):
     s = sorted(xs)
     n = len(s)

@@ -215,3 +215,20 @@ def test_model_len_widens_the_tables_not_the_step(gen):
             assert (m.comp_slots[:, k:] == -1).all()
         if r == 4:                           # the indexer's bound: the wide table
             assert m.max_visible_entries == 4 * n.max_visible_entries
+
+
+def test_error_text_keeps_the_exception_a_failed_capture_hides():
+    """A failed CUDA-graph capture raises "capturing stream has unjoined work" while handling the
+    error of the captured call: the results file keeps both."""
+    from benchmarks.stack.timing import error_text
+
+    try:
+        try:
+            raise ValueError("radix_topk: row_pos must be int32 or int64")
+        except ValueError:
+            raise RuntimeError("CUDA error: capturing stream has unjoined work")
+    except RuntimeError as exc:
+        text = error_text(exc)
+    assert text.startswith("RuntimeError: CUDA error: capturing stream has unjoined work")
+    assert "ValueError: radix_topk: row_pos must be int32 or int64" in text
+    assert error_text(KeyError("x")) == "KeyError: 'x'"
