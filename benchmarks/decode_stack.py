@@ -238,6 +238,13 @@ def main(argv=None) -> int:
     ap.add_argument("--indexer-select", default="auto", choices=("auto", "radix", "torch"),
                     help="indexer top-k selection: radix select kernels, torch.topk, or auto "
                          "(radix up to 1M scores per step and layer)")
+    ap.add_argument("--bounded-select", default="off", choices=("on", "off"),
+                    help="the radix top-k bounded to each token's visible entries, no score "
+                         "stores past them (indexer.SELECT['bounded']; off by default until "
+                         "checked under graph capture with --model-len)")
+    ap.add_argument("--trim-walk", default="off", choices=("on", "off"),
+                    help="sparse attention stops after each split's last compressed candidate "
+                         "(sparse_attention.TRIM_DEFAULT; off by default, as --bounded-select)")
     ap.add_argument("--profile", action="store_true",
                     help="kernel tables per layer kind (torch.profiler; graph replay and eager)")
     ap.add_argument("--network", action="store_true",
@@ -303,7 +310,11 @@ def main(argv=None) -> int:
     if dev.type == "cuda":
         from vllm_dsv4_hw.ops.triton import indexer as triton_indexer
 
+        from vllm_dsv4_hw.ops.triton import sparse_attention as triton_attention
+
         triton_indexer.SELECT["impl"] = args.indexer_select
+        triton_indexer.SELECT["bounded"] = args.bounded_select == "on"
+        triton_attention.TRIM_DEFAULT = args.trim_walk == "on"
     try:
         import triton
 
@@ -330,6 +341,7 @@ def main(argv=None) -> int:
                      "fp8_linear_activations": "e4m3 (W8A8)" if e4m3_activations(dev)
                      else "model dtype (W8A16)",
                      "indexer_select": args.indexer_select,
+                     "bounded_select": args.bounded_select, "trim_walk": args.trim_walk,
                      "left_out": ["MoE (routed + shared experts)", "mHC hyper-connections",
                                   "embedding / LM head", "MTP layer"]},
         "ops": {op: f"{b} ({why})" for op, b, why in REGISTRY.explain(dev)},
