@@ -444,3 +444,31 @@ def test_indexer_sees_only_the_visible_pages(monkeypatch):
     per_page = caches.geometry.indexer_entries_per_page
     assert widths == [-(-max(LENS) // 4 // per_page)] * 2
     assert torch.equal(outs[0], outs[1])
+
+
+def test_branches_rejoin_when_the_step_raises(monkeypatch):
+    """An error inside the indexer's branch still rejoins every started branch before it
+    propagates (``with aux``): under CUDA-graph capture an unjoined branch would replace the real
+    error by "capturing stream has unjoined work". The error itself reaches the caller."""
+    from tests.platform.test_streams import _Recorder
+    from vllm_dsv4_hw.attention import layer as layer_mod
+    from vllm_dsv4_hw.platform.streams import AuxStreams
+
+    params, xs, _ = _case(4)
+    layer = _layer_from(params, 4, torch.float64)
+    geom, _ = page_geometry(CFG, 4, "fp32", "fp32")
+    tables, counts = static_block_tables(geom, 4, LENS)
+    caches = allocate_layer_caches(CFG, 4, counts, "fp32", "fp32", block_tables=tables)
+    meta = build_step_metadata([0] * len(LENS), list(LENS), 4, tables, caches.geometry)
+    rec = _Recorder()
+    aux = AuxStreams("cpu", 2, enabled=True, module=rec)
+    monkeypatch.setattr(layer_mod, "aux_streams", lambda device: aux)
+
+    def fail(*a, **k):
+        raise ValueError("indexer select failed")
+    monkeypatch.setattr(layer, "_indexer_select", fail)
+    with pytest.raises(ValueError, match="indexer select failed"), torch.no_grad():
+        layer(torch.cat(xs), meta, caches)
+    started = {e[1] for e in rec.log if e[0] == "record"}
+    joined = {e[2] for e in rec.log if e[0] == "wait_event" and e[1] == "main"}
+    assert started and started == joined, rec.log

@@ -257,26 +257,31 @@ class DSV4Attention(nn.Module):
         # query half rejoins its branch once q_r exists.
         aux = aux_streams(x.device)
         comp_slots = meta.comp_slots  # c128a: every visible entry; c4a: from the indexer below
-        if self.kind.has_indexer:
-            with aux.branch(BRANCH_INDEXER, keep_alive=(x,)):
-                head_w = self._indexer_keys_and_weights(x, meta, caches)
-        if self.kind.compressed:
-            with aux.branch(BRANCH_MAIN_COMPRESSOR, keep_alive=(x,)):
-                self.compressor.step(x, pos, meta.main_plan, caches.main_state, caches.comp,
-                                     caches.comp_format, cos_sin, self.eps)
+        # ``with aux``: the branches rejoin on the way out, also when a step raises: under CUDA-
+        # graph capture an unjoined branch turns the real error into "capturing stream has
+        # unjoined work" (the error of a 2026-12-04 H200 run, its cause hidden so).
+        with aux:
+            if self.kind.has_indexer:
+                with aux.branch(BRANCH_INDEXER, keep_alive=(x,)):
+                    head_w = self._indexer_keys_and_weights(x, meta, caches)
+            if self.kind.compressed:
+                with aux.branch(BRANCH_MAIN_COMPRESSOR, keep_alive=(x,)):
+                    self.compressor.step(x, pos, meta.main_plan, caches.main_state, caches.comp,
+                                         caches.comp_format, cos_sin, self.eps)
 
-        # 1. q_r (also feeds the indexer) and the shared KV vector: both norms in one op.
-        q_a, kv_a = self._q_kv_projections(x)
-        q_r, kv = ops.qkv_rms_norm(q_a, self.q_norm.weight, kv_a, self.kv_norm.weight, self.eps)
-        if self.kind.has_indexer:
-            with aux.branch(BRANCH_INDEXER, keep_alive=(q_r, head_w)):
-                comp_slots = self._indexer_select(q_r, head_w, meta, caches)
+            # 1. q_r (also feeds the indexer) and the shared KV vector: both norms in one op.
+            q_a, kv_a = self._q_kv_projections(x)
+            q_r, kv = ops.qkv_rms_norm(q_a, self.q_norm.weight, kv_a, self.kv_norm.weight,
+                                       self.eps)
+            if self.kind.has_indexer:
+                with aux.branch(BRANCH_INDEXER, keep_alive=(q_r, head_w)):
+                    comp_slots = self._indexer_select(q_r, head_w, meta, caches)
 
-        # 4. Main stream: per-head weightless RMSNorm + RoPE of q; RoPE of kv and its insert
-        #    into the window cache (one fused op).
-        q = ops.qnorm_rope_kv_insert(self.wq_b(q_r).view(t, h, d), kv, pos, cos_sin, self.eps,
-                                     caches.window, meta.window_insert_slots, caches.main_format)
-        aux.join()
+            # 4. Main stream: per-head weightless RMSNorm + RoPE of q; RoPE of kv and its insert
+            #    into the window cache (one fused op).
+            q = ops.qnorm_rope_kv_insert(self.wq_b(q_r).view(t, h, d), kv, pos, cos_sin,
+                                         self.eps, caches.window, meta.window_insert_slots,
+                                         caches.main_format)
 
         # 5. One softmax over window + compressed candidates, with the sink.
         o = self._attend(q, meta, caches, comp_slots)
