@@ -87,8 +87,8 @@ TRIM_DEFAULT = False
 def _visited_end(c_row, lo, hi, W, TRIM: tl.constexpr):
     """Where a program's walk over candidates ``[lo, hi)`` may stop: after the last compressed
     slot of the range that is not -1 (the window part, ``[0, W)``, is always walked). The tiles
-    past it hold only -1 slots, and a tile of -1 slots leaves (m, l, acc) exactly as they were,
-    so stopping there gives the same bits. Why: vLLM's graph-safe decode metadata sizes the c128a
+    past it hold only -1 slots, and a tile of -1 slots leaves (m, l, acc) as they were (up to
+    the sign of a zero in acc), so stopping there gives the same values. Why: vLLM's graph-safe decode metadata sizes the c128a
     candidate lists by ``--max-model-len`` (at 128K context under 1M: 8,192 slots, 1,024 taken),
     and the programs walked every -1 tile. ``TRIM`` = 0: walk to ``hi`` (no scan)."""
     end = hi
