@@ -238,13 +238,12 @@ def main(argv=None) -> int:
     ap.add_argument("--indexer-select", default="auto", choices=("auto", "radix", "torch"),
                     help="indexer top-k selection: radix select kernels, torch.topk, or auto "
                          "(radix up to 1M scores per step and layer)")
-    ap.add_argument("--bounded-select", default="off", choices=("on", "off"),
+    ap.add_argument("--bounded-select", default=None, choices=("on", "off"),
                     help="the radix top-k bounded to each token's visible entries, no score "
-                         "stores past them (indexer.SELECT['bounded']; off by default until "
-                         "checked under graph capture with --model-len)")
-    ap.add_argument("--trim-walk", default="off", choices=("on", "off"),
+                         "stores past them (indexer.SELECT['bounded']; default: the product's, on)")
+    ap.add_argument("--trim-walk", default=None, choices=("on", "off"),
                     help="sparse attention stops after each split's last compressed candidate "
-                         "(sparse_attention.TRIM_DEFAULT; off by default, as --bounded-select)")
+                         "(sparse_attention.TRIM_DEFAULT; default: the product's, on)")
     ap.add_argument("--profile", action="store_true",
                     help="kernel tables per layer kind (torch.profiler; graph replay and eager)")
     ap.add_argument("--network", action="store_true",
@@ -313,8 +312,10 @@ def main(argv=None) -> int:
         from vllm_dsv4_hw.ops.triton import sparse_attention as triton_attention
 
         triton_indexer.SELECT["impl"] = args.indexer_select
-        triton_indexer.SELECT["bounded"] = args.bounded_select == "on"
-        triton_attention.TRIM_DEFAULT = args.trim_walk == "on"
+        if args.bounded_select is not None:
+            triton_indexer.SELECT["bounded"] = args.bounded_select == "on"
+        if args.trim_walk is not None:
+            triton_attention.TRIM_DEFAULT = args.trim_walk == "on"
     try:
         import triton
 

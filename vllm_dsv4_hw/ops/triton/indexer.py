@@ -363,12 +363,10 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
 # ``radix_max_scores`` scores per call, torch above. H200, 2026-11-29 (benchmarks/decode_kernels.py
 # topk, k = 512): radix 35 / 47 us vs torch 62 / 71 us at 1 / 4 rows of 262,144 scores, 38-53 us
 # vs 42-59 us at 32,768 scores x 1-32 rows, but 202 vs 145 us at 32 x 262,144 (atomics contend).
-SELECT = {"impl": "auto", "radix_max_scores": 1 << 20, "bounded": False}
+SELECT = {"impl": "auto", "radix_max_scores": 1 << 20, "bounded": True}
 # "bounded": the radix selection reads each row only up to the token's visible entries and the
-# score pass stores nothing past them (tables wider than the context: a long --max-model-len).
-# Off until it has run under CUDA-graph capture with such tables: the only H200 run that tried
-# (decode_stack --model-len 1m, 2026-12-04 16:46 UTC, with the trimmed sparse-attention walk) failed
-# its capture ("capturing stream has unjoined work"), cause not found (docs/performance.md).
+# score pass stores nothing past them (tables wider than the context: a long --max-model-len;
+# B=4 128K decode under 1M-wide tables: c4a layer 197 -> 185 us, H200 2026-12-04 18:35 UTC).
 
 
 def _use_radix(rows: int, n: int) -> bool:

@@ -72,12 +72,11 @@ _KNOWN = {"bf16": FMT_BF16, "fp8_ds_mla": FMT_FP8_DS_MLA, "fp32": FMT_FP32}
 
 
 # Slots scanned per load when looking for a split's last compressed candidate (``TRIM``), and
-# whether calls trim by default. Off until it has run under CUDA-graph capture with lists as wide
-# as a long --max-model-len: the only H200 run that tried (decode_stack --model-len 1m, 2026-12-04
-# 16:46 UTC, with the bounded top-k) failed its capture ("capturing stream has unjoined work"),
-# cause not found; the GPU tier (eager and graph replay, empty and -1-holed lists) passed with it.
+# whether calls trim by default: the -1 slots past a long --max-model-len's visible entries cost a
+# B=32 128K decode under 1M-wide tables 289 -> 174 us per c128a layer (H200, 2026-12-04 18:35 UTC,
+# docs/performance.md); the capture failure of the afternoon's run did not recur at 9556bac.
 TRIM_BLOCK = 1024
-TRIM_DEFAULT = False
+TRIM_DEFAULT = True
 
 
 # ------------------------------------------------------------------------------------------------
