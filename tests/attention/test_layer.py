@@ -461,7 +461,7 @@ def test_branches_rejoin_when_the_step_raises(monkeypatch):
     caches = allocate_layer_caches(CFG, 4, counts, "fp32", "fp32", block_tables=tables)
     meta = build_step_metadata([0] * len(LENS), list(LENS), 4, tables, caches.geometry)
     rec = _Recorder()
-    aux = AuxStreams("cpu", 2, enabled=True, module=rec)
+    aux = AuxStreams("cpu", 3, enabled=True, module=rec)
     monkeypatch.setattr(layer_mod, "aux_streams", lambda device: aux)
 
     def fail(*a, **k):

@@ -124,3 +124,43 @@ def test_context_manager_joins():
         with aux.branch(0):
             pass
     assert ("wait_event", "main", "aux0") in rec.log
+
+
+def test_after_waits_for_branches_started_since_the_last_join_only():
+    """``after=(j,)``: the branch's stream waits for branch j's work of this step (its event
+    recorded since the last join), not for an event of an earlier step (which, under CUDA-graph
+    capture, may predate the capture). Out-of-range indices in ``after`` are refused."""
+    rec = _Recorder()
+    aux = AuxStreams("cpu", 3, enabled=True, module=rec)
+    with aux.branch(2):
+        pass
+    aux.join()
+    start = len(rec.log)
+    with aux.branch(0, after=(2,)):       # branch 2 not started since the join: no wait
+        pass
+    with aux.branch(2):
+        pass
+    with aux.branch(0, after=(2,)):
+        pass
+    aux.join()
+    assert rec.log[start:] == [
+        ("wait_stream", "aux0", "main"), ("record", "aux0"),
+        ("wait_stream", "aux2", "main"), ("record", "aux2"),
+        ("wait_stream", "aux0", "main"), ("wait_event", "aux0", "aux2"), ("record", "aux0"),
+        ("wait_event", "main", "aux0"), ("wait_event", "main", "aux2"),
+        ("wait_event", "main", "aux0"),
+    ]
+    with pytest.raises(IndexError, match="branch 3 out of range"):
+        with aux.branch(0, after=(3,)):
+            pass
+
+
+def test_after_is_inline_order_on_cpu():
+    aux = AuxStreams("cpu", 3)
+    out = []
+    with aux.branch(2):
+        out.append(2)
+    with aux.branch(0, after=(2,)):
+        out.append(0)
+    aux.join()
+    assert out == [2, 0]

@@ -60,6 +60,7 @@ __all__ = ["DSV4Attention", "DSV4Compressor", "DSV4Indexer", "RMSNormWeight", "r
 
 BRANCH_INDEXER = 0
 BRANCH_MAIN_COMPRESSOR = 1
+BRANCH_INDEXER_COMPRESSOR = 2  # its own branch: only the score pass waits for it
 
 # The step a network runs outside vLLM's engine (benchmarks, tests, standalone use): per-kind
 # step metadata and per-layer caches, read by layers called as ``attn(x)``.
@@ -254,7 +255,9 @@ class DSV4Attention(nn.Module):
 
         # The branches fork before the q / kv projections: what needs only x (both compressors,
         # the indexer's head weights) overlaps the main stream's projections too; the indexer's
-        # query half rejoins its branch once q_r exists.
+        # query half rejoins its branch once q_r exists, and waits for the indexer's compressor
+        # (a branch of its own) only where it scores: at B=1 that compressor is as long as the
+        # q projections, and was in series with the selection when it shared its branch.
         aux = aux_streams(x.device)
         comp_slots = meta.comp_slots  # c128a: every visible entry; c4a: from the indexer below
         # ``with aux``: the branches rejoin on the way out, also when a step raises: under CUDA-
@@ -262,8 +265,10 @@ class DSV4Attention(nn.Module):
         # unjoined work" (the error of a 2026-12-04 H200 run, its cause hidden so).
         with aux:
             if self.kind.has_indexer:
+                with aux.branch(BRANCH_INDEXER_COMPRESSOR, keep_alive=(x,)):
+                    self._indexer_keys(x, meta, caches)
                 with aux.branch(BRANCH_INDEXER, keep_alive=(x,)):
-                    head_w = self._indexer_keys_and_weights(x, meta, caches)
+                    head_w = self._indexer_weights(x)
             if self.kind.compressed:
                 with aux.branch(BRANCH_MAIN_COMPRESSOR, keep_alive=(x,)):
                     self.compressor.step(x, pos, meta.main_plan, caches.main_state, caches.comp,
@@ -274,7 +279,8 @@ class DSV4Attention(nn.Module):
             q_r, kv = ops.qkv_rms_norm(q_a, self.q_norm.weight, kv_a, self.kv_norm.weight,
                                        self.eps)
             if self.kind.has_indexer:
-                with aux.branch(BRANCH_INDEXER, keep_alive=(q_r, head_w)):
+                with aux.branch(BRANCH_INDEXER, keep_alive=(q_r, head_w),
+                                after=(BRANCH_INDEXER_COMPRESSOR,)):
                     comp_slots = self._indexer_select(q_r, head_w, meta, caches)
 
             # 4. Main stream: per-head weightless RMSNorm + RoPE of q; RoPE of kv and its insert
@@ -308,13 +314,16 @@ class DSV4Attention(nn.Module):
         takes = getattr(self.wo_a.quant_method, "takes_e4m3_input", None)
         return takes is not None and takes(device)
 
-    def _indexer_keys_and_weights(self, x: torch.Tensor, meta: StepMetadata,
-                                  caches: LayerCaches) -> torch.Tensor:
-        """The indexer's half that needs only x: its compressor step (first, so that an entry
-        completed by this very token is scorable) and the per-head weights [T, Hi] fp32."""
+    def _indexer_keys(self, x: torch.Tensor, meta: StepMetadata, caches: LayerCaches) -> None:
+        """The indexer's compressor step (before the selection: an entry completed by this very
+        token is scorable)."""
         idx = self.indexer
         idx.compressor.step(x, meta.positions, meta.indexer_plan, caches.indexer_state,
                             caches.indexer, caches.indexer_format, self.cos_sin, self.eps)
+
+    def _indexer_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """The indexer's per-head weights [T, Hi] fp32."""
+        idx = self.indexer
         return idx.weights_proj(x).float() * (idx.head_dim ** -0.5 * idx.n_heads ** -0.5)
 
     def _indexer_select(self, q_r: torch.Tensor, w: torch.Tensor, meta: StepMetadata,

@@ -63,9 +63,14 @@ class AuxStreams:
         return self._mod is not None
 
     @contextlib.contextmanager
-    def branch(self, index: int, keep_alive: tuple = ()) -> Iterator[None]:
-        if not 0 <= index < self.num_branches:
-            raise IndexError(f"branch {index} out of range (this AuxStreams has {self.num_branches})")
+    def branch(self, index: int, keep_alive: tuple = (), after: tuple[int, ...] = ()
+               ) -> Iterator[None]:
+        """Run the block on branch ``index``'s stream, after the work queued so far on the
+        current stream and after what the branches in ``after`` queued since the last join."""
+        for i in (index, *after):
+            if not 0 <= i < self.num_branches:
+                raise IndexError(f"branch {i} out of range (this AuxStreams has "
+                                 f"{self.num_branches})")
         self._alive.extend(keep_alive)
         if self._mod is None:
             yield
@@ -73,6 +78,10 @@ class AuxStreams:
         stream = self._streams[index]
         # The branch may read what the current stream produced so far.
         stream.wait_stream(self._mod.current_stream(self.device))
+        for i in after:
+            # only events recorded since the last join (an older one may predate a graph capture)
+            if self._done[i] in self._pending:
+                stream.wait_event(self._done[i])
         try:
             with self._mod.stream(stream):
                 yield
@@ -101,10 +110,11 @@ class AuxStreams:
 _SHARED: dict[tuple[str, bool, int], AuxStreams] = {}
 
 
-def aux_streams(device: torch.device | str, num_branches: int = 2) -> AuxStreams:
+def aux_streams(device: torch.device | str, num_branches: int = 3) -> AuxStreams:
     """The process's branch streams for ``device`` under the current ``VLLM_DSV4_HW_MULTI_STREAM``
-    setting, shared by every layer (one pair of side streams per device, not per layer; stable
-    across steps, so graph captures see the same streams)."""
+    setting, shared by every layer (one set of side streams per device, not per layer; stable
+    across steps, so graph captures see the same streams). Three by default: the attention
+    layer's indexer, main compressor and indexer compressor branches."""
     dev = torch.device(device)
     key = (str(dev), envs.multi_stream(), num_branches)
     aux = _SHARED.get(key)
