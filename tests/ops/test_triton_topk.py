@@ -197,3 +197,39 @@ def test_bounded_rejects_bad_arguments():
     with pytest.raises(ValueError, match="int32 or int64"):
         tk.radix_topk(s, 4, out, row_pos=torch.zeros(3, dtype=torch.long),
                       row_req=torch.zeros(3, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("relaxed", [True, False])
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_histogram_atomic_order_changes_no_bit(gen, monkeypatch, relaxed, one_launch):
+    """``HIST_RELAXED`` (the histogram atomics relaxed or acq_rel; the sweep compares them) gives
+    the contract's exact output in both forms, bounded and not, ties and -inf rows included.
+    (The interpreter runs programs one by one: the multi-launch form here has 3 per row; the
+    GPU sweep compares every config's output with the default's.)"""
+    monkeypatch.setattr(tk, "HIST_RELAXED", relaxed)
+    monkeypatch.setattr(tk, "INTERP_BLOCK", 4096 if one_launch else 1024)
+    t, n, k = 3, 3000, 64
+    scores = torch.randn(t, n, generator=gen)
+    scores[1, ::3] = scores[1, 0]                      # ties
+    scores[2] = float("-inf")
+    out = torch.full((t, k), -1, dtype=torch.int32)
+    tk.radix_topk(scores, k, out, one_launch=one_launch)
+    for r in range(t):
+        assert out[r].tolist() == _deterministic_topk(scores[r], k), r
+    pos, req = torch.tensor([4 * 2500 - 1, 4 * n, 7]), torch.tensor([0, 0, -1])
+    out = torch.full((t, k), -1, dtype=torch.int32)
+    tk.radix_topk(scores, k, out, one_launch=one_launch, row_pos=pos, row_req=req, ratio=4)
+    assert out[0].tolist() == _deterministic_topk(scores[0, :2500], k)
+    assert out[1].tolist() == _deterministic_topk(scores[1], k)
+    assert (out[2] == -1).all()
+
+
+def test_block_rule_fits_one_launch_first():
+    """The GPU block rule: the smallest of 512 / 1,024 / 2,048 scores per program whose programs
+    all fit one launch, else 2,048 (the multi-launch form); warps 4 up to 1,024, 8 above."""
+    assert tk.auto_block(1, 32768, 132) == 512
+    assert tk.auto_block(4, 32768, 132) == 1024
+    assert tk.auto_block(1, 262144, 132) == 2048
+    assert tk.auto_block(32, 32768, 132) == 2048 and tk.auto_block(1, 32768, 0) == 2048
+    assert tk.auto_block(1, 2048, 132) == 512
+    assert [tk.one_launch_warps(b) for b in (512, 1024, 2048)] == [4, 4, 8]

@@ -42,8 +42,9 @@ with a -inf tail.
 
 The state is one zeroed int32 buffer of ``_STATE`` words per row: histograms at 0..1023, prefix
 1024, need 1025, the arrival count 1026, 1027 unused (the kernels use these offsets as literals).
-Last-arrival selection: each program's atomics, a block barrier, then one acq_rel count; the last
-program reads the table from L2 (``.cg``), where the atomics landed.
+Last-arrival selection: each program's atomics (relaxed: ``HIST_RELAXED``), a block barrier, then
+one acq_rel count that releases them; the last program reads the table from L2 (``.cg``), where
+the atomics landed.
 """
 
 from __future__ import annotations
@@ -58,14 +59,34 @@ from vllm_dsv4_hw.platform.device import adaptor_for
 
 INTERP_BLOCK = 1 << 16
 ONE_LAUNCH = True
+# Histogram atomics relaxed (True) or acq_rel: relaxed is enough, since the arrival that follows
+# them (a block barrier, then one acq_rel atomic) releases them, as a grid sync does; measured
+# 21.8 -> 17.6 us for the one-launch select of 1 x 32,768 scores (``decode_kernels --only
+# topk_sync``, H200 2026-12-04 18:52 UTC). The sweep flips it to compare.
+HIST_RELAXED = True
 
 
-def auto_block(rows: int, n: int) -> int:
-    """Scores per program on a GPU: about 128 programs per call, 1,024..4,096 scores each. H200,
-    2026-12-02 (``decode_kernels --only topk``, k = 512, us): 1 x 32,768 scores 38.2 at 4,096 ->
-    27.6 at 1,024; 1 x 262,144: 39.0 -> 33.7 at 2,048; 32 x 32,768: 57.4 at 4,096 (57.1 at
-    2,048, 76.2 at 1,024)."""
-    return min(4096, max(1024, triton.next_power_of_2(max(1, rows * n // 128))))
+def auto_block(rows: int, n: int, one_launch_programs: int = 0) -> int:
+    """Scores per program on a GPU: the smallest of 512 / 1,024 / 2,048 whose programs all fit
+    in one launch (``one_launch_programs``: the most a one-launch call may have, 0 where none
+    may), else 2,048 (the multi-launch form). H200 sweep (``decode_kernels --only topk_sync``,
+    2026-12-04 18:52 UTC, k = 512, bounded rows, us): 1 x 32,768 scores 17.6 at 1,024 -> 15.6 at
+    512; 4 x 32,768 18.2 at 1,024 (512: 256 programs, multi-launch, 29.1); 1 x 262,144 25.7 at
+    2,048; multi-launch 32 x 32,768 59.4 at 2,048 (70.0 at 4,096, 82.2 at 1,024), 4 x 262,144
+    57.4 (68.3, 81.5)."""
+    for blk in (512, 1024, 2048):
+        if rows * triton.cdiv(n, blk) <= one_launch_programs:
+            return blk
+    return 2048
+
+
+def one_launch_warps(block: int) -> int:
+    """Warps of the one-launch form: 4 up to 1,024 scores per program (8 per thread), 8 above
+    (same sweep: 512 / 1,024 scores 15.6 / 18.1 us at 4 warps, 16.4 / 19.4 at 8; 2,048 scores
+    25.6 at 4, 24.6 at 8)."""
+    return 4 if block <= 1024 else 8
+
+
 _NEG_INF_KEY = 0x007FFFFF
 _STATE = 4 * 256 + 4  # per row: 4 histograms, prefix, need, count above, count equal
 
@@ -124,7 +145,18 @@ def _digit(h, need, prefix, absent, P: tl.constexpr, BOUND: tl.constexpr):
 
 
 @triton.jit
-def _hist_add(scores_ptr, st, n, stride, n_blk, PASS: tl.constexpr, BLOCK: tl.constexpr):
+def _hist_atomics(hist, h, RELAXED: tl.constexpr):
+    """Add a program's histogram ``h`` [512] (bins >= 256: not counted) to the row's [256]."""
+    bins = tl.arange(0, 512)
+    if RELAXED:
+        tl.atomic_add(hist + bins, h, mask=(bins < 256) & (h > 0), sem="relaxed", scope="gpu")
+    else:
+        tl.atomic_add(hist + bins, h, mask=(bins < 256) & (h > 0), sem="acq_rel", scope="gpu")
+
+
+@triton.jit
+def _hist_add(scores_ptr, st, n, stride, n_blk, PASS: tl.constexpr, BLOCK: tl.constexpr,
+              HIST_RELAXED: tl.constexpr):
     """Add this block's histogram of the pass's digit (keys matching the prefix) to the row's."""
     _, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
     if PASS > 0:
@@ -132,16 +164,14 @@ def _hist_add(scores_ptr, st, n, stride, n_blk, PASS: tl.constexpr, BLOCK: tl.co
         m = m & ((key >> (32 - 8 * PASS)) == prefix)
     digit = ((key >> (24 - 8 * PASS)) & 0xFF).to(tl.int32)
     digit = tl.where(m, digit, 256)                       # bins >= 256: not counted
-    h = tl.histogram(digit, 512)
-    bins = tl.arange(0, 512)
-    tl.atomic_add(st + PASS * 256 + bins, h, mask=(bins < 256) & (h > 0), sem="acq_rel",
-                  scope="gpu")
+    _hist_atomics(st + PASS * 256, tl.histogram(digit, 512), HIST_RELAXED)
 
 
 @triton.jit
 def _hist_kernel(scores_ptr, state_ptr, pos_ptr, req_ptr, k, n, stride, n_blk,
                  PASS: tl.constexpr, BLOCK: tl.constexpr, RATIO: tl.constexpr,
-                 BOUND: tl.constexpr, PDL: tl.constexpr = False):
+                 BOUND: tl.constexpr, HIST_RELAXED: tl.constexpr = True,
+                 PDL: tl.constexpr = False):
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
@@ -150,11 +180,11 @@ def _hist_kernel(scores_ptr, state_ptr, pos_ptr, req_ptr, k, n, stride, n_blk,
         lim = _row_len(pos_ptr, req_ptr, row, n, RATIO)
         live = (lim + BLOCK - 1) // BLOCK
         if pid % n_blk < live:  # blocks past the bound: nothing to do (not counted either)
-            _hist_add(scores_ptr, st, lim, stride, n_blk, PASS, BLOCK)
+            _hist_add(scores_ptr, st, lim, stride, n_blk, PASS, BLOCK, HIST_RELAXED)
             if _last_of_row(st, live):
                 _select(st, k, n - lim, PASS, BOUND)
     else:
-        _hist_add(scores_ptr, st, n, stride, n_blk, PASS, BLOCK)
+        _hist_add(scores_ptr, st, n, stride, n_blk, PASS, BLOCK, HIST_RELAXED)
         if _last_of_row(st, n_blk):
             _select(st, k, 0, PASS, BOUND)
 
@@ -262,7 +292,8 @@ def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, pos_ptr, req_ptr, n
 @triton.jit
 def _row_barrier(st, target):
     """Wait until ``target`` arrivals of the row's programs (this one's included) have been
-    counted at st[1026] (``spin_sync`` devices only: every program of the row is resident)."""
+    counted at st[1026] (``spin_sync`` devices only: every program of the row is resident).
+    (Polling with volatile loads instead of atomics measured the same, within 2%.)"""
     tl.debug_barrier()
     c = tl.atomic_add(st + 1026, 1, sem="acq_rel", scope="gpu") + 1
     while c < target:
@@ -272,14 +303,14 @@ def _row_barrier(st, target):
 
 @triton.jit
 def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stride_out, n_blk,
-                 live, BLOCK: tl.constexpr, NB: tl.constexpr, BOUND: tl.constexpr):
+                 live, BLOCK: tl.constexpr, NB: tl.constexpr, BOUND: tl.constexpr,
+                 HIST_RELAXED: tl.constexpr):
     """One program's share of the one-launch selection (keys at columns < n; the barriers wait
     for the row's ``live`` programs)."""
     offs, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
     blk = pid % n_blk
-    bins = tl.arange(0, 512)
     b256 = tl.arange(0, 256)
     prefix = tl.zeros([], dtype=tl.uint32)
     need = k + tl.zeros([], dtype=tl.int32)
@@ -289,8 +320,7 @@ def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stri
             mp = m & ((key >> (32 - 8 * p)) == prefix)
         digit = tl.where(mp, ((key >> (24 - 8 * p)) & 0xFF).to(tl.int32), 256)
         h = tl.histogram(digit, 512)
-        tl.atomic_add(st + p * 256 + bins, h, mask=(bins < 256) & (h > 0), sem="acq_rel",
-                      scope="gpu")
+        _hist_atomics(st + p * 256, h, HIST_RELAXED)
         _row_barrier(st, live * (p + 1))
         hh = tl.load(st + p * 256 + b256, cache_modifier=".cg")
         need, prefix = _digit(hh, need, prefix, absent, p, BOUND)
@@ -318,7 +348,8 @@ def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stri
 @triton.jit
 def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, k, n, stride,
                   stride_out, n_blk, BLOCK: tl.constexpr, NB: tl.constexpr,
-                  RATIO: tl.constexpr, BOUND: tl.constexpr, PDL: tl.constexpr = False):
+                  RATIO: tl.constexpr, BOUND: tl.constexpr, HIST_RELAXED: tl.constexpr = True,
+                  PDL: tl.constexpr = False):
     """The whole selection in one launch: the passes above with a row barrier where a launch
     ended, the select computed by every program of the row from the same histogram (integer
     counts: the same digit everywhere), so the keys are read once and the output is the
@@ -331,21 +362,25 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, 
         live = (lim + BLOCK - 1) // BLOCK
         if pid % n_blk < live:  # blocks past the bound end at once: no barrier waits for them
             _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, lim, n - lim, stride,
-                         stride_out, n_blk, live, BLOCK, NB, BOUND)
+                         stride_out, n_blk, live, BLOCK, NB, BOUND, HIST_RELAXED)
     else:
         _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, 0, stride, stride_out, n_blk,
-                     n_blk, BLOCK, NB, BOUND)
+                     n_blk, BLOCK, NB, BOUND, HIST_RELAXED)
+
+
+def _one_launch_cap(device: torch.device) -> int:
+    """The most programs a one-launch call may have on ``device``: every one resident at once on
+    a ``spin_sync`` device (at most one per multiprocessor); 0 elsewhere."""
+    if device.type != "cuda" or not adaptor_for(device.type).capabilities.spin_sync:
+        return 0
+    return sm_count(device)
 
 
 def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
-    """Whether the one-launch form may run: every program of the call resident at once on a
-    ``spin_sync`` device (at most one per multiprocessor), or one program per row (nothing to
-    wait for: the interpreter, which runs programs one after another)."""
-    if n_blk == 1:
-        return True
-    if device.type != "cuda" or not adaptor_for(device.type).capabilities.spin_sync:
-        return False
-    return programs <= sm_count(device)
+    """Whether the one-launch form may run: every program of the call resident at once
+    (``_one_launch_cap``), or one program per row (nothing to wait for: the interpreter, which
+    runs programs one after another)."""
+    return n_blk == 1 or programs <= _one_launch_cap(device)
 
 
 def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | None = None,
@@ -372,7 +407,13 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
     if t == 0:
         return out
     dev = scores.device
-    blk = block or (INTERP_BLOCK if dev.type == "cpu" else auto_block(t, n))
+    want_one = ONE_LAUNCH if one_launch is None else one_launch
+    if block:
+        blk = block
+    elif dev.type == "cpu":
+        blk = INTERP_BLOCK
+    else:
+        blk = auto_block(t, n, _one_launch_cap(dev) if want_one else 0)
     blk = min(blk, triton.next_power_of_2(n))
     n_blk = triton.cdiv(n, blk)
     state = torch.zeros(t, _STATE, dtype=torch.int32, device=dev)
@@ -386,16 +427,17 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
     else:  # unread without BOUND: any pointers of the bounded launch's types
         pos, req = state.view(torch.int64), state
     bnd = dict(RATIO=ratio if bound else 1, BOUND=bound)
-    if ONE_LAUNCH if one_launch is None else one_launch:
-        if _one_launch(dev, t * n_blk, n_blk):
-            _fused_kernel[(t * n_blk,)](scores, state, base, out, pos, req, k, n, scores.stride(0),
-                                        out.stride(0), n_blk, BLOCK=blk,
-                                        NB=triton.next_power_of_2(n_blk), **bnd, num_warps=8,
-                                        **pdl_launch(dev))
-            return out
+    if want_one and _one_launch(dev, t * n_blk, n_blk):
+        _fused_kernel[(t * n_blk,)](scores, state, base, out, pos, req, k, n, scores.stride(0),
+                                    out.stride(0), n_blk, BLOCK=blk,
+                                    NB=triton.next_power_of_2(n_blk), **bnd,
+                                    HIST_RELAXED=HIST_RELAXED, num_warps=one_launch_warps(blk),
+                                    **pdl_launch(dev))
+        return out
     for p in range(4):
         _hist_kernel[(t * n_blk,)](scores, state, pos, req, k, n, scores.stride(0), n_blk, PASS=p,
-                                   BLOCK=blk, **bnd, num_warps=8, **pdl_launch(dev))
+                                   BLOCK=blk, **bnd, HIST_RELAXED=HIST_RELAXED, num_warps=8,
+                                   **pdl_launch(dev))
     # counts, then (in place) each block's first slots
     _count_kernel[(t * n_blk,)](scores, state, base, pos, req, n, scores.stride(0), n_blk,
                                 BLOCK=blk, NB=triton.next_power_of_2(n_blk), **bnd, num_warps=8,
