@@ -36,6 +36,8 @@ Ops and knobs (the GEMM sweeps live in ``benchmarks.gemm_sweeps``, the timing in
   -1 fill is not timed: the indexer allocates that buffer anyway). A two-stage torch variant
   (top-k of chunks, then of the survivors) was tried on 2026-11-29 and lost at every shape: 71-150
   us vs 62-71 us at 256K scores;
+* ``topk_sync``: the one-launch radix top-k's barrier polling, histogram atomics, warps and block
+  size at decode rows, bounded as the indexer calls it (``benchmarks.topk_sweeps``);
 * ``dense``: ``dense_linear`` (the projections shipped in bf16) against cuBLAS, M = the batches:
   column block x split-K;
 * ``pool``: ``compressor_store`` of one decode token per request, completing a group or not
@@ -60,6 +62,7 @@ from benchmarks.attn_sweeps import sweep_attn_loop
 from benchmarks.gemm_sweeps import (sweep_dense, sweep_gemm, sweep_gemm_cvt, sweep_gemm_fold,
                                     sweep_gemm_prefill, sweep_gemm_split, sweep_gemm_w8a8)
 from benchmarks.sweep_common import HBM, _summary, _try
+from benchmarks.topk_sweeps import sweep_topk_sync
 
 
 # -- sparse attention ---------------------------------------------------------------------------------
@@ -331,7 +334,7 @@ SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": s
           "dense": sweep_dense, "gemm_w8a8": sweep_gemm_w8a8, "attn_loop": sweep_attn_loop,
           # the prefill rows only (8,192 rows: a chunk), whatever --batches says
           "gemm_w8a8_prefill": lambda dev, _: sweep_gemm_w8a8(dev, (), prefill_ms=(8192,)),
-          "inv_rope": sweep_inv_rope}
+          "inv_rope": sweep_inv_rope, "topk_sync": sweep_topk_sync}
 
 
 def main(argv=None) -> int:
