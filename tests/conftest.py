@@ -16,7 +16,11 @@ if not os.path.exists("/dev/nvidia0"):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests import strict_interpreter  # noqa: E402
 from vllm_dsv4_hw.ops.registry import REGISTRY  # noqa: E402
+
+# The interpreter rejects launch keywords a GPU launch rejects (it would drop them silently).
+strict_interpreter.install()
 
 
 @pytest.fixture(autouse=True, scope="session")
