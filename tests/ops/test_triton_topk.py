@@ -14,6 +14,12 @@ pytest.importorskip("triton")
 from vllm_dsv4_hw.ops.triton import topk as tk  # noqa: E402
 
 
+def _unfilled(t: int, k: int) -> torch.Tensor:
+    """An output as ``torch.empty`` may leave it: the call writes every slot of [0, k) (the -1
+    tail included), so nothing may survive from before."""
+    return torch.full((t, k), 0x5A5A5A5A, dtype=torch.int32)
+
+
 def _check(scores: torch.Tensor, k: int, out: torch.Tensor) -> None:
     for r in range(scores.shape[0]):
         row = scores[r]
@@ -38,7 +44,7 @@ def test_radix_topk_distinct_scores_exact_set(gen, monkeypatch, t, n, k, block):
     monkeypatch.setattr(tk, "INTERP_BLOCK", block)
     scores = torch.randn(t, n, generator=gen) * 10
     scores[0, n // 2:] = float("-inf")                 # half the row invisible
-    out = torch.full((t, k), -1, dtype=torch.int32)
+    out = _unfilled(t, k)
     tk.radix_topk(scores, k, out)
     _check(scores, k, out)
     fin = torch.isfinite(scores[-1])
@@ -54,7 +60,7 @@ def test_radix_topk_ties_inf_rows_and_negative(gen, monkeypatch):
     scores[2, 40:] = float("-inf")                                    # 40 < k finite
     scores[3] = -torch.rand(n, generator=gen) - 1.0                   # all negative
     scores[4, ::3] = float("-inf")
-    out = torch.full((5, k), -1, dtype=torch.int32)
+    out = _unfilled(5, k)
     tk.radix_topk(scores, k, out)
     _check(scores, k, out)
     assert (out[1] == -1).all()
@@ -156,9 +162,9 @@ def test_bounded_equals_unbounded_on_inf_tails(gen, one_launch, block, n, k, rat
     scores, pos, req, lens = _bounded_rows(gen, n, k, ratio, levels)
     for r, ln in enumerate(lens):
         scores[r, ln:] = float("-inf")
-    want = torch.full((len(lens), k), -1, dtype=torch.int32)
+    want = _unfilled(len(lens), k)
     tk.radix_topk(scores, k, want, block=block, one_launch=one_launch)
-    got = torch.full((len(lens), k), -1, dtype=torch.int32)
+    got = _unfilled(len(lens), k)
     tk.radix_topk(scores, k, got, block=block, one_launch=one_launch, row_pos=pos, row_req=req,
                   ratio=ratio)
     assert torch.equal(got, want)
@@ -178,7 +184,7 @@ def test_bounded_never_reads_past_the_bound(gen, one_launch, block, n, k, poison
     for r, ln in enumerate(lens):
         scores[r, ln:] = poison
         clean[r, ln:] = float("-inf")
-    out = torch.full((len(lens), k), -1, dtype=torch.int32)
+    out = _unfilled(len(lens), k)
     tk.radix_topk(scores, k, out, block=block, one_launch=one_launch, row_pos=pos, row_req=req,
                   ratio=ratio)
     for r, ln in enumerate(lens):
@@ -212,12 +218,12 @@ def test_histogram_atomic_order_changes_no_bit(gen, monkeypatch, relaxed, one_la
     scores = torch.randn(t, n, generator=gen)
     scores[1, ::3] = scores[1, 0]                      # ties
     scores[2] = float("-inf")
-    out = torch.full((t, k), -1, dtype=torch.int32)
+    out = _unfilled(t, k)
     tk.radix_topk(scores, k, out, one_launch=one_launch)
     for r in range(t):
         assert out[r].tolist() == _deterministic_topk(scores[r], k), r
     pos, req = torch.tensor([4 * 2500 - 1, 4 * n, 7]), torch.tensor([0, 0, -1])
-    out = torch.full((t, k), -1, dtype=torch.int32)
+    out = _unfilled(t, k)
     tk.radix_topk(scores, k, out, one_launch=one_launch, row_pos=pos, row_req=req, ratio=4)
     assert out[0].tolist() == _deterministic_topk(scores[0, :2500], k)
     assert out[1].tolist() == _deterministic_topk(scores[1], k)
@@ -233,3 +239,25 @@ def test_block_rule_fits_one_launch_first():
     assert tk.auto_block(32, 32768, 132) == 2048 and tk.auto_block(1, 32768, 0) == 2048
     assert tk.auto_block(1, 2048, 132) == 512
     assert [tk.one_launch_warps(b) for b in (512, 1024, 2048)] == [4, 4, 8]
+
+
+@pytest.mark.parametrize("one_launch,block", [(True, None), (False, None), (False, 64)])
+def test_writes_every_slot_below_k_and_none_past_it(gen, one_launch, block):
+    """No fill before the call: rows with fewer finite scores than k, an all -inf row and a row
+    of bound 0 get their -1 tails from the kernels; columns >= k of a wider output are kept."""
+    t, n, k = 4, 300, 40
+    scores = torch.randn(t, n, generator=gen)
+    scores[0, 25:] = float("-inf")
+    scores[1] = float("-inf")
+    out = torch.full((t, k + 5), 77, dtype=torch.int32)
+    tk.radix_topk(scores, k, out, block=block, one_launch=one_launch)
+    for r in range(t):
+        assert out[r, :k].tolist() == _deterministic_topk(scores[r], k), r
+    assert (out[:, k:] == 77).all()
+    pos, req = torch.tensor([2, 4 * n, 4 * n, 4 * 30 - 1]), torch.tensor([0, 0, -1, 0])
+    out.fill_(77)
+    tk.radix_topk(scores, k, out, block=block, one_launch=one_launch, row_pos=pos, row_req=req,
+                  ratio=4)
+    assert (out[0, :k] == -1).all() and (out[2, :k] == -1).all()   # bound 0: no live block
+    assert out[3, :k].tolist() == _deterministic_topk(scores[3, :30], k)
+    assert (out[:, k:] == 77).all()

@@ -390,12 +390,16 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
     """
     t = q.shape[0]
     dev = q.device
-    out = torch.full((t, topk), -1, dtype=torch.int32, device=dev)
     e = key_fmt.entries_per_page
     n_max = block_table.shape[1] * e
+    k = min(topk, n_max)
+    # both selections write every slot of [0, k): a fill only for the columns past the table
+    if k == topk > 0:
+        out = torch.empty(t, topk, dtype=torch.int32, device=dev)
+    else:
+        out = torch.full((t, max(topk, 0)), -1, dtype=torch.int32, device=dev)
     if t == 0 or topk <= 0 or n_max == 0:
         return out
-    k = min(topk, n_max)
     chunk = max(1, _MAX_SCORE_ELEMS // n_max)
     for c0 in range(0, t, chunk):
         sl = slice(c0, min(t, c0 + chunk))

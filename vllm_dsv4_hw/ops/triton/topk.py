@@ -1,7 +1,8 @@
 """Row-wise top-k of fp32 scores by radix select (the indexer's selection step).
 
 ``radix_topk(scores [T, n], k, out [T, k] int32)`` writes, per row, the indices of the k largest
-scores that are > -inf first and leaves -1 after them (``out`` must come filled with -1). No host
+scores that are > -inf first and -1 after them (every slot of ``out[:, :k]`` is written: no fill
+before the call; the row's first block writes the -1 tail, only where tau is -inf). No host
 synchronization, fixed launch count (CUDA-graph safe), exact: the k-th largest key is found digit
 by digit, so the selected set is a top-k set; deterministic: the entries above the k-th score come
 in ascending index order, then those equal to it, lowest indices first (ties go to the lowest
@@ -112,6 +113,16 @@ def _block_keys(scores_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
     u = b.to(tl.uint32, bitcast=True)
     key = tl.where((u >> 31) != 0, ~u, u | 0x80000000)
     return offs, key, m
+
+
+@triton.jit
+def _fill_tail(orow, k, first):
+    """Slots [first, k) of the row's output: -1 (no entry: fewer than k keys above -inf). Only
+    the row's first block writes it, so ``out`` needs no fill before the call."""
+    TB: tl.constexpr = 1024
+    for s in range(0, k, TB):
+        j = s + tl.arange(0, TB)
+        tl.store(orow + j, tl.full([TB], -1, tl.int32), mask=(j >= first) & (j < k))
 
 
 @triton.jit
@@ -270,6 +281,9 @@ def _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_bl
     orow = out_ptr + (pid // n_blk) * stride_out
     tl.store(orow + pos, offs.to(tl.int32), mask=gt & (pos < k))
     tl.store(orow + (k - need) + pe, offs.to(tl.int32), mask=eq & (pe < need))
+    tau = tl.load(st + 1024)
+    if (pid % n_blk == 0) & (tau == 0x007FFFFF):  # tau = -inf: the need left stays -1
+        _fill_tail(orow, k, k - need)
 
 
 @triton.jit
@@ -285,6 +299,8 @@ def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, pos_ptr, req_ptr, n
         if (pid % n_blk) * BLOCK < lim:
             _gather_block(scores_ptr, st, base_ptr, out_ptr, lim, stride, stride_out, n_blk, k,
                           BLOCK)
+        elif (lim == 0) & (pid % n_blk == 0):  # nothing visible: every slot -1
+            _fill_tail(out_ptr + row * stride_out, k, 0)
     else:
         _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_blk, k, BLOCK)
 
@@ -326,6 +342,8 @@ def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stri
         need, prefix = _digit(hh, need, prefix, absent, p, BOUND)
     gt = m & (key > prefix)
     eq = m & (key == prefix) & (key != 0x007FFFFF)  # -inf entries are never selected
+    if (blk == 0) & (prefix == 0x007FFFFF):  # tau = -inf: the need left stays -1
+        _fill_tail(out_ptr + row * stride_out, k, k - need)
     g = gt.to(tl.int32)
     e = eq.to(tl.int32)
     cnt = counts_ptr + pid.to(tl.int64) * 2
@@ -356,13 +374,16 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, 
     multi-launch form's, bit for bit."""
     pdl_start(PDL)
     pid = tl.program_id(0)
-    st = state_ptr + (pid // n_blk).to(tl.int64) * 1028
+    row = (pid // n_blk).to(tl.int64)
+    st = state_ptr + row * 1028
     if BOUND:
-        lim = _row_len(pos_ptr, req_ptr, (pid // n_blk).to(tl.int64), n, RATIO)
+        lim = _row_len(pos_ptr, req_ptr, row, n, RATIO)
         live = (lim + BLOCK - 1) // BLOCK
         if pid % n_blk < live:  # blocks past the bound end at once: no barrier waits for them
             _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, lim, n - lim, stride,
                          stride_out, n_blk, live, BLOCK, NB, BOUND, HIST_RELAXED)
+        elif (live == 0) & (pid % n_blk == 0):  # nothing visible: every slot -1
+            _fill_tail(out_ptr + row * stride_out, k, 0)
     else:
         _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, 0, stride, stride_out, n_blk,
                      n_blk, BLOCK, NB, BOUND, HIST_RELAXED)
@@ -386,8 +407,8 @@ def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
 def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | None = None,
                one_launch: bool | None = None, row_pos: torch.Tensor | None = None,
                row_req: torch.Tensor | None = None, ratio: int = 1) -> torch.Tensor:
-    """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32 filled with -1:
-    columns [0, k) get the selected entries first, -1 after. ``block``: scores per program (a
+    """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32, any contents:
+    columns [0, k) get the selected entries first, -1 after (columns >= k are left as they are). ``block``: scores per program (a
     power of two), ``one_launch``: force the form (where it may run); benchmarks and tests.
 
     ``row_pos`` / ``row_req`` ([T] int32 or int64, given together): bound each row to its first
