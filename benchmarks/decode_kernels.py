@@ -253,8 +253,8 @@ def sweep_topk(dev, batches):
 def sweep_inv_rope(dev, batches, prefill=(8192,)):
     """Step 6's input to wo_a at V4-Flash shapes (64 heads x 512, 64 rope dims): the fused
     ``inv_rope_fp8_quant`` (codes + scales straight into the W8A8 wo_a) at its row tiles and warps,
-    and with the integer e4m3 encode instead of the cvt, each checked bit-equal to the one-row
-    program, against what it replaces: the inverse rope
+    with the integer e4m3 encode instead of the cvt, and in memory order (``flat``), each checked
+    bit-equal to the one-row program, against what it replaces: the inverse rope
     (bf16) and the W8A8 GEMM's own quantizing launch of that."""
     from vllm_dsv4_hw import ops
     from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin
@@ -272,15 +272,16 @@ def sweep_inv_rope(dev, batches, prefill=(8192,)):
             same = torch.equal(q.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(sc, s1)
             res[f"rows={r} warps={w}"] = (_try(lambda i, r=r, w=w: irq.inv_rope_fp8_quant(
                 sets[i], pos, cs, rows=r, num_warps=w), 3) if same else "wrong: bits differ")
-        for hw in (False, True):
-            for w in (1, 2, 4):
-                qi, si = irq.inv_rope_fp8_quant(sets[0], pos, cs, num_warps=w, hw_enc=hw)
-                same = torch.equal(qi.view(torch.uint8), q1.view(torch.uint8)) \
-                    and torch.equal(si, s1)
-                res[f"{'cvt' if hw else 'integer'} encode warps={w}"] = (
-                    _try(lambda i, w=w, hw=hw: irq.inv_rope_fp8_quant(
-                        sets[i], pos, cs, num_warps=w, hw_enc=hw), 3)
-                    if same else "wrong: bits differ")
+        for flat in (False, True):
+            for hw in (False, True):
+                for w in (1, 2, 4):
+                    kw = dict(num_warps=w, hw_enc=hw, flat=flat)
+                    qi, si = irq.inv_rope_fp8_quant(sets[0], pos, cs, **kw)
+                    same = torch.equal(qi.view(torch.uint8), q1.view(torch.uint8)) \
+                        and torch.equal(si, s1)
+                    name = f"{'flat ' if flat else ''}{'cvt' if hw else 'integer'} warps={w}"
+                    res[name] = (_try(lambda i, kw=kw: irq.inv_rope_fp8_quant(
+                        sets[i], pos, cs, **kw), 3) if same else "wrong: bits differ")
         res["rope + quantize launch (before)"] = _try(lambda i: fp8_dot_linear.quantize(
             ops.rope(sets[i], pos, cs, inverse=True).view(t * 8, 4096), 128), 3)
         floor = t * 64 * 512 * (2 + 1) / HBM * 1e6

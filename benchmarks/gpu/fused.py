@@ -239,6 +239,11 @@ def check(device, smoke: bool | None = None) -> list[dict]:
         q_hw, s_hw = ours(o, pos, table, hw_enc=True)
         enc_diff = int((q_int.view(torch.uint8) != q_hw.view(torch.uint8)).sum()) \
             + int((s_int != s_hw).sum())
+        # the memory-order kernel (``flat``) gives the pairs kernel's bytes, either encode
+        for hw, (q_p, s_p) in ((False, (q_int, s_int)), (True, (q_hw, s_hw))):
+            q_f, s_f = ours(o, pos, table, hw_enc=hw, flat=True)
+            enc_diff += int((q_f.view(torch.uint8) != q_p.view(torch.uint8)).sum()) \
+                + int((s_f != s_p).sum())
         ok = torch_all(torch.isfinite(a)) and torch_all(err <= 0.125 * b.abs() + s_el * 2 ** -9) \
             and scale_mismatch <= max(1, s_ref.numel() // 1000) and enc_diff == 0
         rows.append(dict(op="inv_rope_fp8_quant", case=f"T={t} H={h}", ok=ok,
@@ -247,7 +252,7 @@ def check(device, smoke: bool | None = None) -> list[dict]:
                                                    != q_ref.view(torch.uint8)).sum()),
                          int_encode_bytes_differing=enc_diff,
                          tol="dequant within 1 e4m3 ulp; scales equal in >= 99.9% of groups; "
-                             "hardware and integer encodes bit-equal"))
+                             "hardware and integer encodes, pairs and flat kernels bit-equal"))
 
         # qkv_rms_norm (inputs: column slices of one fused projection)
         ref, ours = _impls("qkv_rms_norm")

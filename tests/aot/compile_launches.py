@@ -98,6 +98,42 @@ def selected_on(record: dict, limit: int) -> bool:
     return True
 
 
+def with_new_defaults(record: dict, fn) -> dict:
+    """The record with the constexpr parameters added to its kernel since it was recorded that
+    have a default, at that default: a launch that leaves such a knob at its default is the
+    recorded one (``PF_BYTES``, ``FLAT``: off until timed on a GPU). Any other difference stays
+    drift (a renamed, removed or required parameter)."""
+    import inspect
+
+    params = inspect.signature(fn.fn).parameters
+    added = {n: p.default for n, p in params.items()
+             if n not in record["signature"] and p.default is not inspect.Parameter.empty
+             and "constexpr" in str(p.annotation)}
+    if not added:
+        return record
+    return dict(record, signature=dict(record["signature"], **{n: "constexpr" for n in added}),
+                constexprs=dict(record["constexprs"], **added))
+
+
+# knobs built and off until timed on a GPU: each target also compiles one recorded launch of the
+# kernel with the knob on (``PF_BYTES`` only where the target has PDL: it is dead code elsewhere)
+OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True}}
+
+
+def knobs_on(records: list[dict]) -> list[dict]:
+    """For each kernel of ``OFF_BY_DEFAULT``, its first record with the knobs on (PF_BYTES only
+    in records with PDL on)."""
+    out = []
+    for kernel, knobs in OFF_BY_DEFAULT.items():
+        for r in records:
+            c = r["constexprs"]
+            if r["kernel"] == kernel and ("PF_BYTES" not in knobs or c.get("PDL")):
+                out.append(dict(r, constexprs=dict(c, **knobs),
+                                signature=dict(r["signature"], **{k: "constexpr" for k in knobs})))
+                break
+    return out
+
+
 def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -106,15 +142,16 @@ def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
     target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, int(warp))
     results = []
     records = [for_backend(r, backend, arch) for r in json.load(open(path))["launches"]]
-    for r in unique([r for r in records if not forced_decode(r, backend)
-                     and selected_on(r, int(limit))
-                     and not (backend == "hip" and needs_fp8_dot(r))]):
+    chosen = [r for r in records if not forced_decode(r, backend) and selected_on(r, int(limit))
+              and not (backend == "hip" and needs_fp8_dot(r))]
+    for r in unique(chosen) + knobs_on(chosen):
         name = f"{r['module'].rsplit('.', 1)[-1]}.{r['kernel']}"
         row = {"kernel": name, "constexprs": r["constexprs"], "num_warps": r["num_warps"],
                "num_stages": r["num_stages"], "error": None, "shared": None, "pdl": None}
         try:
             fn = getattr(importlib.import_module(r["module"]), r["kernel"])
             names = fn.arg_names
+            r = with_new_defaults(r, fn)
             drift = sorted(set(names) ^ set(r["signature"]))
             if drift:
                 raise KeyError(f"arguments changed since the launches were recorded: {drift}")

@@ -197,18 +197,22 @@ def test_inv_rope_fp8_quant_matches_oracle(backend, dtype, table, gen):
     assert torch.all((deq - x).abs() <= x.abs() * (2 ** -4 + 1e-6) + s_el * 2 ** -10)
 
 
-@pytest.mark.parametrize("rows,warps", [(2, 1), (4, 4), (8, 2)])
-def test_inv_rope_fp8_quant_row_tiles(rows, warps, table, gen):
+@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("rows,warps", [(1, 1), (2, 1), (4, 4), (8, 2)])
+def test_inv_rope_fp8_quant_row_tiles(rows, warps, flat, table, gen):
     """The Triton kernel's tiles of several (token, head) rows per iteration (prefill), the last
-    tile ragged, give the one-row program's codes and scales bit for bit."""
+    tile ragged, and its memory-order form (``flat``: contiguous rows, each rotated element's
+    partner loaded again) give the one-row pairs program's codes and scales bit for bit."""
     from vllm_dsv4_hw.ops.triton.inv_rope_quant import inv_rope_fp8_quant
 
     t = len(POSITIONS)
     o = _rows(gen, (t, 3, D), torch.bfloat16, -20.0, 10.0)   # 42 rows
+    o[1, 2] = -0.0  # a row of -0.0: its codes keep the sign outside the rotated dims
     pos = torch.tensor(POSITIONS)
-    q1, s1 = inv_rope_fp8_quant(o, pos, table, rows=1)
-    q, s = inv_rope_fp8_quant(o, pos, table, rows=rows, num_warps=warps)
+    q1, s1 = inv_rope_fp8_quant(o, pos, table, rows=1, flat=False)
+    q, s = inv_rope_fp8_quant(o, pos, table, rows=rows, num_warps=warps, flat=flat)
     assert torch.equal(q.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(s, s1)
+    assert (q.view(torch.uint8)[1, 2, :448] == 0x80).all()
 
 
 def test_inv_rope_fp8_quant_hardware_encode(table, gen):

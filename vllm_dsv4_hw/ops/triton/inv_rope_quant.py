@@ -29,6 +29,10 @@ from vllm_dsv4_hw.ops.triton.quant import ceil_log2_div, f32_to_e4m3_bits, pow2_
 MANY_ROWS = 4096
 MANY_ROWS_TILE = 1
 MANY_ROWS_WARPS = 1
+# Rows loaded and stored in memory order (the flat kernel) or as pairs by stride-2 gathers and
+# scatters. Same codes (checked bit for bit on CPU and in the GPU tier); the flat kernel is off
+# until it is timed on a GPU (``python -m benchmarks.decode_kernels --only inv_rope``).
+FLAT = False
 
 
 def launch_shape(n_rows: int) -> tuple[int, int, bool]:
@@ -55,50 +59,93 @@ def hw_encode(device: torch.device) -> bool:
 
 
 @triton.jit
+def _pairs_row(src, pos_ptr, cs_ptr, out_ptr, scale_ptr, r, rm, t, cs_stride, amax_floor,
+               NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
+               FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, HW_ENC: tl.constexpr):
+    """Rows ``r`` [ROWS] as pairs: the even and odd halves [ROWS, BG, GP] by two stride-2
+    gathers, rotated by ``rope_pairs``, stored as two stride-2 byte scatters."""
+    g = tl.arange(0, BG)
+    pidx = (g[:, None] * GP + tl.arange(0, GP)[None, :])[None, :, :]   # [1, BG, GP]
+    pm = rm[:, None, None] & (g < NG)[None, :, None] & (pidx >= 0)
+    xe = tl.load(src + 2 * pidx, mask=pm, other=0.0).to(tl.float32)
+    xo = tl.load(src + 2 * pidx + 1, mask=pm, other=0.0).to(tl.float32)
+    pos = tl.load(pos_ptr + t, mask=rm, other=0).to(tl.int64)
+    ye, yo = rope_pairs(xe, xo, (cs_ptr + pos * cs_stride)[:, None, None], pidx, FIRST_PAIR,
+                        HALF, True, False)
+    amax = tl.max(tl.maximum(tl.abs(ye), tl.abs(yo)), axis=2)        # [ROWS, BG]
+    ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)   # 448 = 1.75 * 2^8
+    inv = pow2_f32(-ex)[:, :, None]
+    dst = (out_ptr + r * (NG * GP * 2))[:, None, None]
+    tl.store(dst + 2 * pidx, _e4m3_codes(ye * inv, HW_ENC), mask=pm)
+    tl.store(dst + 2 * pidx + 1, _e4m3_codes(yo * inv, HW_ENC), mask=pm)
+    tl.store(scale_ptr + r[:, None] * NG + g[None, :], pow2_f32(ex),
+             mask=rm[:, None] & (g < NG)[None, :])
+
+
+@triton.jit
+def _flat_row(src, pos_ptr, cs_ptr, out_ptr, scale_ptr, r, rm, t, cs_stride, amax_floor,
+              NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
+              FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, HW_ENC: tl.constexpr):
+    """The same rows as elements [ROWS, BG, 2 GP] in memory order: one contiguous load and
+    store (16 bytes a lane, against 2-byte gathers and byte scatters), each rotated element's
+    partner loaded again at ``e ^ 1`` (the last R dims only). The rotation is ``rope_pairs``'s
+    arithmetic, element by element (inverse: the sine negated; even: x c - x' s, odd:
+    x c + x' s), so the codes are the pairs form's."""
+    e = tl.arange(0, BG * 2 * GP).reshape(1, BG, 2 * GP)   # pair p of group g: 2 (g GP + p) + h
+    em = rm[:, None, None] & (e < NG * 2 * GP)              # constant along a row's real groups
+    x = tl.load(src + e, mask=em, other=0.0).to(tl.float32)
+    is_rope = (e >= 2 * FIRST_PAIR) & em
+    j = tl.maximum(e // 2 - FIRST_PAIR, 0)
+    xp = tl.load(src + (e ^ 1), mask=is_rope, other=0.0).to(tl.float32)
+    cs_row = (cs_ptr + tl.load(pos_ptr + t, mask=rm, other=0).to(tl.int64) * cs_stride)
+    c = tl.load(cs_row[:, None, None] + j, mask=is_rope, other=1.0)
+    s = -tl.load(cs_row[:, None, None] + HALF + j, mask=is_rope, other=0.0)
+    xc = x * c
+    xs = xp * s
+    y = tl.where(is_rope, tl.where((e & 1) == 0, xc - xs, xc + xs), x)
+    amax = tl.max(tl.abs(y), axis=2)                                   # [ROWS, BG]
+    ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)     # 448 = 1.75 * 2^8
+    codes = _e4m3_codes(y * pow2_f32(-ex)[:, :, None], HW_ENC)
+    tl.store((out_ptr + r * (NG * GP * 2))[:, None, None] + e, codes, mask=em)
+    g = tl.arange(0, BG)
+    tl.store(scale_ptr + r[:, None] * NG + g[None, :], pow2_f32(ex),
+             mask=rm[:, None] & (g < NG)[None, :])
+
+
+@triton.jit
 def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_rows, n_heads,
                                o_tok_stride, o_head_stride, cs_stride, amax_floor,
                                NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
                                FIRST_PAIR: tl.constexpr, HALF: tl.constexpr,
-                               ROWS: tl.constexpr, HW_ENC: tl.constexpr,
+                               ROWS: tl.constexpr, HW_ENC: tl.constexpr, FLAT: tl.constexpr = False,
                                PDL: tl.constexpr = False):
     pdl_start(PDL)
-    # a [ROWS, BG, GP] tile of pairs per iteration (a knob; the launch rule takes ROWS = 1)
+    # ROWS (token, head) rows per iteration (a knob; the launch rule takes ROWS = 1)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    g = tl.arange(0, BG)
-    gm = g < NG
-    pidx = (g[:, None] * GP + tl.arange(0, GP)[None, :])[None, :, :]   # [1, BG, GP]
     jr = tl.arange(0, ROWS)
     for blk in range(pid, tl.cdiv(n_rows, ROWS), nprog):
         r = tl.cast(blk, tl.int64) * ROWS + jr                            # [ROWS]
         rm = r < n_rows
         t = r // n_heads
         src = (o_ptr + t * o_tok_stride + (r % n_heads) * o_head_stride)[:, None, None]
-        pm = rm[:, None, None] & gm[None, :, None] & (pidx >= 0)
-        xe = tl.load(src + 2 * pidx, mask=pm, other=0.0).to(tl.float32)
-        xo = tl.load(src + 2 * pidx + 1, mask=pm, other=0.0).to(tl.float32)
-        pos = tl.load(pos_ptr + t, mask=rm, other=0).to(tl.int64)
-        ye, yo = rope_pairs(xe, xo, (cs_ptr + pos * cs_stride)[:, None, None], pidx, FIRST_PAIR,
-                            HALF, True, False)
-        amax = tl.max(tl.maximum(tl.abs(ye), tl.abs(yo)), axis=2)        # [ROWS, BG]
-        ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)   # 448 = 1.75 * 2^8
-        inv = pow2_f32(-ex)[:, :, None]
-        dst = (out_ptr + r * (NG * GP * 2))[:, None, None]
-        tl.store(dst + 2 * pidx, _e4m3_codes(ye * inv, HW_ENC), mask=pm)
-        tl.store(dst + 2 * pidx + 1, _e4m3_codes(yo * inv, HW_ENC), mask=pm)
-        tl.store(scale_ptr + r[:, None] * NG + g[None, :], pow2_f32(ex),
-                 mask=rm[:, None] & gm[None, :])
+        if FLAT:
+            _flat_row(src, pos_ptr, cs_ptr, out_ptr, scale_ptr, r, rm, t, cs_stride, amax_floor,
+                      NG, BG, GP, FIRST_PAIR, HALF, HW_ENC)
+        else:
+            _pairs_row(src, pos_ptr, cs_ptr, out_ptr, scale_ptr, r, rm, t, cs_stride,
+                       amax_floor, NG, BG, GP, FIRST_PAIR, HALF, HW_ENC)
 
 
 @register_op(INV_ROPE_FP8_QUANT, "triton")
 def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
                        cos_sin: torch.Tensor, *, rows: int | None = None,
-                       num_warps: int | None = None,
-                       hw_enc: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       num_warps: int | None = None, hw_enc: bool | None = None,
+                       flat: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The op (``ops.api.inv_rope_fp8_quant``); ``rows`` / ``num_warps``: launch knobs for
     benchmarks and tests (default ``launch_shape``); ``hw_enc``: force the encode (default: the
     cvt where ``launch_shape`` finds it pays and ``hw_encode`` has it; the GPU tier compares both
-    bit for bit)."""
+    bit for bit); ``flat``: the memory-order kernel (default ``FLAT``)."""
     check_inv_rope_fp8_quant_args(o, O_QUANT_GROUP)
     t, h, d = o.shape
     check_fused_rope_args("inv_rope_fp8_quant", positions, cos_sin, t, d)
@@ -122,6 +169,6 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
         o, pos, cs, out.view(torch.uint8), scales, t * h, h, o.stride(0), o.stride(1),
         cs.stride(0), float(O_QUANT_AMAX_FLOOR), NG=ng, BG=triton.next_power_of_2(ng),
         GP=O_QUANT_GROUP // 2, FIRST_PAIR=(d - r) // 2, HALF=r // 2, ROWS=rows,
-        HW_ENC=hw_enc,
+        HW_ENC=hw_enc, FLAT=FLAT if flat is None else flat,
         num_warps=auto_warps if num_warps is None else num_warps, **pdl_launch(o.device))
     return out, scales
