@@ -17,6 +17,10 @@ product's ``rms_norm`` on one 4,096-wide row (~2 us each). The GEMM runs:
 * ``load``: after a side-stream kernel that reads the weight with ``evict_last`` and keeps
   nothing.
 
+* ``pdl N``: the product's own read-ahead (``VLLM_DSV4_HW_WEIGHT_PREFETCH``): each GEMM program
+  asks L2 for the first N bytes of its weight rows before its PDL wait, so they stream while
+  the kernel before it runs (the GEMM's ``prefetch`` knob; ``base`` is ``pdl 0``).
+
 Four weight copies rotate (134 MB > the 50 MB L2), so each GEMM starts cold. Every variant's
 output is compared with ``base``'s, bit for bit. This is a measurement for deciding whether the
 product should read ahead, not a product path (``pdl_probe.py`` is its sibling).
@@ -59,6 +63,7 @@ def _load_kernel(ptr, n_words, sink_ptr, flag, BLOCK: tl.constexpr, ITERS: tl.co
 
 def main() -> None:
     from vllm_dsv4_hw import ops
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear as tri_linear  # the knobs
     from vllm_dsv4_hw.tools.vllm_state import single_rank
 
     single_rank()
@@ -94,13 +99,14 @@ def main() -> None:
                 ops.rms_norm(row, nw, 1e-6)
             if kind in ("bulk", "load"):
                 torch.cuda.current_stream().wait_stream(side)
-            outs[i].copy_(ops.fp8_block_linear(x, ws[i], sc, (128, 128), quantize_x=True))
+            pf = {"prefetch": int(kind.split()[1])} if kind.startswith("pdl") else {}
+            outs[i].copy_(tri_linear(x, ws[i], sc, (128, 128), quantize_x=True, **pf))
         return fn
 
     rows = []
     for n_small in (0, 2, 6):
         ref = None
-        for kind in ("base", "bulk", "load", "chain only"):
+        for kind in ("base", "bulk", "load", "pdl 256", "pdl 512", "pdl 1024", "chain only"):
             if kind == "chain only":
                 us = graph_us(lambda i: [ops.rms_norm(row, nw, 1e-6) for _ in range(n_small)],
                               1, inner=1, reps=30) if n_small else 0.0

@@ -55,6 +55,16 @@ def _bool(name: str, raw: str) -> bool:
     raise SettingError(f"{name}={raw!r} is not a boolean; use 1/0, true/false, on/off")
 
 
+def _nonnegative_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise SettingError(f"{name}={raw!r} is not a whole number >= 0 (bytes; 0 turns it off)")
+    return value
+
+
 def _op_backends(name: str, raw: str) -> dict[str, str]:
     """``op=backend,op=backend`` -> dict. Op names are checked later, against the registry."""
     out: dict[str, str] = {}
@@ -188,6 +198,15 @@ PDL = _Var(
     "(capability pdl: CUDA sm_90+): each kernel's launch overlaps its predecessor's tail, and "
     "waits for it before touching memory (1); 0: plain launches (A/B measurements).",
 )
+WEIGHT_PREFETCH = _Var(
+    "VLLM_DSV4_HW_WEIGHT_PREFETCH",
+    "0",
+    _nonnegative_int,
+    "Bytes of each weight row a GEMM's programs ask L2 for before they wait for the kernel "
+    "before them (with PDL: CUDA sm_90+), so the weight starts streaming while that kernel "
+    "finishes; 0: none (the default until it is timed on a GPU; 256 = two 128-column K blocks "
+    "of an FP8 weight).",
+)
 TRAP_C_OPS = _Var(
     "VLLM_DSV4_HW_TRAP_C_OPS",
     "",
@@ -198,7 +217,7 @@ TRAP_C_OPS = _Var(
 
 ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS,
             CUDA_CAPABILITY, PLATFORM, MODEL_OWNER, KERNEL_FAILURES, FP8_ACTIVATIONS, PDL,
-            TRAP_C_OPS)
+            WEIGHT_PREFETCH, TRAP_C_OPS)
 
 
 def device() -> str:
@@ -247,3 +266,7 @@ def trap_c_ops() -> str:
 
 def pdl() -> bool:
     return PDL.get()
+
+
+def weight_prefetch() -> int:
+    return WEIGHT_PREFETCH.get()

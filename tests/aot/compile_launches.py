@@ -45,6 +45,8 @@ def for_backend(record: dict, backend: str, arch: str = "90") -> dict:
     caps = cuda_capabilities(major, minor, hip=backend == "hip")
     if "PDL" in c:
         c = dict(c, PDL=caps.pdl)
+    if "PF_BYTES" in c and not caps.pdl:   # the weight prefetch happens before a PDL wait only
+        c = dict(c, PF_BYTES=0)
     if "HW_ENC" in c:
         c = dict(c, HW_ENC=caps.fp8_cvt)
     return dict(record, constexprs=c)
@@ -117,7 +119,9 @@ def with_new_defaults(record: dict, fn) -> dict:
 
 # knobs built and off until timed on a GPU: each target also compiles one recorded launch of the
 # kernel with the knob on (``PF_BYTES`` only where the target has PDL: it is dead code elsewhere)
-OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True}}
+OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True},
+                  "_w8a8_block_linear_kernel": {"PF_BYTES": 256},
+                  "_fp8_block_linear_kernel": {"PF_BYTES": 256}}
 
 
 def knobs_on(records: list[dict]) -> list[dict]:

@@ -87,6 +87,9 @@ def test_every_launch_compiles_for(target, compiled):
     assert not over, "\n".join(over)
     # the knobs still off until timed compile too (compile_launches.OFF_BY_DEFAULT)
     assert any(r["constexprs"].get("FLAT") is True for r in rows), "no FLAT launch compiled"
+    pf = [r for r in rows if r["constexprs"].get("PF_BYTES")]
+    assert bool(pf) == (target in ("sm_90", "sm_100", "sm_120")), (target, len(pf))
+    assert all(r["pdl"] for r in pf)
 
 
 def test_targets_without_e4m3_conversion_take_the_integer_paths():

@@ -370,6 +370,8 @@ results = []
 
 def comp(fn, sig, consts, name, cap, **opts):
     consts = dict(consts, PDL=cap >= 90)  # programmatic dependent launch where the GPU has it
+    if "PF_BYTES" in fn.arg_names:  # the weight rows asked of L2 before the wait (PDL only)
+        consts["PF_BYTES"] = 256 if cap >= 90 else 0
     full = dict(sig)
     full.update({k: "constexpr" for k in consts})
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig if k in DIV16}

@@ -122,6 +122,8 @@ def test_unknown_op_in_override_is_named(monkeypatch):
     ("VLLM_DSV4_HW_OP_BACKENDS", "rms_norm=fast", "backend 'fast'"),
     ("VLLM_DSV4_HW_MULTI_STREAM", "maybe", "not a boolean"),
     ("VLLM_DSV4_HW_KV_FORMAT", "fp4", "use one of: auto, bf16, fp8"),
+    ("VLLM_DSV4_HW_WEIGHT_PREFETCH", "-1", "whole number >= 0"),
+    ("VLLM_DSV4_HW_WEIGHT_PREFETCH", "2k", "whole number >= 0"),
 ])
 def test_bad_setting_names_variable_and_choices(monkeypatch, var, value, needle):
     monkeypatch.setenv(var, value)

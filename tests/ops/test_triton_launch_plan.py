@@ -164,10 +164,53 @@ def test_programmatic_dependent_launch_where_declared(monkeypatch):
     pdl._pdl_on.cache_clear()                         # nothing cached for later tests
 
 
+def test_weight_prefetch_only_before_a_pdl_wait(monkeypatch):
+    """A GEMM asks L2 for its weight rows before the wait only where it waits (PDL on): the
+    setting's bytes there, 0 on devices without PDL, with PDL off and in the interpreter."""
+    from vllm_dsv4_hw.ops.triton import pdl
+    from vllm_dsv4_hw.platform.capabilities import cuda_capabilities
+
+    cuda = torch.device("cuda", 0)
+
+    def case(major, pdl_env, prefetch_env):
+        monkeypatch.setattr(pdl, "capabilities", lambda device: cuda_capabilities(major, 0))
+        monkeypatch.setenv("VLLM_DSV4_HW_PDL", pdl_env)
+        monkeypatch.setenv("VLLM_DSV4_HW_WEIGHT_PREFETCH", prefetch_env)
+        pdl._pdl_on.cache_clear()
+        pdl._prefetch_bytes.cache_clear()
+        return pdl.weight_prefetch(cuda)["PF_BYTES"], pdl.weight_prefetch(CPU_DEV)["PF_BYTES"]
+
+    try:
+        assert case(9, "1", "384") == (384, 0)
+        assert case(9, "1", "0") == (0, 0)
+        assert case(9, "0", "384") == (0, 0)
+        assert case(8, "1", "384") == (0, 0)
+    finally:
+        pdl._pdl_on.cache_clear()
+        pdl._prefetch_bytes.cache_clear()
+
+
+def _index_math(stmt) -> bool:
+    """An assignment that only computes indices or pointers (no load, store or other call than
+    ``tl.program_id`` / ``tl.arange`` / ``.to``): what a GEMM may compute before its wait."""
+    import ast
+
+    if not isinstance(stmt, ast.Assign):
+        return False
+    for node in ast.walk(stmt.value):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if not (isinstance(f, ast.Attribute) and f.attr in ("program_id", "arange", "to")):
+                return False
+    return True
+
+
 def test_every_kernel_launched_with_pdl_waits_first():
     """A kernel launched with PDL may start while its predecessor still runs: every launch site
     of ops/triton passes ``**pdl_launch(...)`` and every kernel so launched has the ``PDL``
-    constexpr and begins with ``pdl_start(PDL)`` (after its docstring), before any memory op."""
+    constexpr and begins with ``pdl_start(PDL)`` (after its docstring), before any memory op;
+    a GEMM may first compute its indices and ask L2 for its weight rows
+    (``pdl_start_prefetching``: the weight is no earlier kernel's output)."""
     import ast
     import importlib
     import inspect
@@ -196,7 +239,11 @@ def test_every_kernel_launched_with_pdl_waits_first():
             body = ast.parse(textwrap.dedent(inspect.getsource(fn.fn))).body[0].body
             if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 body = body[1:]                        # the docstring
+            while _index_math(body[0]):                # program ids and offsets, no memory op
+                body = body[1:]
             first = ast.unparse(body[0])
-            assert first == "pdl_start(PDL)", f"{path.stem}.{name} starts with {first!r}"
+            assert first == "pdl_start(PDL)" or first.startswith(
+                "pdl_start_prefetching(PDL, PF_BYTES, w_rows"), \
+                f"{path.stem}.{name} starts with {first!r}"
             checked += 1
     assert checked >= 25, checked

@@ -35,7 +35,12 @@ from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
 from vllm_dsv4_hw.ops.triton import fp8_linear as w16
 from vllm_dsv4_hw.ops.triton import split_k as sk
 from vllm_dsv4_hw.ops.triton.launch import capabilities, grid_limit
-from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.pdl import (
+    pdl_launch,
+    pdl_start,
+    pdl_start_prefetching,
+    weight_prefetch,
+)
 from vllm_dsv4_hw.ops.triton.quant import (
     ceil_log2_div,
     e4m3_bits_to_f32,
@@ -70,8 +75,7 @@ def _w8a8_block_linear_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt
                               PRE: tl.constexpr, XPF: tl.constexpr,
                               OUT_BF16: tl.constexpr, SERIAL: tl.constexpr,
                               SPLITS: tl.constexpr, RED_BF16: tl.constexpr,
-                              PDL: tl.constexpr = False):
-    pdl_start(PDL)
+                              PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False):
     # PRE: x_ptr holds x's e4m3 codes and xs_ptr their scales (``_quantize_kernel``), loaded as
     # they lie (pipelined like the weight); else x itself, quantized here, its next K block's
     # tile loaded one iteration ahead when XPF (its latency hidden behind the dot)
@@ -85,15 +89,17 @@ def _w8a8_block_linear_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt
     offs_n = pid_n * BN + tl.arange(0, BN)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    x_rows = x_ptr + g * sxg + offs_m.to(tl.int64) * sxm
+    kb0 = pid_s * kb_per_split
     w_rows = w_ptr + g * swg + offs_n.to(tl.int64) * swn
+    # the weight's first bytes of this split ask L2 before the wait (rows past N: none)
+    pdl_start_prefetching(PDL, PF_BYTES, w_rows + kb0 * BK, tl.where(n_ok, K - kb0 * BK, 0))
+    x_rows = x_ptr + g * sxg + offs_m.to(tl.int64) * sxm
     s_base = s_ptr + g * ssg + (offs_n // SBN).to(tl.int64) * ssn   # each column's scale row
     if WT:
         acc = tl.zeros((BN, BM), dtype=tl.float32)
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
     lane = tl.arange(0, BK)
-    kb0 = pid_s * kb_per_split
     xs_rows = xs_ptr + g * sxsg + offs_m.to(tl.int64) * sxsm
     k_end = tl.minimum(K, (kb0 + kb_per_split) * BK)   # this split's K range ends here
     if XPF and not PRE:
@@ -224,10 +230,12 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None 
            split_k: int | None = None, num_warps: int | None = None,
            num_stages: int | None = None, wt: bool | None = None,
            serial: bool | None = None, pre: bool | None = None,
-           xpf: bool | None = None, x_scales: torch.Tensor | None = None) -> torch.Tensor:
+           xpf: bool | None = None, x_scales: torch.Tensor | None = None,
+           prefetch: int | None = None) -> torch.Tensor:
     """One W8A8 GEMM of checked arguments (``supports(a)``); ``x_scales [M, G, KB]``: ``a.x`` is
     already e4m3 codes with these scales (taken as they lie, no quantizing launch); the other
-    keywords are launch knobs for benchmarks and tests."""
+    keywords are launch knobs for benchmarks and tests (``prefetch``: bytes of each weight row
+    asked of L2 before the PDL wait, ``pdl.weight_prefetch``'s setting by default)."""
     m, g, n, k = a.m, a.g, a.n, a.k
     dev = a.x.device
     shape = (m, g, n) if a.grouped else (m, n)
@@ -261,7 +269,8 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None 
     rows = w16.rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
     if rows < m:
         kw = dict(block_n=bn, block_m=bm, split_k=split_k, num_warps=num_warps,
-                  num_stages=num_stages, wt=wt, serial=serial, pre=pre, xpf=xpf)
+                  num_stages=num_stages, wt=wt, serial=serial, pre=pre, xpf=xpf,
+                  prefetch=prefetch)
         return torch.cat([launch(a._replace(m=min(rows, m - r), x=a.x[r:r + rows]), **kw,
                                  x_scales=None if x_scales is None else x_scales[r:r + rows])
                           for r in range(0, m, rows)])
@@ -282,5 +291,6 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None 
         sc.stride(0), sc.stride(1), o.sos, o.out.stride(-2), o.out.stride(-3),
         SBN=a.bn, BM=bm, BN=bn, BK=a.bk, WT=wt, EMU=interp, PRE=pre, XPF=xpf,
         OUT_BF16=o.direct_bf16, SERIAL=o.serial, SPLITS=o.splits, RED_BF16=o.bf16_mode,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev))
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev),
+        **weight_prefetch(dev, prefetch))
     return o.finish(a)

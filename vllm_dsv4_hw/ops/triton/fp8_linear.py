@@ -43,7 +43,7 @@ from vllm_dsv4_hw.ops.reference.fp8_linear import (
 )
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.launch import grid_limit, sm_count
-from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start_prefetching, weight_prefetch
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit, e4m3_mode
 from vllm_dsv4_hw.ops.triton.split_k import SERIAL_MAX_ROWS, SERIAL_SPLIT_K, SplitOutputs, store_tile
 from vllm_dsv4_hw.ops.triton.quant import (
@@ -94,8 +94,8 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                              MATH: tl.constexpr, CVT: tl.constexpr, OUT_BF16: tl.constexpr,
                              FOLD: tl.constexpr, SERIAL: tl.constexpr, SPLITS: tl.constexpr,
-                             RED_BF16: tl.constexpr, W16: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_start(PDL)
+                             RED_BF16: tl.constexpr, W16: tl.constexpr,
+                             PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False):
     # W16: the weight is already x's 16-bit float dtype (``ops.dense_linear``): no decode, no
     # scales (s_ptr is never read), the FOLD path's accumulating dot
     pid = tl.program_id(0)
@@ -108,8 +108,12 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
     offs_n = pid_n * BN + tl.arange(0, BN)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    x_rows = x_ptr + g * sxg + offs_m.to(tl.int64) * sxm
+    kb0 = pid_s * kb_per_split
     w_rows = w_ptr + g * swg + offs_n.to(tl.int64) * swn
+    # the weight's first bytes of this split ask L2 before the wait (rows past N: none)
+    pdl_start_prefetching(PDL, PF_BYTES, w_rows + kb0 * SBK,
+                          tl.where(n_ok, (K - kb0 * SBK) * (2 if W16 else 1), 0))
+    x_rows = x_ptr + g * sxg + offs_m.to(tl.int64) * sxm
     s_base = s_ptr + g * ssg + (offs_n // SBN).to(tl.int64) * ssn   # each column's scale row
     if MATH == _C_F64:
         acc = tl.zeros((BM, BN), dtype=tl.float64)
@@ -117,7 +121,6 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
         acc = tl.zeros((BN, BM), dtype=tl.float32)   # y^T: the weight tile is the dot's A
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-    kb0 = pid_s * kb_per_split
     for i in range(0, kb_per_split):
         kb = kb0 + i
         if FOLD != 0:
@@ -325,9 +328,10 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None = None,
            num_warps: int | None = None, num_stages: int | None = None,
            block_m: int | None = None, fold: int | None = None, cvt: int | None = None,
-           serial: bool | None = None, w16: bool = False) -> torch.Tensor:
+           serial: bool | None = None, w16: bool = False,
+           prefetch: int | None = None) -> torch.Tensor:
     """One GEMM of checked arguments: column block, forced split-K, launch options, the e4m3
-    decode and the split-K sum as knobs. ``w16``: ``a.w`` is x's 16-bit float dtype, not e4m3
+    decode, the split-K sum and the weight prefetch (``fp8_dot_linear.launch``) as knobs. ``w16``: ``a.w`` is x's 16-bit float dtype, not e4m3
     bytes (``ops.triton.dense_linear``; ``a.s`` is then never read)."""
     m, g, n, k = a.m, a.g, a.n, a.k
     dev = a.x.device
@@ -363,7 +367,7 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None 
     rows = rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
     if rows < m:  # a grid over the device's bound (Ascend, long prefill): launches of fewer rows
         kw = dict(block_n=bn_tile, split_k=split_k, num_warps=num_warps, num_stages=num_stages,
-                  block_m=bm, fold=fold, cvt=cvt, serial=serial, w16=w16)
+                  block_m=bm, fold=fold, cvt=cvt, serial=serial, w16=w16, prefetch=prefetch)
         return torch.cat([launch(a._replace(m=min(rows, m - r), x=a.x[r:r + rows]), **kw)
                           for r in range(0, m, rows)])
     if serial is None:
@@ -377,5 +381,5 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None 
         SBN=a.bn, SBK=a.bk, BM=bm, BN=bn_tile, BK=bk_tile, MATH=math, CVT=cvt,
         OUT_BF16=o.direct_bf16, FOLD=_fold(math, fold), SERIAL=o.serial, SPLITS=o.splits,
         RED_BF16=o.bf16_mode, W16=w16, num_warps=num_warps, num_stages=num_stages,
-        **pdl_launch(dev))
+        **pdl_launch(dev), **weight_prefetch(dev, prefetch))
     return o.finish(a)

@@ -16,6 +16,11 @@ the attribute) keep the usual stream order; a PDL kernel after one of them start
 is on (read at a device's first launch); nothing elsewhere (the kernels' ``PDL`` defaults to
 False, so no griddepcontrol instruction is emitted for older GPUs, ROCm, Ascend or the
 interpreter).
+
+A GEMM's weight does not depend on the kernel before it, so a GEMM may ask L2 for the first bytes
+of its weight rows before it waits (:func:`pdl_start_prefetching`; ``weight_prefetch(device)``
+gives the byte count, ``VLLM_DSV4_HW_WEIGHT_PREFETCH``): those bytes then stream while the
+predecessor (often a small kernel that leaves HBM idle) finishes, instead of after it.
 """
 
 from __future__ import annotations
@@ -53,6 +58,46 @@ def pdl_launch(device: torch.device) -> dict:
 @functools.lru_cache(maxsize=None)
 def _pdl_on(kind: str, index: int | None) -> bool:
     return kind == "cuda" and capabilities(torch.device(kind, index)).pdl and envs.pdl()
+
+
+def weight_prefetch(device: torch.device, nbytes: int | None = None) -> dict:
+    """``**`` into a GEMM launch next to ``pdl_launch``: ``PF_BYTES``, the bytes of each weight
+    row its programs ask L2 for before the PDL wait (``nbytes``, else the setting
+    ``VLLM_DSV4_HW_WEIGHT_PREFETCH``; 0 where PDL is off: nothing before the wait on any other
+    device, no prefetch instruction compiled there)."""
+    if nbytes is None:
+        return {"PF_BYTES": _prefetch_bytes(device.type, device.index)}
+    return {"PF_BYTES": nbytes if _pdl_on(device.type, device.index) else 0}
+
+
+@functools.lru_cache(maxsize=None)
+def _prefetch_bytes(kind: str, index: int | None) -> int:
+    return envs.weight_prefetch() if _pdl_on(kind, index) else 0
+
+
+@triton.jit
+def _prefetch_l2(ptrs, ok):
+    """``prefetch.global.L2`` of the 128-byte line of each address where ``ok``: a hint, one
+    instruction a lane, nothing waits for it."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def pdl_start_prefetching(PDL: tl.constexpr, PF_BYTES: tl.constexpr, rows, row_bytes_left):
+    """:func:`pdl_start`, after asking L2 for the 128-byte lines of the first ``PF_BYTES`` of
+    each weight row from ``rows`` (byte-addressed pointers [R], 128-byte aligned as the
+    checkpoint's rows are; ``row_bytes_left`` [R]: the row's bytes from there that this program
+    reads, so nothing past the tensor is asked for). Only memory no earlier kernel writes may be
+    named here: the wait comes after."""
+    if PDL:
+        if PF_BYTES > 0:
+            line = tl.arange(0, (PF_BYTES + 127) // 128) * 128
+            addr = rows.to(tl.pointer_type(tl.uint8))[:, None] + line[None, :]
+            _prefetch_l2(addr, line[None, :] < row_bytes_left[:, None])
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
