@@ -244,6 +244,12 @@ def main(argv=None) -> int:
     ap.add_argument("--trim-walk", default=None, choices=("on", "off"),
                     help="sparse attention stops after each split's last compressed candidate "
                          "(sparse_attention.TRIM_DEFAULT; default: the product's, on)")
+    ap.add_argument("--inv-rope-flat", default=None, choices=("on", "off"),
+                    help="inv_rope_fp8_quant's flat row form (inv_rope_quant.FLAT; default: "
+                         "the product's, off until timed)")
+    ap.add_argument("--weight-prefetch", type=int, default=None,
+                    help="bytes of each weight row the GEMMs ask L2 for before their PDL wait "
+                         "(VLLM_DSV4_HW_WEIGHT_PREFETCH; default: the setting's, 0)")
     ap.add_argument("--profile", action="store_true",
                     help="kernel tables per layer kind (torch.profiler; graph replay and eager)")
     ap.add_argument("--network", action="store_true",
@@ -316,6 +322,12 @@ def main(argv=None) -> int:
             triton_indexer.SELECT["bounded"] = args.bounded_select == "on"
         if args.trim_walk is not None:
             triton_attention.TRIM_DEFAULT = args.trim_walk == "on"
+        if args.inv_rope_flat is not None:
+            from vllm_dsv4_hw.ops.triton import inv_rope_quant
+
+            inv_rope_quant.FLAT = args.inv_rope_flat == "on"
+        if args.weight_prefetch is not None:  # read at a device's first GEMM launch
+            os.environ["VLLM_DSV4_HW_WEIGHT_PREFETCH"] = str(args.weight_prefetch)
     try:
         import triton
 
@@ -343,6 +355,8 @@ def main(argv=None) -> int:
                      else "model dtype (W8A16)",
                      "indexer_select": args.indexer_select,
                      "bounded_select": args.bounded_select, "trim_walk": args.trim_walk,
+                     "inv_rope_flat": args.inv_rope_flat,
+                     "weight_prefetch": args.weight_prefetch,
                      "left_out": ["MoE (routed + shared experts)", "mHC hyper-connections",
                                   "embedding / LM head", "MTP layer"]},
         "ops": {op: f"{b} ({why})" for op, b, why in REGISTRY.explain(dev)},
