@@ -20,6 +20,8 @@ Ops and knobs (the GEMM sweeps live in ``benchmarks.gemm_sweeps``, the timing in
 * ``gemm_w8a8``: the W8A8 GEMM (``ops.triton.fp8_dot_linear``, e4m3 activations) against the
   W8A16 default at the same projections and batches plus a 4096-row chunk (with cuBLAS on the
   dequantized weight there): BN x stages x split-K (decode), BM x BN x warps x stages (prefill);
+* ``gemm_codes``: the W8A8 GEMM at decode rows, x quantized in its programs against x handed over
+  as e4m3 codes + scales (what a producer that emits codes would buy),
 * ``attn``: ``sparse_attention`` at window 128 + K compressed (512 = top-k, 8192 = c128a at 1M),
   B = 1, 4, 32: BLOCK_H x BLOCK_N x warps x prefetch x candidates per split (4096: no split);
 * ``attn_prefill``: ``sparse_attention`` over an 8192-token prefill chunk (64 heads, window 128 +
@@ -60,7 +62,8 @@ import torch
 
 from benchmarks.attn_sweeps import sweep_attn_loop
 from benchmarks.gemm_sweeps import (sweep_dense, sweep_gemm, sweep_gemm_cvt, sweep_gemm_fold,
-                                    sweep_gemm_prefill, sweep_gemm_split, sweep_gemm_w8a8)
+                                    sweep_gemm_codes, sweep_gemm_prefill, sweep_gemm_split,
+                                    sweep_gemm_w8a8)
 from benchmarks.sweep_common import HBM, _summary, _try
 from benchmarks.topk_sweeps import sweep_topk_sync
 
@@ -335,7 +338,7 @@ SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": s
           "dense": sweep_dense, "gemm_w8a8": sweep_gemm_w8a8, "attn_loop": sweep_attn_loop,
           # the prefill rows only (8,192 rows: a chunk), whatever --batches says
           "gemm_w8a8_prefill": lambda dev, _: sweep_gemm_w8a8(dev, (), prefill_ms=(8192,)),
-          "inv_rope": sweep_inv_rope, "topk_sync": sweep_topk_sync}
+          "inv_rope": sweep_inv_rope, "topk_sync": sweep_topk_sync, "gemm_codes": sweep_gemm_codes}
 
 
 def main(argv=None) -> int:

@@ -301,3 +301,30 @@ def sweep_gemm_w8a8(dev, batches, prefill_ms=(4096,)):
                         if err < 2 ** -7 else f"wrong: rel err {err:.2e}")
         rows.append(_summary("gemm_w8a8", label, res, "default", floor))
     return rows
+
+
+def sweep_gemm_codes(dev, batches):
+    """The W8A8 GEMM at decode rows with x quantized in its programs (the default: a row max over
+    a [BM, 128] tile and its barriers in every K step) against x handed over as e4m3 codes and
+    scales (``x_scales``, as ``inv_rope_fp8_quant`` hands wo_a its input: the codes stream like
+    the weight). The codes are made outside the timed call: this is the GEMM a producer kernel
+    that emits codes (the q norm for wq_b and the indexer's wq_b) would buy. Ahead-of-time sm_90
+    SASS of the 16 x 64 tile's K loop: 224 instructions and 4 block barriers in-program, 149 and
+    2 with codes (2026-12-05)."""
+    from vllm_dsv4_hw.ops.triton.fp8_dot_linear import quantize
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+
+    rows = []
+    for label, ws, n_sets, x, floor in _shape_cases(dev, batches):
+        if x.dim() == 3:  # wo_a already takes inv_rope_fp8_quant's codes
+            continue
+        codes, xs = quantize(x, 128)
+        base = fp8_block_linear(x, *ws[0], (128, 128), quantize_x=True)
+        got = fp8_block_linear(codes, *ws[0], (128, 128), x_scales=xs)
+        res = {"in-program": _try(lambda i: fp8_block_linear(x, *ws[i], (128, 128),
+                                                             quantize_x=True), n_sets),
+               "codes given": _try(lambda i: fp8_block_linear(codes, *ws[i], (128, 128),
+                                                              x_scales=xs), n_sets),
+               "codes given, same bits": bool(torch.equal(got, base))}
+        rows.append(_summary("gemm_codes", label, res, "in-program", floor))
+    return rows

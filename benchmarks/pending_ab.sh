@@ -10,6 +10,8 @@
 #       before the PDL wait (benchmarks/l2_prefetch_probe.py: the same on one GEMM);
 #   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: the flat row form
 #       (decode_kernels --only inv_rope: per call, bit-equal; benchmarks.peer: the T=32 row).
+# And one question for the next change: decode_kernels --only gemm_codes (the W8A8 GEMM with x's
+# codes handed over, as a q norm that emits codes would hand them to wq_b and the indexer's wq_b).
 # Everything lands under $OUT (one folder per run, its log beside its JSON).
 set -u
 PHASE=${1:?usage: pending_ab.sh tier|ab}
@@ -42,7 +44,7 @@ ab)
     run prefetch-256 $W $DS --weight-prefetch 256
     run prefetch-1024 $W $DS --weight-prefetch 1024
     run flat $W $DS --inv-rope-flat on
-    run kernels $W python3 -m benchmarks.decode_kernels --only inv_rope,topk_sync --batches 1,4,32
+    run kernels $W python3 -m benchmarks.decode_kernels --only inv_rope,topk_sync,gemm_codes --batches 1,4,32
     mkdir -p "$OUT/l2"
     stamp l2_prefetch_probe
     OUT=$OUT/l2 $W python3 -m benchmarks.l2_prefetch_probe > "$OUT/l2/log.txt" 2>&1
