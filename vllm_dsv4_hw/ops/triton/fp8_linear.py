@@ -331,7 +331,8 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None 
            serial: bool | None = None, w16: bool = False,
            prefetch: int | None = None) -> torch.Tensor:
     """One GEMM of checked arguments: column block, forced split-K, launch options, the e4m3
-    decode, the split-K sum and the weight prefetch (``fp8_dot_linear.launch``) as knobs. ``w16``: ``a.w`` is x's 16-bit float dtype, not e4m3
+    decode, the split-K sum and the weight read-ahead (``prefetch``, as in
+    ``fp8_dot_linear.launch``) as knobs. ``w16``: ``a.w`` is x's 16-bit float dtype, not e4m3
     bytes (``ops.triton.dense_linear``; ``a.s`` is then never read)."""
     m, g, n, k = a.m, a.g, a.n, a.k
     dev = a.x.device

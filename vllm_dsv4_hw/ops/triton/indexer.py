@@ -397,7 +397,7 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
     if k == topk > 0:
         out = torch.empty(t, topk, dtype=torch.int32, device=dev)
     else:
-        out = torch.full((t, max(topk, 0)), -1, dtype=torch.int32, device=dev)
+        out = torch.full((t, topk), -1, dtype=torch.int32, device=dev)
     if t == 0 or topk <= 0 or n_max == 0:
         return out
     chunk = max(1, _MAX_SCORE_ELEMS // n_max)

@@ -29,9 +29,9 @@ from vllm_dsv4_hw.ops.triton.quant import ceil_log2_div, f32_to_e4m3_bits, pow2_
 MANY_ROWS = 4096
 MANY_ROWS_TILE = 1
 MANY_ROWS_WARPS = 1
-# Rows loaded and stored in memory order (the flat kernel) or as pairs by stride-2 gathers and
-# scatters. Same codes (checked bit for bit on CPU and in the GPU tier); the flat kernel is off
-# until it is timed on a GPU (``python -m benchmarks.decode_kernels --only inv_rope``).
+# Rows loaded and stored in memory order (``_flat_row``) or as pairs by stride-2 gathers and
+# scatters (``_pairs_row``). Same codes (checked bit for bit on CPU and in the GPU tier); the flat
+# form is off until it is timed on a GPU (``python -m benchmarks.decode_kernels --only inv_rope``).
 FLAT = False
 
 
@@ -59,11 +59,12 @@ def hw_encode(device: torch.device) -> bool:
 
 
 @triton.jit
-def _pairs_row(src, pos_ptr, cs_ptr, out_ptr, scale_ptr, r, rm, t, cs_stride, amax_floor,
+def _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
                NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
                FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, HW_ENC: tl.constexpr):
     """Rows ``r`` [ROWS] as pairs: the even and odd halves [ROWS, BG, GP] by two stride-2
-    gathers, rotated by ``rope_pairs``, stored as two stride-2 byte scatters."""
+    gathers, rotated by ``rope_pairs``, stored as two stride-2 byte scatters; returns the
+    groups' scale exponents [ROWS, BG]."""
     g = tl.arange(0, BG)
     pidx = (g[:, None] * GP + tl.arange(0, GP)[None, :])[None, :, :]   # [1, BG, GP]
     pm = rm[:, None, None] & (g < NG)[None, :, None] & (pidx >= 0)
@@ -78,12 +79,11 @@ def _pairs_row(src, pos_ptr, cs_ptr, out_ptr, scale_ptr, r, rm, t, cs_stride, am
     dst = (out_ptr + r * (NG * GP * 2))[:, None, None]
     tl.store(dst + 2 * pidx, _e4m3_codes(ye * inv, HW_ENC), mask=pm)
     tl.store(dst + 2 * pidx + 1, _e4m3_codes(yo * inv, HW_ENC), mask=pm)
-    tl.store(scale_ptr + r[:, None] * NG + g[None, :], pow2_f32(ex),
-             mask=rm[:, None] & (g < NG)[None, :])
+    return ex
 
 
 @triton.jit
-def _flat_row(src, pos_ptr, cs_ptr, out_ptr, scale_ptr, r, rm, t, cs_stride, amax_floor,
+def _flat_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
               NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
               FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, HW_ENC: tl.constexpr):
     """The same rows as elements [ROWS, BG, 2 GP] in memory order: one contiguous load and
@@ -107,9 +107,7 @@ def _flat_row(src, pos_ptr, cs_ptr, out_ptr, scale_ptr, r, rm, t, cs_stride, ama
     ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)     # 448 = 1.75 * 2^8
     codes = _e4m3_codes(y * pow2_f32(-ex)[:, :, None], HW_ENC)
     tl.store((out_ptr + r * (NG * GP * 2))[:, None, None] + e, codes, mask=em)
-    g = tl.arange(0, BG)
-    tl.store(scale_ptr + r[:, None] * NG + g[None, :], pow2_f32(ex),
-             mask=rm[:, None] & (g < NG)[None, :])
+    return ex
 
 
 @triton.jit
@@ -117,24 +115,27 @@ def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_row
                                o_tok_stride, o_head_stride, cs_stride, amax_floor,
                                NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
                                FIRST_PAIR: tl.constexpr, HALF: tl.constexpr,
-                               ROWS: tl.constexpr, HW_ENC: tl.constexpr, FLAT: tl.constexpr = False,
-                               PDL: tl.constexpr = False):
+                               ROWS: tl.constexpr, HW_ENC: tl.constexpr,
+                               FLAT: tl.constexpr = False, PDL: tl.constexpr = False):
     pdl_start(PDL)
     # ROWS (token, head) rows per iteration (a knob; the launch rule takes ROWS = 1)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     jr = tl.arange(0, ROWS)
+    g = tl.arange(0, BG)
     for blk in range(pid, tl.cdiv(n_rows, ROWS), nprog):
         r = tl.cast(blk, tl.int64) * ROWS + jr                            # [ROWS]
         rm = r < n_rows
         t = r // n_heads
         src = (o_ptr + t * o_tok_stride + (r % n_heads) * o_head_stride)[:, None, None]
         if FLAT:
-            _flat_row(src, pos_ptr, cs_ptr, out_ptr, scale_ptr, r, rm, t, cs_stride, amax_floor,
-                      NG, BG, GP, FIRST_PAIR, HALF, HW_ENC)
+            ex = _flat_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
+                           NG, BG, GP, FIRST_PAIR, HALF, HW_ENC)
         else:
-            _pairs_row(src, pos_ptr, cs_ptr, out_ptr, scale_ptr, r, rm, t, cs_stride,
-                       amax_floor, NG, BG, GP, FIRST_PAIR, HALF, HW_ENC)
+            ex = _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
+                            NG, BG, GP, FIRST_PAIR, HALF, HW_ENC)
+        tl.store(scale_ptr + r[:, None] * NG + g[None, :], pow2_f32(ex),
+                 mask=rm[:, None] & (g < NG)[None, :])
 
 
 @register_op(INV_ROPE_FP8_QUANT, "triton")

@@ -86,11 +86,10 @@ def _prefetch_l2(ptrs, ok):
 
 @triton.jit
 def pdl_start_prefetching(PDL: tl.constexpr, PF_BYTES: tl.constexpr, rows, row_bytes_left):
-    """:func:`pdl_start`, after asking L2 for the 128-byte lines of the first ``PF_BYTES`` of
-    each weight row from ``rows`` (byte-addressed pointers [R], 128-byte aligned as the
-    checkpoint's rows are; ``row_bytes_left`` [R]: the row's bytes from there that this program
-    reads, so nothing past the tensor is asked for). Only memory no earlier kernel writes may be
-    named here: the wait comes after."""
+    """:func:`pdl_start`, after asking L2 for the 128-byte lines holding the first ``PF_BYTES``
+    of each weight row from ``rows`` (pointers [R]; ``row_bytes_left`` [R]: the row's bytes from
+    there that this program reads, so nothing past the tensor is asked for). Only memory no
+    earlier kernel writes may be named here: the wait comes after."""
     if PDL:
         if PF_BYTES > 0:
             line = tl.arange(0, (PF_BYTES + 127) // 128) * 128

@@ -408,8 +408,9 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
                one_launch: bool | None = None, row_pos: torch.Tensor | None = None,
                row_req: torch.Tensor | None = None, ratio: int = 1) -> torch.Tensor:
     """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32, any contents:
-    columns [0, k) get the selected entries first, -1 after (columns >= k are left as they are). ``block``: scores per program (a
-    power of two), ``one_launch``: force the form (where it may run); benchmarks and tests.
+    columns [0, k) get the selected entries first, -1 after (columns >= k are left as they
+    are). ``block``: scores per program (a power of two), ``one_launch``: force the form (where
+    it may run); benchmarks and tests.
 
     ``row_pos`` / ``row_req`` ([T] int32 or int64, given together): bound each row to its first
     row_len = 0 if req < 0 else min(n, (pos + 1) // ratio) scores (the indexer's visible
