@@ -330,7 +330,11 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     weights = weights if weights.stride(-1) == 1 else weights.contiguous()
     bt = block_table.to(device=dev, dtype=torch.int32)
     bt = bt if bt.stride(-1) == 1 else bt.contiguous()
-    req = token_req.to(device=dev, dtype=torch.int32).contiguous()
+    # int32 or int64 as given: metadata holds int64, and a cast here was one more launch per
+    # c4a layer on the selection's critical path (the kernel reads either)
+    req = token_req.to(device=dev)
+    req = req if req.dtype in (torch.int32, torch.int64) else req.to(torch.int64)
+    req = req.contiguous()
     pos = token_pos.to(device=dev, dtype=torch.int64).contiguous()
     if block_s is None:
         # the interpreter pays per op, not per element: few large blocks there
