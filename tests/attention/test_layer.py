@@ -380,6 +380,35 @@ def test_layer_parameter_names():
     assert sd["attn_sink"].dtype == torch.float32
 
 
+def test_indexer_head_weights_one_launch(gen):
+    """The head weights: fp32, the same bits as a cast then the scalar product, in one
+    elementwise op after weights_proj for a bf16 layer (its fp32 scale buffer); a float64 layer
+    (tests) takes the cast path and still returns fp32."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    for dtype in (torch.bfloat16, torch.float64):
+        idx = _new_layer(4, dtype, gen).indexer
+        x = torch.randn(5, CFG.hidden_size, generator=gen).to(dtype)
+        want = idx.weights_proj(x).float() * (CFG.index_head_dim ** -0.5
+                                              * CFG.index_n_heads ** -0.5)
+        with Ops() as ops_seen:
+            got = idx.head_weights(x)
+        assert got.dtype == torch.float32 and torch.equal(got, want)
+        if dtype == torch.bfloat16:
+            last_gemm = max(i for i, o in enumerate(ops_seen.seen) if "mm" in o)
+            after = [o for o in ops_seen.seen[last_gemm + 1:] if o not in ("aten.view", "aten.t")]
+            assert after == ["aten.mul"], ops_seen.seen  # no cast launch before the product
+
+
 def test_fp8_wo_a_takes_the_fused_codes(monkeypatch, gen):
     """FP8 linears with e4m3 activations (W8A8): step 6 is one ``inv_rope_fp8_quant`` whose codes
     and scales feed ``wo_a`` as they are (no rope launch, no second quantization), within the

@@ -130,6 +130,24 @@ class DSV4Indexer(nn.Module):
                                               f"{prefix}.weights_proj", dtype)
         self.compressor = DSV4Compressor(cfg.hidden_size, self.head_dim, INDEXER_COMPRESSOR,
                                          dtype, f"{prefix}.compressor")
+        # On the device, one element: weights_proj's bf16 output times it promotes to fp32 in one
+        # launch (a cast then a scalar product were two on the indexer's branch), same bits.
+        self.register_buffer("head_scale", torch.tensor([self.head_scale_value],
+                                                        dtype=torch.float32), persistent=False)
+
+    @property
+    def head_scale_value(self) -> float:
+        """The head weights' scale Di^-0.5 * Hi^-0.5."""
+        return self.head_dim ** -0.5 * self.n_heads ** -0.5
+
+    def head_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """The per-head weights [T, Hi] fp32, scaled."""
+        w = self.weights_proj(x)
+        s = self.head_scale
+        if (s.dtype == torch.float32 and s.device == w.device
+                and w.dtype in (torch.bfloat16, torch.float16, torch.float32)):
+            return w * s
+        return w.float() * self.head_scale_value  # a float64 layer (tests), a moved buffer
 
 
 @functools.lru_cache(maxsize=16)
@@ -268,7 +286,7 @@ class DSV4Attention(nn.Module):
                 with aux.branch(BRANCH_INDEXER_COMPRESSOR, keep_alive=(x,)):
                     self._indexer_keys(x, meta, caches)
                 with aux.branch(BRANCH_INDEXER, keep_alive=(x,)):
-                    head_w = self._indexer_weights(x)
+                    head_w = self.indexer.head_weights(x)
             if self.kind.compressed:
                 with aux.branch(BRANCH_MAIN_COMPRESSOR, keep_alive=(x,)):
                     self.compressor.step(x, pos, meta.main_plan, caches.main_state, caches.comp,
@@ -320,11 +338,6 @@ class DSV4Attention(nn.Module):
         idx = self.indexer
         idx.compressor.step(x, meta.positions, meta.indexer_plan, caches.indexer_state,
                             caches.indexer, caches.indexer_format, self.cos_sin, self.eps)
-
-    def _indexer_weights(self, x: torch.Tensor) -> torch.Tensor:
-        """The indexer's per-head weights [T, Hi] fp32."""
-        idx = self.indexer
-        return idx.weights_proj(x).float() * (idx.head_dim ** -0.5 * idx.n_heads ** -0.5)
 
     def _indexer_select(self, q_r: torch.Tensor, w: torch.Tensor, meta: StepMetadata,
                         caches: LayerCaches) -> torch.Tensor:
