@@ -94,16 +94,18 @@ def _ops():
 # ------------------------------------------------------------------------------------------------
 # check
 # ------------------------------------------------------------------------------------------------
-def _variants(fmt_name, q_dtype, t, splits, smoke):
+def _variants(fmt_name, q_dtype, t, splits, smoke, device):
     """Kernel options checked per case: the defaults, plus (fp8, bf16 q, auto splits) the portable
-    integer e4m3 decode, the hardware cvt and the loop without prefetch."""
+    integer e4m3 decode, the hardware cvt where the device declares it, and the loop without
+    prefetch."""
     import torch
 
-    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_INT
+    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_INT, e4m3_modes
 
     out = [{}]
     if fmt_name == "fp8_ds_mla" and q_dtype == torch.bfloat16 and splits is None:
-        out += [dict(cvt=CVT_INT), dict(cvt=CVT_HW), dict(prefetch=False)]
+        out += [dict(cvt=m) for m in (CVT_INT, CVT_HW) if m in e4m3_modes(device)]
+        out += [dict(prefetch=False)]
     return out
 
 
@@ -125,7 +127,7 @@ def check(device, smoke: bool = False) -> list[dict]:
             for t, splits in batches:
                 if q_dtype == torch.float32 and splits is not None:
                     continue
-                for opts in _variants(fmt_name, q_dtype, t, splits, smoke):
+                for opts in _variants(fmt_name, q_dtype, t, splits, smoke, device):
                     args, fmt = make_inputs(device, fmt_name, t, q_dtype=q_dtype, holes=0.1,
                                             empty_tokens=(t - 1,) if t > 1 else (), **shape)
                     q = args[0]

@@ -60,13 +60,12 @@ def _decode_modes(torch, device, gen, smoke):
     """Every e4m3 decode the device can run (``ops.triton.ptx_codecs``) gives the auto choice's
     bits, at a decode and a prefill-tile M, on a weight of every finite code."""
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
-    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_INT, CVT_PTX, e4m3_mode
+    from vllm_dsv4_hw.ops.triton.ptx_codecs import e4m3_mode, e4m3_modes
 
     n, k = (256, 256) if smoke else (1024, 1024)
     w8, s = _all_codes_weight(torch, n, k, device, gen)
     auto = e4m3_mode(device)
-    modes = [CVT_INT] if device.type == "cpu" else [c for c in (CVT_INT, CVT_HW, CVT_PTX)
-                                                    if c <= max(auto, CVT_HW)]
+    modes = e4m3_modes(device)
     rows = []
     for m in ((1, 3) if smoke else (1, 4096)):
         x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)

@@ -85,7 +85,8 @@ def test_every_launch_compiles_for(target, compiled):
     assert len(rows) >= 80 and len(kernels) >= 20, (len(rows), sorted(kernels))
     assert not failed, f"{len(failed)} of {len(rows)} launches failed:\n" + "\n".join(failed)
     assert not over, "\n".join(over)
-    # the knobs still off until timed compile too (compile_launches.OFF_BY_DEFAULT)
+    # the knobs off by default compile too (compile_launches.OFF_BY_DEFAULT); the GEMMs' weight
+    # read-ahead (on by default, in the native records) only where the target has PDL
     assert any(r["constexprs"].get("FLAT") is True for r in rows), "no FLAT launch compiled"
     pf = [r for r in rows if r["constexprs"].get("PF_BYTES")]
     assert bool(pf) == (target in ("sm_90", "sm_100", "sm_120")), (target, len(pf))
@@ -106,7 +107,8 @@ def test_targets_without_e4m3_conversion_take_the_integer_paths():
     gemm, attn = "_fp8_block_linear_kernel", "_sparse_attn_fwd"
     assert CVT_HW not in modes(SM80, gemm) | modes(SM80, attn)
     # (the GPU tier also runs every decode on purpose: the weight of every e4m3 code)
-    assert modes(SM80, gemm) == {CVT_PTX} and CVT_PTX in modes(NATIVE, gemm)
+    # (the integer decode appears too: the GPU tier runs it on purpose against the auto one)
+    assert CVT_PTX in modes(SM80, gemm) and CVT_PTX in modes(NATIVE, gemm)
     assert CVT_PTX in modes(SM80, attn) and {CVT_PTX, CVT_HW} <= modes(NATIVE, attn)
     assert CVT_PTX not in modes(NATIVE, gemm, "hip") | modes(NATIVE, attn, "hip")
 

@@ -300,6 +300,18 @@ def test_launch_config_by_regime(monkeypatch):
                           bf16_dots=False) == long(512, narrow)
     monkeypatch.setattr(launch, "_shared_mem", lambda dev: 163 * 1024)  # sm_80: the 32-entry tile
     assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320) == long(512, narrow)
+    # ... but not with fp32 dots (~200 KiB on every target): the device kind's tiles, for long
+    # decode lists, prefill chunks and bf16 batches alike (H100 with sm_80 declared recorded
+    # them, 2026-12-05; the AOT compile for sm_80 needs 205,056 B of its 163 KiB)
+    assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320,
+                          bf16_dots=False) == base
+    for t, fmt in ((4096, "bf16"), (4096, "fp8_ds_mla"), (64, "bf16")):
+        assert launch._config(cuda, t, 64, fmt, cores=132, bf16_dots=False) == dict(
+            base, max_chunk=2048)
+    monkeypatch.setattr(launch, "_shared_mem", lambda dev: 227 * 1024)
+    assert launch._config(cuda, 64, 64, "bf16", cores=132, bf16_dots=False)["block_n"] == 64
+    assert launch._config(cuda, 4096, 64, "fp8_ds_mla", cores=132,
+                          bf16_dots=False)["block_n"] == 32
     monkeypatch.setattr(launch, "_shared_mem", lambda dev: 99 * 1024)
     assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320) == base
     assert tsa._plan_splits(32, 1, 8320, 32, 512, 132, None, 512) == (17, 512)

@@ -45,6 +45,16 @@ def e4m3_mode(device) -> int:
         return CVT_PTX
     return CVT_HW if caps.fp8_cvt else CVT_INT
 
+
+def e4m3_modes(device) -> tuple[int, ...]:
+    """Every exact e4m3 decode the device declares (the GPU checks run each against the auto
+    choice): a device declared as sm_80 takes no hardware cvt, whatever the part it runs on."""
+    if device.type == "cpu":
+        return (CVT_INT,)
+    caps = adaptor_for(device.type).capabilities
+    return (CVT_INT,) + ((CVT_HW,) if caps.fp8_cvt else ()) + (
+        (CVT_PTX,) if caps.ptx_inline else ())
+
 # $2: four codes (byte i = element i); $0 / $1: elements 0, 1 / 2, 3 as two 16-bit lanes each.
 # One ``prmt`` puts codes 0, 1 (2, 3) in the low bytes of two lanes with their sign bit replicated
 # through the high bytes (selector nibbles 8 / 9 / A / B: sign of byte 0 / 1 / 2 / 3); a shift by

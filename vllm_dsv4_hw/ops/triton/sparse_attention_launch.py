@@ -73,12 +73,15 @@ FULL_DEVICE = dict(max_chunk=2048)  # keeps long c128a candidate lists (up to 8K
 
 
 class TileChoice(NamedTuple):
-    """Full-device tiles, the shared memory they need (the largest any target needs, from
-    ahead-of-time compiles) and whether that holds only for bf16 dots (bf16 queries: q and the
-    entry tile as 16-bit dot operands; fp32 ones need twice the bytes)."""
+    """Full-device tiles and the shared memory they need (the largest any target needs, from
+    ahead-of-time compiles for sm_80 / 90 / 100) with bf16 dots (bf16 queries: q and the entry
+    tile as 16-bit dot operands) and with fp32 dots (fp32 queries; None: no target holds it)."""
     tiles: dict
     shared: int
-    bf16_dots_only: bool = False
+    shared_fp32_dots: int | None
+
+    def needs(self, bf16_dots: bool) -> int | None:
+        return self.shared if bf16_dots else self.shared_fp32_dots
 
 
 # The 64-head fp8 tiles (prefill chunks and long decode lists), best first. With the single loop
@@ -87,10 +90,14 @@ class TileChoice(NamedTuple):
 # 4.24 ms, x 1,152 9.22 -> 7.24 ms, 2,048 x 8,320 17.95 -> 15.26 ms) and 3-11% at decode (B = 32
 # x 8,320 341 -> 305 us, B = 4 50.7 -> 48.7 us); pipelining them over 2 / 3 stages gains at most
 # 6% at decode and loses 2-4% at prefill, for 226 KiB instead of 192. sm_90 / sm_100 need 128 KiB
-# for the 64-entry tile, sm_80 192 KiB (no wgmma): sm_80 takes the 32-entry tile.
+# for the 64-entry tile, sm_80 192 KiB (no wgmma): sm_80 takes the 32-entry tile. With fp32 dots
+# the 64-head x 32-entry tiles and the 32 x 64 one need ~200 KiB on every target (sm_80's 163
+# KiB does not hold them: such a launch fails there), the 64 x 64 one 272 KiB (2026-12-05 AOT).
+_FP32_DOTS_32x64 = 205_056
 FP8_WIDE_TILES = (
-    TileChoice(dict(block_h=64, block_n=64, num_warps=8, prefetch=False), 192 * 1024, True),
-    TileChoice(dict(block_h=64, block_n=32, num_warps=8, prefetch=False), 128 * 1024),
+    TileChoice(dict(block_h=64, block_n=64, num_warps=8, prefetch=False), 192 * 1024, None),
+    TileChoice(dict(block_h=64, block_n=32, num_warps=8, prefetch=False), 128 * 1024,
+               _FP32_DOTS_32x64),
 )
 # (prefill, format) -> choices, best first: formats not listed keep the device kind's tiles, and
 # so does a device whose declared ``shared_mem`` holds none of them (96-128 KiB for 64 heads x 32
@@ -98,9 +105,10 @@ FP8_WIDE_TILES = (
 # allow 99 KiB, MI300 64).
 FULL_DEVICE_TILES = {
     (True, "bf16"): (TileChoice(dict(block_h=64, block_n=32, num_warps=8, prefetch=False),
-                                128 * 1024),),
+                                128 * 1024, _FP32_DOTS_32x64),),
     (True, "fp8_ds_mla"): FP8_WIDE_TILES,
-    (False, "bf16"): (TileChoice(dict(block_h=32, block_n=64, num_warps=8), 100 * 1024),),
+    (False, "bf16"): (TileChoice(dict(block_h=32, block_n=64, num_warps=8), 100 * 1024,
+                                 _FP32_DOTS_32x64),),
 }
 
 
@@ -108,7 +116,8 @@ def _tiles_for(prefill: bool, fmt_name: str | None, device: torch.device,
                bf16_dots: bool) -> dict | None:
     """The first full-device tiles of (prefill, format) that the device's shared memory holds."""
     for choice in FULL_DEVICE_TILES.get((prefill, fmt_name), ()):
-        if choice.shared <= _shared_mem(device) and (bf16_dots or not choice.bf16_dots_only):
+        need = choice.needs(bf16_dots)
+        if need is not None and need <= _shared_mem(device):
             return choice.tiles
     return None
 
