@@ -249,7 +249,7 @@ def main(argv=None) -> int:
                          "the product's, off until timed)")
     ap.add_argument("--weight-prefetch", type=int, default=None,
                     help="bytes of each weight row the GEMMs ask L2 for before their PDL wait "
-                         "(VLLM_DSV4_HW_WEIGHT_PREFETCH; default: the setting's, 0)")
+                         "(VLLM_DSV4_HW_WEIGHT_PREFETCH; default: the setting's, 256)")
     ap.add_argument("--profile", action="store_true",
                     help="kernel tables per layer kind (torch.profiler; graph replay and eager)")
     ap.add_argument("--network", action="store_true",

@@ -92,10 +92,11 @@ def selected_on(record: dict, limit: int) -> bool:
     if record["kernel"] == "_sparse_attn_fwd":
         fmt = {FMT_BF16: "bf16", FMT_FP8_DS_MLA: "fp8_ds_mla"}.get(c["FMT"])
         for (_, name), choices in sal.FULL_DEVICE_TILES.items():
-            for tiles, needs, _ in choices:
-                if (name == fmt and needs > limit and (c["BLOCK_H"], c["BLOCK_N"], record[
-                        "num_stages"]) == (tiles["block_h"], tiles["block_n"],
-                                           tiles.get("num_stages", 1))):
+            for choice in choices:
+                tiles, needs = choice.tiles, choice.needs(bool(c.get("DOT_BF16", True)))
+                if (name == fmt and (needs is None or needs > limit) and (
+                        c["BLOCK_H"], c["BLOCK_N"], record["num_stages"]) == (
+                        tiles["block_h"], tiles["block_n"], tiles.get("num_stages", 1))):
                     return False
     return True
 
@@ -103,7 +104,7 @@ def selected_on(record: dict, limit: int) -> bool:
 def with_new_defaults(record: dict, fn) -> dict:
     """The record with the constexpr parameters added to its kernel since it was recorded that
     have a default, at that default: a launch that leaves such a knob at its default is the
-    recorded one (``PF_BYTES``, ``FLAT``: off until timed on a GPU). Any other difference stays
+    recorded one (a knob added off, such as ``FLAT``). Any other difference stays
     drift (a renamed, removed or required parameter)."""
     import inspect
 
@@ -117,11 +118,10 @@ def with_new_defaults(record: dict, fn) -> dict:
                 constexprs=dict(record["constexprs"], **added))
 
 
-# knobs built and off until timed on a GPU: each target also compiles one recorded launch of the
-# kernel with the knob on (``PF_BYTES`` only where the target has PDL: it is dead code elsewhere)
-OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True},
-                  "_w8a8_block_linear_kernel": {"PF_BYTES": 256},
-                  "_fp8_block_linear_kernel": {"PF_BYTES": 256}}
+# knobs built and off by default: each target also compiles one recorded launch of the kernel
+# with the knob on (``PF_BYTES`` only where the target has PDL: it is dead code elsewhere). The
+# GEMMs' read-ahead (``PF_BYTES``) is on by default since 2026-12-05: the native records carry it.
+OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True}}
 
 
 def knobs_on(records: list[dict]) -> list[dict]:

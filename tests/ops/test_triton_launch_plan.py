@@ -181,6 +181,12 @@ def test_weight_prefetch_only_before_a_pdl_wait(monkeypatch):
         return pdl.weight_prefetch(cuda)["PF_BYTES"], pdl.weight_prefetch(CPU_DEV)["PF_BYTES"]
 
     try:
+        monkeypatch.delenv("VLLM_DSV4_HW_WEIGHT_PREFETCH", raising=False)
+        monkeypatch.setattr(pdl, "capabilities", lambda device: cuda_capabilities(9, 0))
+        monkeypatch.setenv("VLLM_DSV4_HW_PDL", "1")
+        pdl._pdl_on.cache_clear()
+        pdl._prefetch_bytes.cache_clear()
+        assert pdl.weight_prefetch(cuda)["PF_BYTES"] == 256   # the default (H100, 2026-12-05)
         assert case(9, "1", "384") == (384, 0)
         assert case(9, "1", "0") == (0, 0)
         assert case(9, "0", "384") == (0, 0)
