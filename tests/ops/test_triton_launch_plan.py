@@ -253,3 +253,16 @@ def test_every_kernel_launched_with_pdl_waits_first():
                 f"{path.stem}.{name} starts with {first!r}"
             checked += 1
     assert checked >= 25, checked
+
+
+def test_host_integer_helpers_match_triton():
+    """``launch.cdiv`` / ``launch.next_pow2`` (plain Python: Triton's are constexpr functions,
+    2-3 us a host call) give Triton's values."""
+    import triton
+
+    from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2
+
+    for a in [0, 1, 2, 3, 7, 8, 9, 63, 64, 65, 1000, 2 ** 20 + 1, 2 ** 31 + 5]:
+        assert next_pow2(a) == triton.next_power_of_2(a), a
+        for b in (1, 2, 3, 64, 128, 4096):
+            assert cdiv(a, b) == triton.cdiv(a, b), (a, b)

@@ -34,7 +34,7 @@ from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
-from vllm_dsv4_hw.ops.triton.launch import program_cap
+from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2, program_cap
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import entry_offsets, store_entry_pairs
 
@@ -234,11 +234,11 @@ def _write_rows(kv, score, positions, ape, state, state_slots, ratio, coff, d):
     pos = positions.to(device=dev, dtype=torch.int64).contiguous()
     width = coff * d
     bt = _INTERP_TOKENS if _interpreted(dev) else 1
-    nblk = triton.cdiv(n, bt)
+    nblk = cdiv(n, bt)
     _write_rows_kernel[(_grid(nblk, dev),)](
         kv, score, pos, ape, state, slots, n, nblk,
         kv.stride(0), score.stride(0), ape.stride(0), state.stride(0),
-        WIDTH=width, RATIO=ratio, BLOCK=triton.next_power_of_2(width), BT=bt, num_warps=4,
+        WIDTH=width, RATIO=ratio, BLOCK=next_pow2(width), BT=bt, num_warps=4,
         **pdl_launch(dev))
 
 
@@ -292,8 +292,8 @@ def _launch_pool(state, group_rows, ratio, coff, d, fmt_code, out_mode, *, norm_
         e, data_bytes, scale_bytes = 1, 0, 0
         rope_dim = 0
         args = (dummy_f, 0.0, dummy_f, 0, rows, state, rows, 0, out, out.stride(0))
-    gb = min(_INTERP_GROUPS, triton.next_power_of_2(g)) if _interpreted(dev) else 1
-    ngb = triton.cdiv(g, gb)
+    gb = min(_INTERP_GROUPS, next_pow2(g)) if _interpreted(dev) else 1
+    ngb = cdiv(g, gb)
     _pool_kernel[(_grid(ngb, dev),)](
                        state, rows, g, ngb, state.stride(0) // 2, rows.stride(0), *args,
                        D=d, RATIO=ratio, COFF=coff, NB=nb, BP=bp, GB=gb,

@@ -16,6 +16,7 @@ from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops.api import DECODE_METADATA, DecodeLayout
 from vllm_dsv4_hw.ops.checks import check_decode_metadata_tables
 from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 
 
@@ -104,7 +105,7 @@ def _plan(out, name, lens, ratio, state_table, rpp, stride, cache_table, epp, nu
     if b:
         _plan_kernel[(b,)](lens, sbt, sbt.stride(0), sbt.shape[1], cbt, cbt.stride(0),
                            cbt.shape[1], state, rows, entry, cslot, RATIO=ratio, RPP=rpp,
-                           STRIDE=stride, E=epp, WIDTH=width, BW=triton.next_power_of_2(width),
+                           STRIDE=stride, E=epp, WIDTH=width, BW=next_pow2(width),
                            NULL=null, **pdl_launch(dev))
     out.update({f"{name}.state_slots": state, f"{name}.group_rows": rows, f"{name}.entry": entry,
                 f"{name}.cache_slots": cslot})
@@ -145,7 +146,7 @@ def decode_metadata(seq_lens: torch.Tensor, tables: dict[str, torch.Tensor],
         ct = _table(tables["comp"])
         bk = 1024
         if b and k:
-            _c128_kernel[(b, triton.cdiv(k, bk))](lens, ct, ct.stride(0), ct.shape[1], comp, k,
+            _c128_kernel[(b, cdiv(k, bk))](lens, ct, ct.stride(0), ct.shape[1], comp, k,
                                                   RATIO=kind.ratio, E=lay.comp_per_page, BK=bk,
                                                   NULL=null, **pdl_launch(dev))
         out["comp_slots"] = comp

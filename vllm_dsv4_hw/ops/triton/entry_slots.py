@@ -10,6 +10,7 @@ import triton.language as tl
 
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 
 
@@ -41,8 +42,8 @@ def entry_slots(block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.T
     bt = block_table if block_table.device == dev else block_table.to(dev)
     bt = bt if bt.stride(-1) == 1 else bt.contiguous()
     req = token_req if token_req.device == dev else token_req.to(dev)
-    block = min(1024, triton.next_power_of_2(k))
-    _entry_slots_kernel[(t, triton.cdiv(k, block))](
+    block = min(1024, next_pow2(k))
+    _entry_slots_kernel[(t, cdiv(k, block))](
         bt, req, idx, out, k, bt.shape[1], bt.stride(0), idx.stride(0), out.stride(0),
         PER_PAGE=per_page, BLOCK=block, num_warps=4, **pdl_launch(dev))
     return out

@@ -34,7 +34,7 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
 from vllm_dsv4_hw.ops.triton import fp8_linear as w16
 from vllm_dsv4_hw.ops.triton import split_k as sk
-from vllm_dsv4_hw.ops.triton.launch import capabilities, grid_limit
+from vllm_dsv4_hw.ops.triton.launch import capabilities, cdiv, grid_limit, next_pow2
 from vllm_dsv4_hw.ops.triton.pdl import (
     pdl_launch,
     pdl_start,
@@ -181,12 +181,12 @@ def _quantize_kernel(x_ptr, q_ptr, xs_ptr, R, K, KB, sx, sq, sxs,
 def quantize(x2: torch.Tensor, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, K] -> (codes [R, K] float8_e4m3fn (uint8 in the interpreter), scales [R, KB] fp32)."""
     r, k = x2.shape
-    kb = triton.cdiv(k, bk)
+    kb = cdiv(k, bk)
     interp = x2.device.type == "cpu"
     q = torch.empty(r, k, dtype=torch.uint8 if interp else torch.float8_e4m3fn, device=x2.device)
     xs = torch.empty(r, kb, dtype=torch.float32, device=x2.device)
-    br = min(16, triton.next_power_of_2(r))
-    _quantize_kernel[(triton.cdiv(r, br), kb)](x2, q, xs, r, k, kb, x2.stride(0), q.stride(0),
+    br = min(16, next_pow2(r))
+    _quantize_kernel[(cdiv(r, br), kb)](x2, q, xs, r, k, kb, x2.stride(0), q.stride(0),
                                                 xs.stride(0), BR=br, BK=bk, EMU=interp,
                                                 num_warps=4, **pdl_launch(x2.device))
     return q, xs
@@ -214,7 +214,7 @@ def _tile(m: int, n: int, g: int, k: int) -> dict:
     17.2, V4-Pro wo_b 54.0 -> 40.0; the split rule's 5 splits of wo_a took 22.1); the others as
     up to 16 rows. Prefill: 64 x 128 tiles, 4 warps, 4 stages, x quantized before (the best of
     eight tiles at 4096 rows for wq_a / wq_b / wo_a / wo_b)."""
-    small = dict(block_m=max(16, triton.next_power_of_2(m)), block_n=64, wt=True, num_warps=4,
+    small = dict(block_m=max(16, next_pow2(m)), block_n=64, wt=True, num_warps=4,
                  num_stages=3, pre=False, xpf=True, max_split=8)
     if m <= 16:
         return small
@@ -258,14 +258,14 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_m: int | None 
     interp = dev.type == "cpu"
     if not interp:
         wb = wb.view(torch.float8_e4m3fn)   # the dot's operand dtype, loaded as it lies
-    kb = triton.cdiv(k, a.bk)
-    n_mblk = triton.cdiv(m, bm)
-    n_nblk = triton.cdiv(n, bn)
+    kb = cdiv(k, a.bk)
+    n_mblk = cdiv(m, bm)
+    n_nblk = cdiv(n, bn)
     base = n_nblk * g * n_mblk
     if split_k is None:
         split_k = min(tile["max_split"], w16.split_k_for(dev, k, kb, base, n_mblk))
-    kps = triton.cdiv(kb, max(1, min(split_k, kb)))
-    split_k = triton.cdiv(kb, kps)
+    kps = cdiv(kb, max(1, min(split_k, kb)))
+    split_k = cdiv(kb, kps)
     rows = w16.rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
     if rows < m:
         kw = dict(block_n=bn, block_m=bm, split_k=split_k, num_warps=num_warps,

@@ -42,7 +42,7 @@ from vllm_dsv4_hw.ops.reference.fp8_linear import (
     quantize_activations,
 )
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.launch import grid_limit, sm_count
+from vllm_dsv4_hw.ops.triton.launch import cdiv, grid_limit, next_pow2, sm_count
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start_prefetching, weight_prefetch
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit, e4m3_mode
 from vllm_dsv4_hw.ops.triton.split_k import SERIAL_MAX_ROWS, SERIAL_SPLIT_K, SplitOutputs, store_tile
@@ -254,7 +254,7 @@ def split_k_for(device: torch.device, k: int, kb: int, base: int, n_mblk: int) -
     sms = sm_count(device)
     if n_mblk > 1 and base >= sms:
         return 1
-    return max(1, min(kb, _auto_split_k(triton.cdiv(k, 128), base, sms)))
+    return max(1, min(kb, _auto_split_k(cdiv(k, 128), base, sms)))
 
 
 def rows_per_launch(m: int, bm: int, programs_per_row_block: int, limit: int) -> int:
@@ -269,7 +269,7 @@ def rows_per_launch(m: int, bm: int, programs_per_row_block: int, limit: int) ->
 
 def k_tile(bk: int) -> int:
     """The kernel's K tile for scale blocks of ``bk`` columns: a power of two >= 16 (tl.dot)."""
-    return max(16, triton.next_power_of_2(bk))
+    return max(16, next_pow2(bk))
 
 
 # FOLD (constexpr): how a K block's scale is applied. 0: a dot per block, scaled and added to the
@@ -348,23 +348,23 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None 
     math = _math(a.x.dtype, interp)
     # the e4m3 decode the device declares (the integer one in the interpreter)
     cvt = e4m3_mode(dev) if cvt is None else cvt
-    kb = triton.cdiv(k, a.bk)
+    kb = cdiv(k, a.bk)
     bk_tile = k_tile(a.bk)
     tile = _prefill_tile(m, n, dev) if block_m is None and block_n is None else {}
     if block_m is None:
-        block_m = tile.get("block_m", min(64, max(16, triton.next_power_of_2(m))))
+        block_m = tile.get("block_m", min(64, max(16, next_pow2(m))))
     bm = block_m
-    n_mblk = triton.cdiv(m, bm)
+    n_mblk = cdiv(m, bm)
     bn_tile = (tile.get("block_n") or _auto_block_n(n, g, m, k)) if block_n is None else block_n
     num_warps = tile.get("num_warps", 4) if num_warps is None else num_warps
     num_stages = tile.get("num_stages", 3) if num_stages is None else num_stages
     fold = tile.get("fold", FOLD_W if w16 else None) if fold is None else fold
-    n_nblk = triton.cdiv(n, bn_tile)
+    n_nblk = cdiv(n, bn_tile)
     base = n_nblk * g * n_mblk
     if split_k is None:
         split_k = split_k_for(dev, k, kb, base, n_mblk)
-    kps = triton.cdiv(kb, max(1, min(split_k, kb)))
-    split_k = triton.cdiv(kb, kps)
+    kps = cdiv(kb, max(1, min(split_k, kb)))
+    split_k = cdiv(kb, kps)
     rows = rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
     if rows < m:  # a grid over the device's bound (Ascend, long prefill): launches of fewer rows
         kw = dict(block_n=bn_tile, split_k=split_k, num_warps=num_warps, num_stages=num_stages,

@@ -23,6 +23,7 @@ from vllm_dsv4_hw.ops.triton.kv_insert import (
     insert_entry,
 )
 from vllm_dsv4_hw.ops.triton.norm import rsqrt_m
+from vllm_dsv4_hw.ops.triton.launch import next_pow2
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 
 
@@ -148,7 +149,7 @@ def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Ten
     consts = dict(DATA_BYTES=fmt.data_bytes, SCALE_BYTES=fmt.scale_bytes, FMT=code, NB=nb, BP=bp,
                   NP=d // 2, ALIGNED=cache_aligned(window_cache), FIRST_PAIR=(d - r) // 2,
                   HALF=r // 2, F64=is_f64(q, kv), Q_BF16=out_is_bf16(q_out),
-                  BLOCK_D=triton.next_power_of_2(d), BLOCK_R=triton.next_power_of_2(max(r // 2, 1)),
+                  BLOCK_D=next_pow2(d), BLOCK_R=next_pow2(max(r // 2, 1)),
                   num_warps=4 if d >= 512 else 2)
     if t < SEPARATE_FROM_TOKENS:  # one launch for both row kinds (decode: launch-bound)
         _qnorm_rope_kv_insert_kernel[grid_1d(t * h + t, q.device)](*args, DO_Q=True, DO_KV=True,

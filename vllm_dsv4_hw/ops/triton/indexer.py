@@ -40,7 +40,7 @@ import triton.language as tl
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
-from vllm_dsv4_hw.ops.triton.launch import dot_dim, program_cap, sm_count
+from vllm_dsv4_hw.ops.triton.launch import cdiv, dot_dim, next_pow2, program_cap, sm_count
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import load_entry_pairs
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_PTX, CVT_INT, CVT_PTX, e4m3_mode
@@ -338,17 +338,17 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     pos = token_pos.to(device=dev, dtype=torch.int64).contiguous()
     if block_s is None:
         # the interpreter pays per op, not per element: few large blocks there
-        block_s = 64 if dev.type != "cpu" else min(1024, max(16, triton.next_power_of_2(n_max)))
-    n_blocks = triton.cdiv(n_max, block_s)
+        block_s = 64 if dev.type != "cpu" else min(1024, max(16, next_pow2(n_max)))
+    n_blocks = cdiv(n_max, block_s)
     tb = _tokens_per_program(t) if tokens_per_program is None else tokens_per_program
     if tb < 1 or tb & (tb - 1):
         raise ValueError(f"tokens_per_program must be a power of two >= 1, got {tb}")
-    groups = triton.cdiv(t, tb)
+    groups = cdiv(t, tb)
     if iters is None:
         iters = _launch_config(groups, n_blocks, dev)
     if num_warps is None:
         num_warps = 4
-    n_split = triton.cdiv(n_blocks, iters)
+    n_split = cdiv(n_blocks, iters)
     dot = _dot_mode(q, fmt_code)
     _indexer_score_kernel[(_grid(groups * n_split, dev, cube=True),)](
         q, weights, key_cache, bt, req, pos, out,
@@ -423,5 +423,5 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         vals, idx = torch.topk(scores, k, dim=-1, largest=True, sorted=False)
         _select_compact_kernel[(_grid(dst.shape[0], dev),)](
             vals, idx, dst, k, dst.shape[0], vals.stride(0), idx.stride(0), dst.stride(0),
-            BLOCK_K=triton.next_power_of_2(k), num_warps=4, **pdl_launch(dev))
+            BLOCK_K=next_pow2(k), num_warps=4, **pdl_launch(dev))
     return out

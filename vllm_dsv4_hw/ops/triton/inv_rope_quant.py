@@ -15,6 +15,7 @@ from vllm_dsv4_hw.ops.api import INV_ROPE_FP8_QUANT, O_QUANT_AMAX_FLOOR, O_QUANT
 from vllm_dsv4_hw.ops.checks import check_fused_rope_args, check_inv_rope_fp8_quant_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d, rope_pairs
+from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.platform.device import adaptor_for
 from vllm_dsv4_hw.ops.triton.quant import ceil_log2_div, f32_to_e4m3_bits, pow2_f32
@@ -166,9 +167,9 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
     rows = auto_rows if rows is None else rows
     if hw_enc is None:
         hw_enc = cvt_pays and hw_encode(o.device)
-    _inv_rope_fp8_quant_kernel[grid_1d(triton.cdiv(t * h, rows), o.device)](
+    _inv_rope_fp8_quant_kernel[grid_1d(cdiv(t * h, rows), o.device)](
         o, pos, cs, out.view(torch.uint8), scales, t * h, h, o.stride(0), o.stride(1),
-        cs.stride(0), float(O_QUANT_AMAX_FLOOR), NG=ng, BG=triton.next_power_of_2(ng),
+        cs.stride(0), float(O_QUANT_AMAX_FLOOR), NG=ng, BG=next_pow2(ng),
         GP=O_QUANT_GROUP // 2, FIRST_PAIR=(d - r) // 2, HALF=r // 2, ROWS=rows,
         HW_ENC=hw_enc, FLAT=FLAT if flat is None else flat,
         num_warps=auto_warps if num_warps is None else num_warps, **pdl_launch(o.device))

@@ -18,6 +18,7 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.api import KV_GATHER, KV_INSERT
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d
+from vllm_dsv4_hw.ops.triton.launch import next_pow2
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import (
     FMT_BF16,
@@ -49,7 +50,7 @@ def entry_layout(fmt) -> tuple[int, int, int]:
     code = format_code(fmt)
     dim = fmt.dim
     npairs = dim // 2
-    if dim % 2 or triton.next_power_of_2(npairs) != npairs:
+    if dim % 2 or next_pow2(npairs) != npairs:
         raise ValueError(f"{fmt.name}: triton kernels need a power-of-two entry dim, got {dim}")
     if code == FMT_FP8_DS_MLA:
         return code, 8, 32
@@ -300,7 +301,7 @@ def kv_gather(cache: torch.Tensor, slots: torch.Tensor, fmt) -> torch.Tensor:
     flat = slots.reshape(-1)
     _kv_gather_kernel[grid_1d(n, cache.device)](
         cache, flat, out, n, cache.stride(0), cache.shape[0] * fmt.entries_per_page,
-        fmt.entries_per_page, DIM=fmt.dim, BLOCK_D=triton.next_power_of_2(fmt.dim),
+        fmt.entries_per_page, DIM=fmt.dim, BLOCK_D=next_pow2(fmt.dim),
         DATA_BYTES=fmt.data_bytes, SCALE_BYTES=fmt.scale_bytes, FMT=code,
         ALIGNED=cache_aligned(cache), num_warps=4 if fmt.dim >= 512 else 2,
         **pdl_launch(cache.device))

@@ -38,7 +38,7 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.api import MOE_EXPERTS
 from vllm_dsv4_hw.ops.reference.moe import sum_slots, validate_moe_args
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.launch import grid_limit
+from vllm_dsv4_hw.ops.triton.launch import cdiv, grid_limit
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import (
     bf16_bits_to_f32,
@@ -58,7 +58,7 @@ def align_pairs(topk_ids: torch.Tensor, n_exp: int, bm: int):
     [0, E) (-1: the slot contributes nothing) are left out."""
     p = topk_ids.numel()
     dev = topk_ids.device
-    n_blocks = triton.cdiv(p + min(n_exp, p) * (bm - 1), bm)
+    n_blocks = cdiv(p + min(n_exp, p) * (bm - 1), bm)
     flat = topk_ids.reshape(-1).to(torch.int64)
     key = torch.where((flat >= 0) & (flat < n_exp), flat, n_exp)  # dropped pairs sort last
     order = torch.argsort(key, stable=True)
@@ -96,7 +96,7 @@ def _programs(t: int, k: int, n_exp: int, inter: int, d: int) -> int:
     p = t * k
     cfg = launch_config(p, n_exp)
     bm, bn = cfg["BM"], cfg["BN"]
-    return triton.cdiv(p + min(n_exp, p) * (bm - 1), bm) * triton.cdiv(max(inter, d), bn)
+    return cdiv(p + min(n_exp, p) * (bm - 1), bm) * cdiv(max(inter, d), bn)
 
 
 def _tokens_per_launch(t: int, k: int, n_exp: int, inter: int, d: int, limit: int) -> int:
@@ -311,7 +311,7 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
     mode13, mode2 = int(dot13) or rows, int(dot2) or rows
     act = torch.empty(p, inter, dtype=x.dtype, device=x.device)
     has_limit = swiglu_limit is not None and swiglu_limit > 0
-    tiles1 = triton.cdiv(inter, bn)
+    tiles1 = cdiv(inter, bn)
     _moe_gate_up_kernel[(n_blocks * tiles1,)](
         x, w13, s13, sorted_ids, block_expert, n_padded, act,
         float(swiglu_limit) if has_limit else 0.0, p, k, d, inter, tiles1,
@@ -321,7 +321,7 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
         num_stages=cfg["num_stages"], **pdl_launch(x.device))
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     out = buf.view(p, d)
-    tiles2 = triton.cdiv(d, bn)
+    tiles2 = cdiv(d, bn)
     _moe_down_kernel[(n_blocks * tiles2,)](
         act, w2, s2, sorted_ids, block_expert, n_padded, tw, out, p, d, inter, tiles2,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0),

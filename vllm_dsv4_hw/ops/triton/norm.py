@@ -11,6 +11,7 @@ from vllm_dsv4_hw.ops.api import QKV_RMS_NORM, RMS_NORM
 from vllm_dsv4_hw.ops.checks import check_qkv_rms_norm_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d, is_f64, out_is_bf16, row_view, to_math, to_out
+from vllm_dsv4_hw.ops.triton.launch import next_pow2
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 
 
@@ -86,7 +87,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     x2 = row_view(x, n)
     o2 = out.view(-1, n)
     rows = x2.shape[0]
-    block = triton.next_power_of_2(n)
+    block = next_pow2(n)
     _rms_norm_kernel[grid_1d(rows, x.device)](
         x2, weight if weight is not None else x2, o2, rows, x2.stride(0), o2.stride(0), float(eps),
         N=n, BLOCK=block, HAS_W=weight is not None, F64=is_f64(x), OUT_BF16=out_is_bf16(out),
@@ -109,7 +110,7 @@ def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: t
     if t == 0:
         return q_out, kv_out
     nq, nkv = q_r.shape[1], kv.shape[1]
-    bq, bkv = triton.next_power_of_2(nq), triton.next_power_of_2(nkv)
+    bq, bkv = next_pow2(nq), next_pow2(nkv)
     _qkv_rms_norm_kernel[grid_1d(2 * t, q_r.device)](
         q2, q_w.contiguous(), q_out, kv2, kv_w.contiguous(), kv_out, t,
         q2.stride(0), q_out.stride(0), kv2.stride(0), kv_out.stride(0), float(eps),

@@ -10,6 +10,7 @@ from vllm_dsv4_hw.ops.api import ROPE
 from vllm_dsv4_hw.ops.checks import check_rope_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common import grid_1d, is_f64, out_is_bf16, rope_pairs, to_math, to_out
+from vllm_dsv4_hw.ops.triton.launch import next_pow2
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 
 
@@ -61,7 +62,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
     n_rows = t * rows_per_tok
     _rope_kernel[grid_1d(n_rows, x.device)](
         x3, pos, cs, out, n_rows, rows_per_tok, x3.stride(0), x3.stride(1), cs.stride(0),
-        NP=d // 2, BLOCK_P=triton.next_power_of_2(d // 2), FIRST_PAIR=(d - r) // 2, HALF=r // 2,
+        NP=d // 2, BLOCK_P=next_pow2(d // 2), FIRST_PAIR=(d - r) // 2, HALF=r // 2,
         INVERSE=bool(inverse), F64=is_f64(x), OUT_BF16=out_is_bf16(out),
         num_warps=4 if d >= 512 else 1, **pdl_launch(x.device))
     return out

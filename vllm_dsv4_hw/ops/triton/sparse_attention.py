@@ -50,6 +50,7 @@ from vllm_dsv4_hw.kv_cache.paged import gather_rows
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION
 from vllm_dsv4_hw.ops.checks import check_sparse_attention_args
 from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_INT, e4m3_mode
 from vllm_dsv4_hw.ops.triton.quant import FMT_BF16, FMT_FP8_DS_MLA, FMT_FP32
@@ -334,7 +335,7 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
     dot_bf16 = (dev.type != "cpu" and not _interpreting() and q.dtype == torch.bfloat16
                 and code in (FMT_BF16, FMT_FP8_DS_MLA))
     cfg = _config(dev, t, h, getattr(fmt, "name", None), n_cand=n_w + n_c, bf16_dots=dot_bf16)
-    bh = block_h or max(16, min(triton.next_power_of_2(h), cfg["block_h"]))
+    bh = block_h or max(16, min(next_pow2(h), cfg["block_h"]))
     bn = block_n or cfg["block_n"]
     nw = num_warps or cfg["num_warps"]
     ns = num_stages or cfg["num_stages"]
@@ -342,10 +343,10 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
     launch_opts = dict(num_warps=nw, num_stages=ns)
     if (maxnreg or cfg["maxnreg"]) and dev.type == "cuda":
         launch_opts["maxnreg"] = maxnreg or cfg["maxnreg"]
-    block_d = triton.next_power_of_2(d)
+    block_d = next_pow2(d)
     if code == FMT_FP8_DS_MLA:
         assert block_d == 512
-    num_hb = triton.cdiv(h, bh)
+    num_hb = cdiv(h, bh)
     splits, chunk = _plan_splits(t, num_hb, n_w + n_c, bn, cfg["min_chunk"], _num_cores(dev),
                                  num_splits, cfg.get("max_chunk"))
     split = splits > 1
@@ -385,13 +386,13 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
         )
     if split:
         bdc = min(128, block_d)
-        n_dc = triton.cdiv(d, bdc)
+        n_dc = cdiv(d, bdc)
         c_step = max(1, grid_cap // (h * n_dc))
         for t0 in range(0, t, c_step):
             nt = min(c_step, t - t0)
             _sparse_attn_combine[(nt * h, n_dc)](
                 ws_acc, ws_ml, sink_f, out, out.stride(0), out.stride(1), h, splits, t0,
-                D=d, BLOCK_S=triton.next_power_of_2(splits), BLOCK_DC=bdc,
+                D=d, BLOCK_S=next_pow2(splits), BLOCK_DC=bdc,
                 ROUND_BF16=round_bf16, num_warps=4, **pdl_launch(dev),
             )
     return out

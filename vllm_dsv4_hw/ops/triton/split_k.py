@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
+from vllm_dsv4_hw.ops.triton.launch import cdiv
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import f32_to_bf16_bits, round_to_bf16
 
@@ -147,7 +148,7 @@ class SplitOutputs(NamedTuple):
         did, in a's shape."""
         if self.split_k > 1 and not self.serial:
             ne = self.red.numel()
-            splitk_sum_kernel[(triton.cdiv(ne, 1024),)](
+            splitk_sum_kernel[(cdiv(ne, 1024),)](
                 self.out, self.red_arg, self.split_k, ne, self.out.stride(0), BLOCK=1024,
                 OUT_BF16=self.bf16_mode, num_warps=4, **pdl_launch(self.out.device))
         return self.red if a.grouped else self.red.view(a.m, a.n)

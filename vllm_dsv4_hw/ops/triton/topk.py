@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops.triton.launch import sm_count
+from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2, sm_count
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.platform.device import adaptor_for
 
@@ -76,7 +76,7 @@ def auto_block(rows: int, n: int, one_launch_programs: int = 0) -> int:
     2,048; multi-launch 32 x 32,768 59.4 at 2,048 (70.0 at 4,096, 82.2 at 1,024), 4 x 262,144
     57.4 (68.3, 81.5)."""
     for blk in (512, 1024, 2048):
-        if rows * triton.cdiv(n, blk) <= one_launch_programs:
+        if rows * cdiv(n, blk) <= one_launch_programs:
             return blk
     return 2048
 
@@ -436,8 +436,8 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
         blk = INTERP_BLOCK
     else:
         blk = auto_block(t, n, _one_launch_cap(dev) if want_one else 0)
-    blk = min(blk, triton.next_power_of_2(n))
-    n_blk = triton.cdiv(n, blk)
+    blk = min(blk, next_pow2(n))
+    n_blk = cdiv(n, blk)
     state = torch.zeros(t, _STATE, dtype=torch.int32, device=dev)
     base = torch.empty(t, n_blk, 2, dtype=torch.int32, device=dev)
     if bound:
@@ -452,7 +452,7 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
     if want_one and _one_launch(dev, t * n_blk, n_blk):
         _fused_kernel[(t * n_blk,)](scores, state, base, out, pos, req, k, n, scores.stride(0),
                                     out.stride(0), n_blk, BLOCK=blk,
-                                    NB=triton.next_power_of_2(n_blk), **bnd,
+                                    NB=next_pow2(n_blk), **bnd,
                                     HIST_RELAXED=HIST_RELAXED, num_warps=one_launch_warps(blk),
                                     **pdl_launch(dev))
         return out
@@ -462,7 +462,7 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
                                    **pdl_launch(dev))
     # counts, then (in place) each block's first slots
     _count_kernel[(t * n_blk,)](scores, state, base, pos, req, n, scores.stride(0), n_blk,
-                                BLOCK=blk, NB=triton.next_power_of_2(n_blk), **bnd, num_warps=8,
+                                BLOCK=blk, NB=next_pow2(n_blk), **bnd, num_warps=8,
                                 **pdl_launch(dev))
     _gather_kernel[(t * n_blk,)](scores, state, base, out, pos, req, n, scores.stride(0),
                                  out.stride(0), n_blk, k, BLOCK=blk, **bnd, num_warps=8,
