@@ -29,6 +29,8 @@ bf16 results are rounded in fp32 first (its own fp32 -> bf16 conversion truncate
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -291,6 +293,15 @@ def _math(dtype: torch.dtype, interpreting: bool) -> int:
     return MATH_X16
 
 
+@functools.cache
+def _w8a8():
+    """``ops.triton.fp8_dot_linear`` (imported on first use: it imports this module's launch
+    helpers; a function-level import on every call cost ~2 us)."""
+    from vllm_dsv4_hw.ops.triton import fp8_dot_linear
+
+    return fp8_dot_linear
+
+
 @register_op(FP8_BLOCK_LINEAR, "triton")
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      block: tuple[int, int], out_dtype: torch.dtype | None = None,
@@ -302,7 +313,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     this kernel on the quantized activations' values, the same products (a float64 x, an odd
     scale block, a device without FP8 dots): kept in bf16 for bf16 x (e4m3 times a power of two
     from 2^-31 up is a bf16 value: exact, the 16-bit dot), else fp32."""
-    from vllm_dsv4_hw.ops.triton import fp8_dot_linear  # imports this module's launch helpers
+    fp8_dot_linear = _w8a8()
     if x_scales is not None:  # x given as e4m3 codes + scales
         out_dtype = check_prequantized_x(x, x_scales, int(block[1]), out_dtype)
         # the values' dtype: bf16 holds every e4m3 value times a power of two exactly

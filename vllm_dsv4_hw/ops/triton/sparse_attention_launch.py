@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from vllm_dsv4_hw.ops.triton.launch import sm_count
+from vllm_dsv4_hw.ops.triton.launch import capabilities, sm_count
 
 
 def _interpreting() -> bool:
@@ -172,9 +172,7 @@ def _config(device: torch.device, t: int = 1, h: int = 16, fmt_name: str | None 
 
 def _shared_mem(device: torch.device) -> int:
     """Shared memory per block: the device's declared capability."""
-    from vllm_dsv4_hw.platform.device import adaptor_for
-
-    return adaptor_for(device.type).capabilities.shared_mem
+    return capabilities(device).shared_mem
 
 
 def _plan_splits(t: int, num_hb: int, n_cand: int, block_n: int, min_chunk: int, cores: int,
