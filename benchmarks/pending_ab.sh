@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
-# The GPU measurements that decide the knobs built but still off until timed, in device calls of
-# under ten minutes each (H200, from the project root, carry [".gpuserve"]):
+# The GPU measurements of the next device session, in device calls of under ten minutes each
+# (H200, from the project root, carry [".gpuserve"]):
 #
 #   bash benchmarks/pending_ab.sh tier    # GPU tier (checks + AOT launch records, native and sm_80)
-#   bash benchmarks/pending_ab.sh ab      # decode stack with each knob off / on, its kernel sweeps
+#   bash benchmarks/pending_ab.sh ab      # the knobs on the H200: read-ahead 0 / 256 interleaved,
+#                                         # flat inv_rope; the kernel sweeps; the L2 probe
+#   bash benchmarks/pending_ab.sh final   # streams on / off, V4-Flash 128K / 1M; V4-Pro 1M B=1; peer
 #
-# Knobs (each off by default, docs/performance.md "Built, not yet timed"):
-#   VLLM_DSV4_HW_WEIGHT_PREFETCH / decode_stack --weight-prefetch N: GEMM weight lines asked of L2
-#       before the PDL wait (benchmarks/l2_prefetch_probe.py: the same on one GEMM);
-#   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: the flat row form
-#       (decode_kernels --only inv_rope: per call, bit-equal; benchmarks.peer: the T=32 row).
-# And one question for the next change: decode_kernels --only gemm_codes (the W8A8 GEMM with x's
-# codes handed over, as a q norm that emits codes would hand them to wq_b and the indexer's wq_b).
+# Knobs (docs/performance.md, "The 2026-12-05 knobs decided on an H100"):
+#   VLLM_DSV4_HW_WEIGHT_PREFETCH / decode_stack --weight-prefetch N: on (256) since 2026-12-05,
+#       timed on an H100 only (0.5-1.5% of a decode step); the H200 pair confirms or reverts it;
+#   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: off (slower on the H100).
 # Everything lands under $OUT (one folder per run, its log beside its JSON).
 set -u
-PHASE=${1:?usage: pending_ab.sh tier|ab}
+PHASE=${1:?usage: pending_ab.sh tier|ab|final}
 OUT=${OUT:-out}
 W="bash benchmarks/with_vllm.sh"
 DS="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4,32
@@ -40,9 +39,10 @@ tier)
     echo "rc=$?"; tail -3 "$OUT/tier/sm80.txt"
     ;;
 ab)
-    run base $W $DS
-    run prefetch-256 $W $DS --weight-prefetch 256
-    run prefetch-1024 $W $DS --weight-prefetch 1024
+    run pf0-a $W $DS --weight-prefetch 0
+    run pf256-a $W $DS --weight-prefetch 256
+    run pf0-b $W $DS --weight-prefetch 0
+    run pf256-b $W $DS --weight-prefetch 256
     run flat $W $DS --inv-rope-flat on
     run kernels $W python3 -m benchmarks.decode_kernels --only inv_rope,topk_sync,gemm_codes --batches 1,4,32
     mkdir -p "$OUT/l2"
@@ -50,7 +50,14 @@ ab)
     OUT=$OUT/l2 $W python3 -m benchmarks.l2_prefetch_probe > "$OUT/l2/log.txt" 2>&1
     echo "rc=$?"; tail -25 "$OUT/l2/log.txt"
     ;;
+final)
+    run final $W python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m \
+        --batches 1,4,32 --no-prefill --graphs on --streams on,off --steps 8 --reps 3 --profile
+    run pro $W python3 -m benchmarks.decode_stack --model v4-pro --contexts 1m --batches 1 \
+        --no-prefill --graphs on --streams on --steps 8 --reps 3
+    run peer $W python3 -m benchmarks.peer
+    ;;
 *)
-    echo "pending_ab.sh: unknown phase $PHASE (tier or ab)"; exit 2 ;;
+    echo "pending_ab.sh: unknown phase $PHASE (tier, ab or final)"; exit 2 ;;
 esac
 stamp end
