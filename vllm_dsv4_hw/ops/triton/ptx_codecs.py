@@ -38,22 +38,19 @@ C_CVT_PTX = tl.constexpr(CVT_PTX)
 def e4m3_mode(device) -> int:
     """The fastest exact e4m3 decode the device declares (``platform.capabilities``); the
     integer decode under the interpreter (CPU tensors)."""
-    if device.type == "cpu":
-        return CVT_INT
-    caps = adaptor_for(device.type).capabilities
-    if caps.ptx_inline:
-        return CVT_PTX
-    return CVT_HW if caps.fp8_cvt else CVT_INT
+    return e4m3_modes(device)[-1]
 
 
 def e4m3_modes(device) -> tuple[int, ...]:
-    """Every exact e4m3 decode the device declares (the GPU checks run each against the auto
-    choice): a device declared as sm_80 takes no hardware cvt, whatever the part it runs on."""
+    """Every exact e4m3 decode the device declares, slowest first (the GPU checks run each
+    against the auto choice, the last): a device declared as sm_80 takes no hardware cvt,
+    whatever the part it runs on."""
     if device.type == "cpu":
         return (CVT_INT,)
     caps = adaptor_for(device.type).capabilities
     return (CVT_INT,) + ((CVT_HW,) if caps.fp8_cvt else ()) + (
         (CVT_PTX,) if caps.ptx_inline else ())
+
 
 # $2: four codes (byte i = element i); $0 / $1: elements 0, 1 / 2, 3 as two 16-bit lanes each.
 # One ``prmt`` puts codes 0, 1 (2, 3) in the low bytes of two lanes with their sign bit replicated
