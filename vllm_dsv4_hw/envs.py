@@ -190,6 +190,15 @@ FP8_ACTIVATIONS = _Var(
     "kernels; else the model dtype), e4m3 (quantized on every device: the same numbers "
     "everywhere, slower where the device has no FP8 dots) or model (weight-only W8A16).",
 )
+INDEXER_Q = _Var(
+    "VLLM_DSV4_HW_INDEXER_Q",
+    "auto",
+    _choice("auto", "e4m3", "model"),
+    "The indexer's query q^I: auto (e4m3 codes with one power-of-two scale per token and head, "
+    "scored on FP8 tensor-core dots, where the device has them (capability fp8_dot): upstream "
+    "vLLM's indexer quantizes q^I so too; else the model dtype), e4m3 (on every device: the same "
+    "selections everywhere) or model (q^I in the model dtype, bf16 dots).",
+)
 PDL = _Var(
     "VLLM_DSV4_HW_PDL",
     "1",
@@ -217,8 +226,8 @@ TRAP_C_OPS = _Var(
 )
 
 ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS,
-            CUDA_CAPABILITY, PLATFORM, MODEL_OWNER, KERNEL_FAILURES, FP8_ACTIVATIONS, PDL,
-            WEIGHT_PREFETCH, TRAP_C_OPS)
+            CUDA_CAPABILITY, PLATFORM, MODEL_OWNER, KERNEL_FAILURES, FP8_ACTIVATIONS, INDEXER_Q,
+            PDL, WEIGHT_PREFETCH, TRAP_C_OPS)
 
 
 def device() -> str:
@@ -235,6 +244,10 @@ def op_backends() -> dict[str, str]:
 
 def fp8_activations() -> str:
     return FP8_ACTIVATIONS.get()
+
+
+def indexer_q() -> str:
+    return INDEXER_Q.get()
 
 
 def kv_format() -> str:

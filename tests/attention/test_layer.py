@@ -461,7 +461,7 @@ def test_indexer_sees_only_the_visible_pages(monkeypatch):
     widths = []
     topk = ops.indexer_topk
     monkeypatch.setattr(ops, "indexer_topk",
-                        lambda *a: widths.append(a[4].shape[1]) or topk(*a))
+                        lambda *a, **kw: widths.append(a[4].shape[1]) or topk(*a, **kw))
     x = torch.cat(xs)
     outs = []
     for pad in (0, 7):   # 7 more pages per table, none allocated

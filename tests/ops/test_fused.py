@@ -167,8 +167,10 @@ def test_qnorm_rope_kv_insert_bad_inputs(backend, table):
 
 # -- inv_rope_fp8_quant ---------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", cpu_backends(INV_ROPE_FP8_QUANT))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_inv_rope_fp8_quant_matches_oracle(backend, dtype, table, gen):
+@pytest.mark.parametrize("dtype,inverse", [(torch.bfloat16, True), (torch.float32, True),
+                                           (torch.bfloat16, False)])
+def test_inv_rope_fp8_quant_matches_oracle(backend, dtype, inverse, table, gen):
+    """inverse=False is ``rope_fp8_quant`` (the indexer's q^I): the forward rotation."""
     f = impl(INV_ROPE_FP8_QUANT, backend)
     t, h = len(POSITIONS), 3
     o = _rows(gen, (t, h, D), dtype, -20.0, 10.0)
@@ -176,12 +178,12 @@ def test_inv_rope_fp8_quant_matches_oracle(backend, dtype, table, gen):
     o[3, 0] = (torch.randn(D, generator=gen) * 1e-12).to(dtype)  # below the 1e-10 floor
     o_in = o.clone()
 
-    q, s = f(o, torch.tensor(POSITIONS), table)
+    q, s = f(o, torch.tensor(POSITIONS), table, inverse)
 
     assert torch.equal(o, o_in)
     assert q.shape == (t, h, D) and q.dtype == torch.float8_e4m3fn
     assert s.shape == (t, h, D // 128) and s.dtype == torch.float32
-    x = rope64(o, POSITIONS, inverse=True)  # [T, H, D] float64
+    x = rope64(o, POSITIONS, inverse=inverse)  # [T, H, D] float64
     s64 = s.double()
     # power-of-two scales, s = 2^ceil(log2(max(amax, 1e-10) / 448)) (slack: x is fp32 in the op)
     assert torch.equal(torch.exp2(torch.log2(s64).round()), s64)
@@ -197,9 +199,9 @@ def test_inv_rope_fp8_quant_matches_oracle(backend, dtype, table, gen):
     assert torch.all((deq - x).abs() <= x.abs() * (2 ** -4 + 1e-6) + s_el * 2 ** -10)
 
 
-@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("flat,inverse", [(False, True), (True, True), (True, False)])
 @pytest.mark.parametrize("rows,warps", [(1, 1), (2, 1), (4, 4), (8, 2)])
-def test_inv_rope_fp8_quant_row_tiles(rows, warps, flat, table, gen):
+def test_inv_rope_fp8_quant_row_tiles(rows, warps, flat, inverse, table, gen):
     """The Triton kernel's tiles of several (token, head) rows per iteration (prefill), the last
     tile ragged, and its memory-order form (``flat``: contiguous rows, each rotated element's
     partner loaded again) give the one-row pairs program's codes and scales bit for bit."""
@@ -209,8 +211,8 @@ def test_inv_rope_fp8_quant_row_tiles(rows, warps, flat, table, gen):
     o = _rows(gen, (t, 3, D), torch.bfloat16, -20.0, 10.0)   # 42 rows
     o[1, 2] = -0.0  # a row of -0.0: its codes keep the sign outside the rotated dims
     pos = torch.tensor(POSITIONS)
-    q1, s1 = inv_rope_fp8_quant(o, pos, table, rows=1, flat=False)
-    q, s = inv_rope_fp8_quant(o, pos, table, rows=rows, num_warps=warps, flat=flat)
+    q1, s1 = inv_rope_fp8_quant(o, pos, table, inverse, rows=1, flat=False)
+    q, s = inv_rope_fp8_quant(o, pos, table, inverse, rows=rows, num_warps=warps, flat=flat)
     assert torch.equal(q.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(s, s1)
     assert (q.view(torch.uint8)[1, 2, :448] == 0x80).all()
 

@@ -46,6 +46,7 @@ from torch import nn
 
 from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.attention.caches import LayerCaches
+from vllm_dsv4_hw.attention.indexer_query import e4m3_query
 from vllm_dsv4_hw.attention.metadata import StepMetadata
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kinds import INDEXER_COMPRESSOR, AttentionKind, kind_of
@@ -130,6 +131,8 @@ class DSV4Indexer(nn.Module):
                                               f"{prefix}.weights_proj", dtype)
         self.compressor = DSV4Compressor(cfg.hidden_size, self.head_dim, INDEXER_COMPRESSOR,
                                          dtype, f"{prefix}.compressor")
+        # e4m3 q^I (``attention.indexer_query``): None follows the setting, True / False force it
+        self.q_e4m3: bool | None = None
         # On the device, one element: weights_proj's bf16 output times it promotes to fp32 in one
         # launch (a cast then a scalar product were two on the indexer's branch), same bits.
         self.register_buffer("head_scale", torch.tensor([self.head_scale_value],
@@ -139,6 +142,18 @@ class DSV4Indexer(nn.Module):
     def head_scale_value(self) -> float:
         """The head weights' scale Di^-0.5 * Hi^-0.5."""
         return self.head_dim ** -0.5 * self.n_heads ** -0.5
+
+    def query(self, q_r: torch.Tensor, positions: torch.Tensor,
+              cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q^I = RoPE(W_qb^I q_r) [T, Hi, Di], and its per-(token, head) scales [T, Hi] where it
+        is scored as e4m3 codes (``q_e4m3``; head dim 128: one FP8 group per head), else None."""
+        t = q_r.shape[0]
+        qi = self.wq_b(q_r).view(t, self.n_heads, self.head_dim)
+        if self.head_dim == 128 and (self.q_e4m3 if self.q_e4m3 is not None
+                                     else e4m3_query(qi.device)):
+            codes, scales = ops.rope_fp8_quant(qi, positions, cos_sin)
+            return codes, scales.view(t, self.n_heads)
+        return ops.rope(qi, positions, cos_sin), None
 
     def head_weights(self, x: torch.Tensor) -> torch.Tensor:
         """The per-head weights [T, Hi] fp32, scaled."""
@@ -344,13 +359,11 @@ class DSV4Attention(nn.Module):
         """The indexer's query half: q^I, the top-k entries, their compressed-cache slots."""
         idx = self.indexer
         pos = meta.positions
-        t = q_r.shape[0]
-        qi = idx.wq_b(q_r).view(t, idx.n_heads, idx.head_dim)
-        qi = ops.rope(qi, pos, self.cos_sin)
+        qi, q_scales = idx.query(q_r, pos, self.cos_sin)
         top = ops.indexer_topk(qi, w, caches.indexer, caches.indexer_format,
                                _visible_pages(meta.block_tables.indexer, meta.max_visible_entries,
                                               meta.geometry.indexer_entries_per_page),
-                               meta.token_req, pos, idx.topk, self.ratio)
+                               meta.token_req, pos, idx.topk, self.ratio, q_scales=q_scales)
         if self.capture_topk:
             self.last_topk = top
         return ops.entry_slots(meta.block_tables.comp, meta.token_req, top,

@@ -77,10 +77,13 @@ def compressor_store(kv, score, positions, ape, state, state_slots, group_rows, 
 
 def indexer_topk(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor, key_fmt,
                  block_table: torch.Tensor, token_req: torch.Tensor, token_pos: torch.Tensor,
-                 topk: int, ratio: int = 4) -> torch.Tensor:
+                 topk: int, ratio: int = 4, q_scales: torch.Tensor | None = None) -> torch.Tensor:
     """Lightning-indexer top-k over each token's visible compressed entries.
 
     q [T, Hi, Di] (RoPE applied), weights [T, Hi] fp32 (already scaled by Di^-0.5 * Hi^-0.5).
+    ``q_scales`` [T, Hi] fp32 positive (optional): q holds e4m3 codes (torch.float8_e4m3fn, from
+    ``rope_fp8_quant``) and the query is q * q_scales[..., None], exactly (so backends may fold
+    the scale into the weights: relu commutes with a positive factor).
     Keys of request r, entry s live at slot ``block_table[r, s // E] * E + s % E`` with
     E = key_fmt entries per page. Score(t, s) = sum_h w[t,h] * relu(q[t,h] . k[s]); entry s is visible
     to token t iff ratio*s + ratio - 1 <= token_pos[t]. Returns [T, topk] int32 entry indices,
@@ -88,7 +91,7 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor
     returns them in descending score, other backends in any order (the Triton one unsorted).
     """
     return _impl(INDEXER_TOPK, q)(q, weights, key_cache, key_fmt, block_table, token_req,
-                                  token_pos, topk, ratio)
+                                  token_pos, topk, ratio, q_scales)
 
 
 def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
@@ -163,17 +166,26 @@ def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Ten
                                           window_slots, fmt)
 
 
-def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
-                       cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                       inverse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention-output epilogue (spec section 2, step 6 + the input of step 7).
 
-    o [T, H, D] -> x = rope(o, positions, cos_sin, inverse=True) in fp32 (not rounded), then FP8 per
+    o [T, H, D] -> x = rope(o, positions, cos_sin, inverse) in fp32 (not rounded), then FP8 per
     128-dim group g of each head: s = 2^ceil(log2(max(amax_g, O_QUANT_AMAX_FLOOR) / 448)) (a power
     of two, exact), o_fp8 = e4m3(clamp(x / s, -448, 448)) (round to nearest even).
     Returns (o_fp8 [T, H, D] torch.float8_e4m3fn, scales [T, H, D/128] fp32 = s); D % 128 == 0.
     Dequantized value: o_fp8.float() * scales.repeat_interleave(128, -1).
+    ``inverse=False`` (``rope_fp8_quant``): the forward rotation, for the indexer's q^I.
     """
-    return _impl(INV_ROPE_FP8_QUANT, o)(o, positions, cos_sin)
+    return _impl(INV_ROPE_FP8_QUANT, o)(o, positions, cos_sin, inverse)
+
+
+def rope_fp8_quant(x: torch.Tensor, positions: torch.Tensor,
+                   cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE, then the same FP8 group quantization: ``inv_rope_fp8_quant(..., inverse=False)``.
+    The indexer's q^I [T, Hi, 128] -> e4m3 codes and one power-of-two scale per (token, head),
+    which ``indexer_topk`` takes as ``q_scales`` (upstream vLLM's indexer quantizes q^I so too)."""
+    return _impl(INV_ROPE_FP8_QUANT, x)(x, positions, cos_sin, False)
 
 
 def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: torch.Tensor,

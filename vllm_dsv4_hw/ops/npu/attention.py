@@ -125,7 +125,9 @@ def _fits_li(q, key_fmt, topk: int) -> bool:
 @npu_op(INDEXER_TOPK, ref_indexer.indexer_topk)
 def indexer_topk(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor, key_fmt,
                  block_table: torch.Tensor, token_req: torch.Tensor, token_pos: torch.Tensor,
-                 topk: int, ratio: int = 4) -> torch.Tensor:
+                 topk: int, ratio: int = 4, q_scales: torch.Tensor | None = None) -> torch.Tensor:
+    if q_scales is not None:  # e4m3 codes: the vendor indexer takes bf16 q (exact from e4m3)
+        q = ref_indexer.query_values(q, q_scales).to(torch.bfloat16)
     if not _fits_li(q, key_fmt, topk) or q.shape[0] == 0:
         return ref_indexer.indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req,
                                         token_pos, topk, ratio)

@@ -66,17 +66,17 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
 
 
 @register_op(INV_ROPE_FP8_QUANT, "npu", requires=("fp8",))
-def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
-                       cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                       inverse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse RoPE through npu_rotary_mul (fp32), then the power-of-two FP8 group quantization.
 
     Needs fp8 tensors, so the dispatcher skips it on Ascend A2/A3 (capability ``fp8``): no
     torch_npu quantizer there produces e4m3 (npu_quantize / npu_dynamic_quant give int8).
     """
     if o.dim() != 3 or o.shape[-1] % O_QUANT_GROUP:
-        return ref_fused.inv_rope_fp8_quant(o, positions, cos_sin)  # raises the contract's error
+        return ref_fused.inv_rope_fp8_quant(o, positions, cos_sin, inverse)  # raises the error
     t, h, d = o.shape
-    x = rope(o.float(), positions, cos_sin, inverse=True)
+    x = rope(o.float(), positions, cos_sin, inverse=inverse)
     xg = x.reshape(t, h, d // O_QUANT_GROUP, O_QUANT_GROUP)
     amax = xg.abs().amax(dim=-1).clamp_min(O_QUANT_AMAX_FLOOR)
     scales = pow2(ceil_log2(amax / FP8_E4M3_MAX))

@@ -37,11 +37,11 @@ def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Ten
 
 
 @register_op(INV_ROPE_FP8_QUANT, "reference")
-def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
-                       cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                       inverse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     check_inv_rope_fp8_quant_args(o, O_QUANT_GROUP)
     t, h, d = o.shape
-    x = rope(o.float(), positions, cos_sin, inverse=True)
+    x = rope(o.float(), positions, cos_sin, inverse=inverse)
     xg = x.reshape(t, h, d // O_QUANT_GROUP, O_QUANT_GROUP)
     amax = xg.abs().amax(dim=-1).clamp_min(O_QUANT_AMAX_FLOOR)
     scales = pow2(ceil_log2(amax / FP8_E4M3_MAX))  # exact powers of two, [T, H, D/128] fp32

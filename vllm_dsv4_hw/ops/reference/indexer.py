@@ -38,6 +38,18 @@ def gather_keys(key_cache: torch.Tensor, key_fmt, block_table: torch.Tensor, req
     return paged.gather_rows(key_cache, slots, key_fmt)
 
 
+def query_values(q: torch.Tensor, q_scales: torch.Tensor | None) -> torch.Tensor:
+    """The query of the contract: q itself, or its e4m3 codes times ``q_scales`` [T, Hi] (exact
+    in fp32: an e4m3 value times a power of two)."""
+    if q_scales is None:
+        return q
+    if q.dtype != torch.float8_e4m3fn or q_scales.shape != q.shape[:2]:
+        raise ValueError(f"indexer_topk: q_scales {tuple(q_scales.shape)} needs q as e4m3 codes "
+                         f"[T, Hi, Di] with q_scales [T, Hi]; got q {q.dtype} "
+                         f"{tuple(q.shape)} (rope_fp8_quant gives both)")
+    return q.to(torch.float32) * q_scales.to(device=q.device, dtype=torch.float32)[..., None]
+
+
 def score_entries(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """sum_h w[t,h] * relu(q[t,h] . k[s]) -> [T, S] fp32 (q [T,H,D], weights [T,H], keys [S,D])."""
     logits = torch.einsum("thd,sd->ths", q.to(torch.float32), keys.to(torch.float32))
@@ -47,7 +59,8 @@ def score_entries(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) ->
 @register_op(api.INDEXER_TOPK, "reference")
 def indexer_topk(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor, key_fmt,
                  block_table: torch.Tensor, token_req: torch.Tensor, token_pos: torch.Tensor,
-                 topk: int, ratio: int = 4) -> torch.Tensor:
+                 topk: int, ratio: int = 4, q_scales: torch.Tensor | None = None) -> torch.Tensor:
+    q = query_values(q, q_scales)
     device = q.device
     num_tokens, num_heads, _ = q.shape
     out = torch.full((num_tokens, topk), -1, dtype=torch.int32, device=device)

@@ -40,15 +40,21 @@ import triton.language as tl
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
-from vllm_dsv4_hw.ops.triton.launch import cdiv, dot_dim, next_pow2, program_cap, sm_count
+from vllm_dsv4_hw.ops.triton.launch import (capabilities, cdiv, dot_dim, next_pow2, program_cap,
+                                            sm_count)
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.quant import load_entry_pairs
-from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_PTX, CVT_INT, CVT_PTX, e4m3_mode
+from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, load_entry_pairs
+from vllm_dsv4_hw.ops.triton.ptx_codecs import (C_CVT_PTX, CVT_INT, CVT_PTX, E2M1_E4M3_SHIFT,
+                                                e2m1_pairs_to_e4m3, e4m3_mode)
 from vllm_dsv4_hw.ops.triton.topk import radix_topk
 
 DOT_F32 = 0
 DOT_BF16 = 1
 DOT_BF16X2 = 2
+DOT_FP8 = 3       # e4m3 q codes x e4m3 keys (MXFP4 placed exactly, fp8 as stored) on FP8 dots
+DOT_FP8_EMU = 4   # the same program with fp32 ``ieee`` dots and integer decodes (interpreter)
+_MX_BLOCK = tl.constexpr(32)        # MXFP4: dims per ue8m0 scale
+_MX_SHIFT = tl.constexpr(127 + E2M1_E4M3_SHIFT)   # placed codes are value * 2^-6
 
 # Upper bound on the fp32 score buffer materialized at once (elements); tokens are chunked.
 _MAX_SCORE_ELEMS = 1 << 27
@@ -134,8 +140,89 @@ def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, vi
 
 
 @triton.jit
-def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
-                          stride_qt, stride_wt, stride_bt, stride_out, page_stride,
+def _q_block_fp8(q_row, row_mask, c0, W: tl.constexpr, DOT: tl.constexpr):
+    """Dims [c0, c0 + W) of the q rows as the dots' B operand [W, R]: the e4m3 codes as they lie
+    (``DOT_FP8``), or their fp32 values (``DOT_FP8_EMU``: q handed over as fp32)."""
+    d = c0 + tl.arange(0, W)
+    q = tl.load(q_row + d[None, :], mask=row_mask, other=0.0)
+    return tl.trans(q)
+
+
+@triton.jit
+def _fp8_dot(a, b, DOT: tl.constexpr):
+    if DOT == 3:
+        return tl.dot(a, b)
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _mx_block_e4m3(cache_ptr, entry_byte, c, vis, DOT: tl.constexpr, CVT: tl.constexpr):
+    """Scale block ``c`` (dims 32c .. 32c+31) of MXFP4 entries as [BLOCK_S, 32] e4m3 codes of the
+    value * 2^-6 in dim order (one 16-byte load per entry; even / odd dims interleaved back)."""
+    jb = tl.arange(0, _MX_BLOCK // 2)
+    b = tl.load(cache_ptr + entry_byte[:, None] + c * (_MX_BLOCK // 2) + jb[None, :],
+                mask=vis[:, None], other=0)
+    ev, od = e2m1_pairs_to_e4m3(b, CVT == C_CVT_PTX)
+    k = tl.reshape(tl.join(ev, od), (ev.shape[0], _MX_BLOCK))
+    if DOT == 4:
+        k = e4m3_bits_to_f32(k)
+    elif CVT != C_CVT_PTX:
+        k = k.to(tl.float8e4nv, bitcast=True)
+    return k
+
+
+@triton.jit
+def _mx_scale(word, c):
+    """2^(sb_c - 127 + 6) as fp32 (exact) for the scale byte c of each entry's scale word."""
+    sb = ((word >> (8 * c)) & 0xFF).to(tl.int32)
+    sbc = tl.minimum(sb, 254 - _MX_SHIFT + 127)
+    hi = ((sbc - _MX_SHIFT + 127) << 23).to(tl.float32, bitcast=True)
+    return hi * ((sb - sbc + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _block_logits_fp8(qb0, qb1, qb2, qb3, cache_ptr, bt_ptr, req, stride_bt, s, vis, bt_cols,
+                      page_stride, DI: tl.constexpr, E: tl.constexpr, DATA_BYTES: tl.constexpr,
+                      FMT: tl.constexpr, DOT: tl.constexpr, CVT: tl.constexpr):
+    """Logits [BLOCK_S, R] of e4m3 q codes against the keys of entries ``s`` (those with
+    ``vis``) on FP8 dots, and which entries were read. MXFP4: one K = 32 dot per scale block
+    (q blocks ``qb0..qb3``), its fp32 result times the block's scale: the tensor core sums only
+    within a block. FP8 keys: one K = DI dot (``qb0``), times the key's scale."""
+    page = tl.load(bt_ptr + req * stride_bt + s // E, mask=vis & (s // E < bt_cols), other=-1)
+    vis = vis & (page >= 0)
+    page64 = tl.maximum(page, 0).to(tl.int64)
+    off = (s % E).to(tl.int64)
+    entry_byte = page64 * page_stride + off * DATA_BYTES
+    scale_off = page64 * page_stride + E * DATA_BYTES + off * 4
+    if FMT == 4:
+        tl.static_assert(DI == 4 * _MX_BLOCK, "FP8 dots over MXFP4 keys take head dim 128")
+        word = tl.load(cache_ptr.to(tl.pointer_type(tl.uint32)) + scale_off // 4, mask=vis,
+                       other=0x7F7F7F7F)
+        logits = _fp8_dot(_mx_block_e4m3(cache_ptr, entry_byte, 0, vis, DOT, CVT), qb0,
+                          DOT) * _mx_scale(word, 0)[:, None]
+        logits += _fp8_dot(_mx_block_e4m3(cache_ptr, entry_byte, 1, vis, DOT, CVT), qb1,
+                           DOT) * _mx_scale(word, 1)[:, None]
+        logits += _fp8_dot(_mx_block_e4m3(cache_ptr, entry_byte, 2, vis, DOT, CVT), qb2,
+                           DOT) * _mx_scale(word, 2)[:, None]
+        logits += _fp8_dot(_mx_block_e4m3(cache_ptr, entry_byte, 3, vis, DOT, CVT), qb3,
+                           DOT) * _mx_scale(word, 3)[:, None]
+    else:
+        tl.static_assert(FMT == 3, "FP8 dots take MXFP4 or fp8 indexer keys")
+        d = tl.arange(0, DI)
+        k = tl.load(cache_ptr + entry_byte[:, None] + d[None, :], mask=vis[:, None], other=0)
+        if DOT == 4:
+            k = e4m3_bits_to_f32(k)
+        else:
+            k = k.to(tl.float8e4nv, bitcast=True)
+        scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_off // 4, mask=vis,
+                        other=1.0)
+        logits = _fp8_dot(k, qb0, DOT) * scale[:, None]
+    return logits, vis
+
+
+@triton.jit
+def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
+                          stride_qt, stride_wt, stride_qs, stride_bt, stride_out, page_stride,
                           page_stride_units, n_max, n_split, bt_cols, n_programs, n_tokens,
                           H: tl.constexpr, DI: tl.constexpr, E: tl.constexpr,
                           DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
@@ -143,7 +230,7 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                           DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr,
                           KP: tl.constexpr, TB: tl.constexpr, KT: tl.constexpr,
                           CVT: tl.constexpr, SKIP_TAIL: tl.constexpr = False,
-                          PDL: tl.constexpr = False):
+                          PDL: tl.constexpr = False, QS: tl.constexpr = False):
     """Program = (TB consecutive tokens, split of ITERS entry blocks). Keys are read as (even,
     odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per pair), so logits =
     q_even @ k_even + q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode), for the TB
@@ -151,7 +238,10 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
     (prefill, where consecutive tokens share their request; a group whose tokens belong to
     different requests, or to none, is scored one token at a time). KP: the dots' K, DI/2 padded
     with zero pairs up to the device's smallest tl.dot (``launch.dot_dim``). SKIP_TAIL: blocks
-    past every token's visible entries store nothing (a bounded ``radix_topk`` never reads them)."""
+    past every token's visible entries store nothing (a bounded ``radix_topk`` never reads them).
+    QS: q is e4m3 codes (values for ``DOT_F32`` / ``DOT_FP8_EMU``) whose per-(token, head) scales
+    ``qs_ptr`` multiply the head weights (positive powers of two: exact, relu commutes).
+    ``DOT_FP8`` / ``DOT_FP8_EMU``: keys as the A operand (``_block_logits_fp8``)."""
     pdl_start(PDL)
     r = tl.arange(0, TB * H)
     tok_of_row = r // H
@@ -180,11 +270,23 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
             v_max = tl.max(visible, axis=0)
             req = tl.maximum(req, 0).to(tl.int64)
             w = tl.load(w_ptr + rt * stride_wt + head, mask=rows_ok, other=0.0).to(tl.float32)
-            qe, qo, qe_lo, qo_lo = _q_operands(q_ptr + rt[:, None] * stride_qt
-                                               + head[:, None] * DI, rows_ok[:, None], TB * H,
-                                               DI, KP, DOT)
-            if KT:
-                qe, qo, qe_lo, qo_lo = tl.trans(qe), tl.trans(qo), tl.trans(qe_lo), tl.trans(qo_lo)
+            if QS:
+                w *= tl.load(qs_ptr + rt * stride_qs + head, mask=rows_ok, other=0.0)
+            q_rows = q_ptr + rt[:, None] * stride_qt + head[:, None] * DI
+            if DOT >= 3:
+                if FMT == 4:
+                    qe = _q_block_fp8(q_rows, rows_ok[:, None], 0, _MX_BLOCK, DOT)
+                    qo = _q_block_fp8(q_rows, rows_ok[:, None], _MX_BLOCK, _MX_BLOCK, DOT)
+                    qe_lo = _q_block_fp8(q_rows, rows_ok[:, None], 2 * _MX_BLOCK, _MX_BLOCK, DOT)
+                    qo_lo = _q_block_fp8(q_rows, rows_ok[:, None], 3 * _MX_BLOCK, _MX_BLOCK, DOT)
+                else:
+                    qe = _q_block_fp8(q_rows, rows_ok[:, None], 0, DI, DOT)
+                    qo, qe_lo, qo_lo = qe, qe, qe
+            else:
+                qe, qo, qe_lo, qo_lo = _q_operands(q_rows, rows_ok[:, None], TB * H, DI, KP, DOT)
+                if KT:
+                    qe, qo = tl.trans(qe), tl.trans(qo)
+                    qe_lo, qo_lo = tl.trans(qe_lo), tl.trans(qo_lo)
             out_rows = out_ptr + tok.to(tl.int64)[:, None] * stride_out
             for it in range(ITERS):
                 s0 = (sp * ITERS + it) * BLOCK_S
@@ -197,11 +299,16 @@ def _indexer_score_kernel(q_ptr, w_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out
                         tl.store(out_rows + s[None, :],
                                  tl.full([TB, BLOCK_S], float("-inf"), tl.float32), mask=st_mask)
                 else:
-                    logits, read = _block_logits(
-                        qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, s < v_max,
-                        bt_cols, page_stride, page_stride_units, j, DI, E, DATA_BYTES,
-                        SCALE_BYTES, UNIT, FMT, DOT, KP, KT, CVT)
-                    if KT:
+                    if DOT >= 3:   # (q blocks 0..3 of MXFP4 in qe, qo, qe_lo, qo_lo)
+                        logits, read = _block_logits_fp8(
+                            qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s,
+                            s < v_max, bt_cols, page_stride, DI, E, DATA_BYTES, FMT, DOT, CVT)
+                    else:
+                        logits, read = _block_logits(
+                            qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s,
+                            s < v_max, bt_cols, page_stride, page_stride_units, j, DI, E,
+                            DATA_BYTES, SCALE_BYTES, UNIT, FMT, DOT, KP, KT, CVT)
+                    if KT or DOT >= 3:
                         wl = w[None, :] * tl.maximum(logits, 0.0)      # [BLOCK_S, TB * H]
                         score = tl.trans(tl.sum(tl.reshape(wl, (BLOCK_S, TB, H)), axis=2))
                     else:
@@ -240,15 +347,34 @@ def _grid(n: int, device: torch.device, cube: bool = False) -> int:
 def _key_decode(fmt_code: int, dot: int, device: torch.device) -> int:
     """MXFP4 keys into bf16 dots: the packed PTX e2m1 decode where the device declares inline
     PTX (``ptx_codecs``: exact, the same bf16 keys); else the integer decode (``CVT_INT``)."""
-    if fmt_code != quant.FMT_MXFP4 or dot == DOT_F32:
+    if fmt_code != quant.FMT_MXFP4 or dot in (DOT_F32, DOT_FP8_EMU):
         return CVT_INT
     return CVT_PTX if e4m3_mode(device) == CVT_PTX else CVT_INT
 
 
 def _dot_mode(q: torch.Tensor, fmt_code: int) -> int:
-    if q.device.type == "cpu" or fmt_code == quant.FMT_FP32:
+    """The dots of a call. e4m3 q codes (``q_scales``) meet MXFP4 keys of head dim 128 or fp8
+    keys on FP8 dots where the device has them (``fp8_dot``), in the interpreter on the same
+    program with fp32 dots; any other e4m3 q is scored as its exact bf16 / fp32 values."""
+    cpu = q.device.type == "cpu"
+    if q.dtype == torch.float8_e4m3fn and (
+            fmt_code == quant.FMT_FP8_INDEXER
+            or (fmt_code == quant.FMT_MXFP4 and q.shape[-1] == 4 * _MX_BLOCK.value)):
+        if cpu:
+            return DOT_FP8_EMU
+        if capabilities(q.device).fp8_dot:
+            return DOT_FP8
+    if cpu or fmt_code == quant.FMT_FP32:
         return DOT_F32  # interpreter (bf16 dots are wrong there) / fp32 keys
-    return DOT_BF16 if q.dtype == torch.bfloat16 else DOT_BF16X2
+    return DOT_BF16 if q.dtype in (torch.bfloat16, torch.float8_e4m3fn) else DOT_BF16X2
+
+
+def _q_operand(q: torch.Tensor, dot: int) -> torch.Tensor:
+    """q as the kernel reads it: e4m3 codes as they lie for FP8 dots, else their exact values
+    (bf16 on a GPU, fp32 in the interpreter, which has no fp8 loads)."""
+    if q.dtype != torch.float8_e4m3fn or dot == DOT_FP8:
+        return q
+    return q.to(torch.float32 if dot in (DOT_F32, DOT_FP8_EMU) else torch.bfloat16)
 
 
 def _launch_config(num_tokens: int, n_blocks: int, device: torch.device) -> int:
@@ -290,9 +416,11 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
                    num_warps: int | None = None, num_stages: int = 2,
                    tokens_per_program: int | None = None,
                    keys_a: bool | None = None, cvt: int | None = None,
-                   skip_tail: bool = False) -> torch.Tensor:
+                   skip_tail: bool = False, q_scales: torch.Tensor | None = None) -> torch.Tensor:
     """The [T, n_max] fp32 score buffer (masked entries -inf) of step 1 (also used by benchmarks).
 
+    ``q_scales`` [T, Hi]: q is e4m3 codes of q / q_scales (``ops.api.indexer_topk``); the scales
+    multiply the head weights in the kernel.
     ``out``: an optional preallocated [T, n_max] fp32 buffer (every element is written).
     ``skip_tail``: a block of ``block_s`` entries past the visible entries of every token scored
     with it is left unwritten; the columns below a token's visible count are always written (the
@@ -325,8 +453,21 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         raise ValueError(f"out must be fp32 [{t}, {n_max}] with unit inner stride")
     if t == 0 or n_max == 0:
         return out
+    if q_scales is not None and (q.dtype != torch.float8_e4m3fn
+                                 or tuple(q_scales.shape) != (t, h)):
+        raise ValueError(f"indexer_topk: q_scales {tuple(q_scales.shape)} needs q as e4m3 codes "
+                         f"[T, Hi, Di] with q_scales [T, Hi]; got q {q.dtype} {tuple(q.shape)} "
+                         f"(rope_fp8_quant gives both)")
+    dot = _dot_mode(q, fmt_code)
+    q = _q_operand(q, dot)
     q = q if q.is_contiguous() else q.contiguous()
     weights = weights.to(torch.float32)
+    if q_scales is not None:
+        qs = q_scales.to(device=dev, dtype=torch.float32)
+        qs = qs if qs.stride(-1) == 1 else qs.contiguous()
+        qs_stride = qs.stride(0)
+    else:
+        qs, qs_stride = weights, 0   # not read
     weights = weights if weights.stride(-1) == 1 else weights.contiguous()
     bt = block_table.to(device=dev, dtype=torch.int32)
     bt = bt if bt.stride(-1) == 1 else bt.contiguous()
@@ -349,16 +490,17 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     if num_warps is None:
         num_warps = 4
     n_split = cdiv(n_blocks, iters)
-    dot = _dot_mode(q, fmt_code)
     _indexer_score_kernel[(_grid(groups * n_split, dev, cube=True),)](
-        q, weights, key_cache, bt, req, pos, out,
-        q.stride(0), weights.stride(0), bt.stride(0), out.stride(0), key_cache.stride(0),
+        q, weights, qs, key_cache, bt, req, pos, out,
+        q.stride(0), weights.stride(0), qs_stride, bt.stride(0), out.stride(0),
+        key_cache.stride(0),
         key_cache.stride(0) // unit, n_max, n_split, bt.shape[1], groups * n_split, t,
         H=h, DI=di, E=e, DATA_BYTES=key_fmt.data_bytes, SCALE_BYTES=key_fmt.scale_bytes, UNIT=unit,
         RATIO=ratio, FMT=fmt_code, DOT=dot, BLOCK_S=block_s, ITERS=iters,
         KP=dot_dim(di // 2, dev), TB=tb, KT=KEYS_A if keys_a is None else keys_a,
         CVT=_key_decode(fmt_code, dot, dev) if cvt is None else cvt, SKIP_TAIL=skip_tail,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev))
+        QS=q_scales is not None, num_warps=num_warps, num_stages=num_stages,
+        **pdl_launch(dev))
     return out
 
 
@@ -381,7 +523,8 @@ def _use_radix(rows: int, n: int) -> bool:
 
 
 @register_op(api.INDEXER_TOPK, "triton")
-def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4):
+def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4,
+                 q_scales=None):
     """Triton scoring kernel + selection (radix select or ``torch.topk``, see ``SELECT``).
 
     Returns [T, topk] int32: the top min(topk, visible) entry indices first (in no particular
@@ -412,7 +555,8 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         bounded = radix and SELECT["bounded"]
         scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
                                 token_req[sl], token_pos[sl], ratio, n_max=n_max,
-                                skip_tail=bounded)
+                                skip_tail=bounded,
+                                q_scales=None if q_scales is None else q_scales[sl])
         if radix:
             bound = dict(row_pos=token_pos[sl], row_req=token_req[sl], ratio=ratio) if bounded \
                 else {}

@@ -1,5 +1,5 @@
 """Triton ``inv_rope_fp8_quant``: inverse RoPE on the last R dims of each head of the attention
-output, then FP8 e4m3 quantization in 128-dim groups with power-of-two (ue8m0) fp32 scales,
+output (or the forward rotation, ``inverse=False``: the indexer's q^I), then FP8 e4m3 quantization in 128-dim groups with power-of-two (ue8m0) fp32 scales,
 (token, head) rows looped over the programs. The e4m3 codes are written as bytes: built by the
 hardware cvt where the device declares one (``fp8_cvt``: CUDA sm_89+, ROCm; round to nearest even,
 the values are already within +-448), else from integer bit operations (bit-exact with it: the
@@ -62,7 +62,8 @@ def hw_encode(device: torch.device) -> bool:
 @triton.jit
 def _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
                NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
-               FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, HW_ENC: tl.constexpr):
+               FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, HW_ENC: tl.constexpr,
+               INV: tl.constexpr):
     """Rows ``r`` [ROWS] as pairs: the even and odd halves [ROWS, BG, GP] by two stride-2
     gathers, rotated by ``rope_pairs``, stored as two stride-2 byte scatters; returns the
     groups' scale exponents [ROWS, BG]."""
@@ -73,7 +74,7 @@ def _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
     xo = tl.load(src + 2 * pidx + 1, mask=pm, other=0.0).to(tl.float32)
     pos = tl.load(pos_ptr + t, mask=rm, other=0).to(tl.int64)
     ye, yo = rope_pairs(xe, xo, (cs_ptr + pos * cs_stride)[:, None, None], pidx, FIRST_PAIR,
-                        HALF, True, False)
+                        HALF, INV, False)
     amax = tl.max(tl.maximum(tl.abs(ye), tl.abs(yo)), axis=2)        # [ROWS, BG]
     ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)   # 448 = 1.75 * 2^8
     inv = pow2_f32(-ex)[:, :, None]
@@ -86,7 +87,8 @@ def _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
 @triton.jit
 def _flat_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
               NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
-              FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, HW_ENC: tl.constexpr):
+              FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, HW_ENC: tl.constexpr,
+              INV: tl.constexpr):
     """The same rows as elements [ROWS, BG, 2 GP] in memory order: one contiguous load and
     store (16 bytes a lane, against 2-byte gathers and byte scatters), each rotated element's
     partner loaded again at ``e ^ 1`` (the last R dims only). The rotation is ``rope_pairs``'s
@@ -100,7 +102,9 @@ def _flat_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
     xp = tl.load(src + (e ^ 1), mask=is_rope, other=0.0).to(tl.float32)
     cs_row = (cs_ptr + tl.load(pos_ptr + t, mask=rm, other=0).to(tl.int64) * cs_stride)
     c = tl.load(cs_row[:, None, None] + j, mask=is_rope, other=1.0)
-    s = -tl.load(cs_row[:, None, None] + HALF + j, mask=is_rope, other=0.0)
+    s = tl.load(cs_row[:, None, None] + HALF + j, mask=is_rope, other=0.0)
+    if INV:
+        s = -s
     xc = x * c
     xs = xp * s
     y = tl.where(is_rope, tl.where((e & 1) == 0, xc - xs, xc + xs), x)
@@ -117,7 +121,8 @@ def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_row
                                NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
                                FIRST_PAIR: tl.constexpr, HALF: tl.constexpr,
                                ROWS: tl.constexpr, HW_ENC: tl.constexpr,
-                               FLAT: tl.constexpr = False, PDL: tl.constexpr = False):
+                               FLAT: tl.constexpr = False, PDL: tl.constexpr = False,
+                               INV: tl.constexpr = True):
     pdl_start(PDL)
     # ROWS (token, head) rows per iteration (a knob; the launch rule takes ROWS = 1)
     pid = tl.program_id(0)
@@ -131,17 +136,17 @@ def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_row
         src = (o_ptr + t * o_tok_stride + (r % n_heads) * o_head_stride)[:, None, None]
         if FLAT:
             ex = _flat_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
-                           NG, BG, GP, FIRST_PAIR, HALF, HW_ENC)
+                           NG, BG, GP, FIRST_PAIR, HALF, HW_ENC, INV)
         else:
             ex = _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
-                            NG, BG, GP, FIRST_PAIR, HALF, HW_ENC)
+                            NG, BG, GP, FIRST_PAIR, HALF, HW_ENC, INV)
         tl.store(scale_ptr + r[:, None] * NG + g[None, :], pow2_f32(ex),
                  mask=rm[:, None] & (g < NG)[None, :])
 
 
 @register_op(INV_ROPE_FP8_QUANT, "triton")
 def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
-                       cos_sin: torch.Tensor, *, rows: int | None = None,
+                       cos_sin: torch.Tensor, inverse: bool = True, *, rows: int | None = None,
                        num_warps: int | None = None, hw_enc: bool | None = None,
                        flat: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The op (``ops.api.inv_rope_fp8_quant``); ``rows`` / ``num_warps``: launch knobs for
@@ -171,6 +176,6 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
         o, pos, cs, out.view(torch.uint8), scales, t * h, h, o.stride(0), o.stride(1),
         cs.stride(0), float(O_QUANT_AMAX_FLOOR), NG=ng, BG=next_pow2(ng),
         GP=O_QUANT_GROUP // 2, FIRST_PAIR=(d - r) // 2, HALF=r // 2, ROWS=rows,
-        HW_ENC=hw_enc, FLAT=FLAT if flat is None else flat,
+        HW_ENC=hw_enc, FLAT=FLAT if flat is None else flat, INV=bool(inverse),
         num_warps=auto_warps if num_warps is None else num_warps, **pdl_launch(o.device))
     return out, scales
