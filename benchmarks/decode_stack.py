@@ -250,6 +250,9 @@ def main(argv=None) -> int:
     ap.add_argument("--weight-prefetch", type=int, default=None,
                     help="bytes of each weight row the GEMMs ask L2 for before their PDL wait "
                          "(VLLM_DSV4_HW_WEIGHT_PREFETCH; default: the setting's, 256)")
+    ap.add_argument("--indexer-q", default=None, choices=("auto", "e4m3", "model"),
+                    help="the indexer's query: e4m3 codes on FP8 dots or the model dtype "
+                         "(VLLM_DSV4_HW_INDEXER_Q; default: the setting's, auto)")
     ap.add_argument("--profile", action="store_true",
                     help="kernel tables per layer kind (torch.profiler; graph replay and eager)")
     ap.add_argument("--network", action="store_true",
@@ -308,8 +311,12 @@ def main(argv=None) -> int:
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and dev.index is None:  # tensors report cuda:N; keep one spelling
         dev = torch.device("cuda", torch.cuda.current_device())
+    from vllm_dsv4_hw.attention.indexer_query import e4m3_query
     from vllm_dsv4_hw.ops import REGISTRY
     from vllm_dsv4_hw.tools.vllm_state import single_rank
+
+    if args.indexer_q is not None:  # read as the layers first score
+        os.environ["VLLM_DSV4_HW_INDEXER_Q"] = args.indexer_q
 
     single_rank()  # the product's linears are vLLM layers: vLLM's parallel state, world size 1
     if dev.type == "cuda":
@@ -357,6 +364,7 @@ def main(argv=None) -> int:
                      "bounded_select": args.bounded_select, "trim_walk": args.trim_walk,
                      "inv_rope_flat": args.inv_rope_flat,
                      "weight_prefetch": args.weight_prefetch,
+                     "indexer_q": "e4m3 codes (FP8 dots)" if e4m3_query(dev) else "model dtype",
                      "left_out": ["MoE (routed + shared experts)", "mHC hyper-connections",
                                   "embedding / LM head", "MTP layer"]},
         "ops": {op: f"{b} ({why})" for op, b, why in REGISTRY.explain(dev)},

@@ -83,6 +83,21 @@ def make_inputs(device, fmt_name, reqs, h=HEADS, di=HEAD_DIM, q_dtype=None, seed
     return args, fmt
 
 
+def e4m3_query(args):
+    """The op's args with q^I as e4m3 codes + per-(token, head) power-of-two scales, quantized by
+    the product's ``ops.rope_fp8_quant`` (positions 0: no rotation), and the scales."""
+    import torch
+
+    from vllm_dsv4_hw import ops
+    from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin
+
+    q = args[0]
+    zero = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
+    codes, scales = ops.rope_fp8_quant(q.to(torch.bfloat16), zero,
+                                       rope_cos_sin(10000.0, 64, 1).to(q.device))
+    return (codes,) + tuple(args[1:]), scales.view(q.shape[:2])
+
+
 def _decode_reqs(batch, ctx_tokens):
     n = ctx_tokens // 4
     return [(ctx_tokens - 1, 1, n)] * batch  # position ctx-1: all n entries visible
@@ -97,14 +112,17 @@ def _ops():
     return REGISTRY.implementations("indexer_topk")["reference"].fn, ref, ti
 
 
-def _ref_scores(ref, args, n_max, ratio=4):
+def _ref_scores(ref, args, n_max, ratio=4, q_scales=None):
     """Reference fp32 scores [T, n_max] (-inf where invisible): the keys as the cache returns them
-    (``paged.gather_rows``), scored by the reference's ``score_entries``."""
+    (``paged.gather_rows``), scored by the reference's ``score_entries`` (an e4m3 query as its
+    values, codes * scales)."""
     import torch
 
     from vllm_dsv4_hw.kv_cache import paged
 
     q, w, cache, fmt, bt, token_req, token_pos = args
+    if q_scales is not None:
+        q = ref.query_values(q, q_scales)
     out = torch.full((q.shape[0], n_max), float("-inf"), device=q.device)
     for t in range(q.shape[0]):
         r = int(token_req[t])
@@ -123,21 +141,22 @@ def _ref_scores(ref, args, n_max, ratio=4):
 # ------------------------------------------------------------------------------------------------
 # check
 # ------------------------------------------------------------------------------------------------
-def _check_case(device, ref_fn, ref, ti, case, args, topk, tol=1e-4):
+def _check_case(device, ref_fn, ref, ti, case, args, topk, tol=1e-4, q_scales=None):
     import torch
 
     q, w, cache, fmt, bt, token_req, token_pos = args
     n_max = bt.shape[1] * fmt.entries_per_page
     poisoned = torch.full((q.shape[0], n_max), float("nan"), device=device)
-    got = ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, out=poisoned)
-    want = _ref_scores(ref, args, n_max)
+    got = ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, out=poisoned,
+                            q_scales=q_scales)
+    want = _ref_scores(ref, args, n_max, q_scales=q_scales)
     written = not bool(torch.isnan(got).any())
     mask_ok = bool(torch.equal(torch.isneginf(got), torch.isneginf(want)))
     fin = torch.isfinite(want)
     scale = float(want[fin].abs().max()) if bool(fin.any()) else 1.0
     err = float((got[fin] - want[fin]).abs().max()) / scale if bool(fin.any()) else 0.0
-    ours = ti.indexer_topk(q, w, cache, fmt, bt, token_req, token_pos, topk)
-    theirs = ref_fn(q, w, cache, fmt, bt, token_req, token_pos, topk)
+    ours = ti.indexer_topk(q, w, cache, fmt, bt, token_req, token_pos, topk, q_scales=q_scales)
+    theirs = ref_fn(q, w, cache, fmt, bt, token_req, token_pos, topk, q_scales=q_scales)
     max_swaps, sel_ok = 0, True
     for t in range(q.shape[0]):
         a = set(ours[t][ours[t] >= 0].tolist())
@@ -218,6 +237,19 @@ def check(device, smoke: bool = False) -> list[dict]:
     args, _ = make_inputs(device, "mxfp4", reqs, h=h, pad_tokens=1)
     rows.append(_check_case(device, ref_fn, ref, ti, f"prefill mxfp4 T={n_pf} after a decode",
                             args, topk))
+    # e4m3 q^I (the product's default where the device has FP8 dots): MXFP4 / fp8 keys on FP8
+    # dots, fp32 sums of K = 32 (MXFP4 scale blocks) or K = 128 (fp8) products; decode and a
+    # prefill chunk behind a decode token. Tolerance 1e-3: the tensor core's FP8 accumulation is
+    # narrower than fp32 within a dot (products exact, sums to about 2^-13)
+    for fmt_name in ("mxfp4", "fp8"):
+        for label, reqs in ((f"decode B=2 ctx={size_label(ctx)}", _decode_reqs(2, ctx)),
+                            (f"prefill T={n_pf} after a decode", [(c0 - 1, 1, c0 // 4),
+                                                                  (c0 - n_pf, n_pf, c0 // 4)])):
+            args, _ = make_inputs(device, fmt_name, reqs, h=h, pad_tokens=1)
+            args, scales = e4m3_query(args)
+            mode = ti._dot_mode(args[0], ti.quant.format_code(args[3]))
+            rows.append(_check_case(device, ref_fn, ref, ti, f"e4m3 q {fmt_name} {label} "
+                                    f"(dot mode {mode})", args, topk, tol=1e-3, q_scales=scales))
     rows += _radix_forms(torch, device, smoke)
     if device.type == "cuda":
         from vllm_dsv4_hw.ops.registry import REGISTRY
