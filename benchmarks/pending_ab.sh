@@ -3,6 +3,8 @@
 # (H200, from the project root, carry [".gpuserve"]):
 #
 #   bash benchmarks/pending_ab.sh tier    # GPU tier (checks + AOT launch records, native and sm_80)
+#   bash benchmarks/pending_ab.sh e4m3    # the indexer's e4m3 query: GPU check, FP8-dot sweep,
+#                                         # decode_stack at 1M, --indexer-q model / e4m3
 #   bash benchmarks/pending_ab.sh ab      # the knobs on the H200: read-ahead 0 / 256 interleaved,
 #                                         # flat inv_rope; the kernel sweeps; the L2 probe
 #   bash benchmarks/pending_ab.sh final   # streams on / off, V4-Flash 128K / 1M; V4-Pro 1M B=1; peer
@@ -13,10 +15,12 @@
 #   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: off (slower on the H100).
 # Everything lands under $OUT (one folder per run, its log beside its JSON).
 set -u
-PHASE=${1:?usage: pending_ab.sh tier|ab|final}
+PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final}
 OUT=${OUT:-out}
 W="bash benchmarks/with_vllm.sh"
 DS="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4,32
+    --no-prefill --graphs on --streams on --steps 8 --reps 3"
+DS1M="python3 -m benchmarks.decode_stack --model v4-flash --contexts 1m --batches 1,4,32
     --no-prefill --graphs on --streams on --steps 8 --reps 3"
 stamp() { echo "=== $(date -u +%H:%M:%S) $*"; }
 run() {  # run NAME CMD...: output in $OUT/NAME/
@@ -38,6 +42,17 @@ tier)
         $W python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider > "$OUT/tier/sm80.txt" 2>&1
     echo "rc=$?"; tail -3 "$OUT/tier/sm80.txt"
     ;;
+e4m3)
+    mkdir -p "$OUT/check"
+    stamp "gpu indexer check"
+    $W python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -k indexer -rA \
+        > "$OUT/check/indexer.txt" 2>&1
+    echo "rc=$?"; grep -E "e4m3|FAIL|passed|failed" "$OUT/check/indexer.txt" | tail -12
+    run kernels-e4m3 $W python3 -m benchmarks.decode_kernels --only index_e4m3 --batches 1,4,32
+    cat "$OUT/kernels-e4m3/log.txt" | grep -E "^index" || true
+    run q-model $W $DS1M --indexer-q model
+    run q-e4m3 $W $DS1M --indexer-q e4m3
+    ;;
 ab)
     run pf0-a $W $DS --weight-prefetch 0
     run pf256-a $W $DS --weight-prefetch 256
@@ -58,6 +73,6 @@ final)
     run peer $W python3 -m benchmarks.peer
     ;;
 *)
-    echo "pending_ab.sh: unknown phase $PHASE (tier, ab or final)"; exit 2 ;;
+    echo "pending_ab.sh: unknown phase $PHASE (tier, e4m3, ab or final)"; exit 2 ;;
 esac
 stamp end
