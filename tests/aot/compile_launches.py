@@ -71,8 +71,13 @@ FP8_DOT_KERNELS = ("_w8a8_block_linear_kernel", "_quantize_kernel")
 
 
 def needs_fp8_dot(record: dict) -> bool:
-    """A launch of the W8A8 GEMM (``ops.triton.fp8_dot_linear``): only devices declaring
-    ``fp8_dot`` take it (CUDA sm_89+, not ROCm, whose gfx942 e4m3 is the fnuz variant)."""
+    """A launch of the W8A8 GEMM (``ops.triton.fp8_dot_linear``) or of the indexer's score pass
+    on FP8 dots (``DOT_FP8``, an e4m3 query): only devices declaring ``fp8_dot`` take it (CUDA
+    sm_89+, not ROCm, whose gfx942 e4m3 is the fnuz variant)."""
+    from vllm_dsv4_hw.ops.triton.indexer import DOT_FP8
+
+    if record["kernel"] == "_indexer_score_kernel":
+        return record["constexprs"].get("DOT") == DOT_FP8
     return record["module"].endswith(".fp8_dot_linear") and record["kernel"] in FP8_DOT_KERNELS
 
 

@@ -166,7 +166,7 @@ def _mx_block_e4m3(cache_ptr, entry_byte, c, vis, DOT: tl.constexpr, CVT: tl.con
     k = tl.reshape(tl.join(ev, od), (ev.shape[0], _MX_BLOCK))
     if DOT == 4:
         k = e4m3_bits_to_f32(k)
-    elif CVT != C_CVT_PTX:
+    else:
         k = k.to(tl.float8e4nv, bitcast=True)
     return k
 

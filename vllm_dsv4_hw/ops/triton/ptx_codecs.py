@@ -148,12 +148,11 @@ _E2M1_E4M3_ASM = tl.constexpr(
 def e2m1_pairs_to_e4m3(codes, PTX: tl.constexpr):
     """MXFP4 pair bytes (uint8 [..., n], low nibble = even dim; runs of 4 per thread along the
     last axis under ``PTX``) -> the (even, odd) dims as e4m3 codes of the value * 2^-6 (exact):
-    float8e4nv from the packed asm (``PTX``), else uint8 bytes from integer ops (the interpreter,
-    devices without inline PTX)."""
+    uint8 bytes from the packed asm (``PTX``) or from integer ops (the interpreter, devices
+    without inline PTX); one return type for both (Triton checks every return of a function)."""
     if PTX:
         return tl.inline_asm_elementwise(_E2M1_E4M3_ASM, "=r,=r,r", [codes],
-                                         dtype=(tl.float8e4nv, tl.float8e4nv), is_pure=True,
-                                         pack=4)
+                                         dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4)
     b = codes.to(tl.int32)
     even = ((b & 0x08) << 4) | ((b & 0x07) << 2)
     odd = (b & 0x80) | ((b >> 2) & 0x1C)
