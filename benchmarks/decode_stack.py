@@ -252,7 +252,7 @@ def main(argv=None) -> int:
                          "(VLLM_DSV4_HW_WEIGHT_PREFETCH; default: the setting's, 256)")
     ap.add_argument("--indexer-q", default=None, choices=("auto", "e4m3", "model"),
                     help="the indexer's query: e4m3 codes on FP8 dots or the model dtype "
-                         "(VLLM_DSV4_HW_INDEXER_Q; default: the setting's, auto)")
+                         "(VLLM_DSV4_HW_INDEXER_Q; default: the setting's, model)")
     ap.add_argument("--profile", action="store_true",
                     help="kernel tables per layer kind (torch.profiler; graph replay and eager)")
     ap.add_argument("--network", action="store_true",

@@ -192,12 +192,12 @@ FP8_ACTIVATIONS = _Var(
 )
 INDEXER_Q = _Var(
     "VLLM_DSV4_HW_INDEXER_Q",
-    "auto",
+    "model",
     _choice("auto", "e4m3", "model"),
-    "The indexer's query q^I: auto (e4m3 codes with one power-of-two scale per token and head, "
-    "scored on FP8 tensor-core dots, where the device has them (capability fp8_dot): upstream "
-    "vLLM's indexer quantizes q^I so too; else the model dtype), e4m3 (on every device: the same "
-    "selections everywhere) or model (q^I in the model dtype, bf16 dots).",
+    "The indexer's query q^I: model (the model dtype, bf16 dots; the default: the FP8-dot score "
+    "pass was slower on an H100, 2026-12-05, docs/performance.md), auto (e4m3 codes with one "
+    "power-of-two scale per token and head, on FP8 tensor-core dots where the device has them, "
+    "capability fp8_dot, as upstream vLLM's indexer quantizes q^I) or e4m3 (on every device).",
 )
 PDL = _Var(
     "VLLM_DSV4_HW_PDL",

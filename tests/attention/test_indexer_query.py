@@ -17,10 +17,15 @@ from vllm_dsv4_hw.attention.metadata import build_step_metadata
 pytestmark = pytest.mark.usefixtures("vllm_single_rank")
 
 
-@pytest.mark.parametrize("setting, on_cpu", [("auto", False), ("e4m3", True), ("model", False)])
+@pytest.mark.parametrize("setting, on_cpu", [("auto", False), ("e4m3", True), ("model", False),
+                                             (None, False)])
 def test_setting_per_device(monkeypatch, setting, on_cpu):
-    """auto follows the device's ``fp8_dot`` (the CPU has none); e4m3 / model force it."""
-    monkeypatch.setenv("VLLM_DSV4_HW_INDEXER_Q", setting)
+    """auto follows the device's ``fp8_dot`` (the CPU has none); e4m3 / model force it; the
+    default is the model dtype."""
+    if setting is None:   # the default: the model dtype
+        monkeypatch.delenv("VLLM_DSV4_HW_INDEXER_Q", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_DSV4_HW_INDEXER_Q", setting)
     assert indexer_query.e4m3_query(torch.device("cpu")) is on_cpu
 
 
