@@ -93,19 +93,20 @@ def test_compact_caches_are_within_the_bound(config):
 _topk = ops.indexer_topk
 
 
-def _lowest(q, w, *args):
-    return _topk(q, -w, *args)  # the score is linear in w: -w ranks it upside down
+def _lowest(q, w, *args, **kw):
+    return _topk(q, -w, *args, **kw)  # the score is linear in w: -w ranks it upside down
 
 
-def _first_k(q, w, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4):
-    top = _topk(q, w, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio)
+def _first_k(q, w, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4,
+             **kw):
+    top = _topk(q, w, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio, **kw)
     visible = ((token_pos.long() + 1) // ratio)[:, None]
     first = torch.arange(topk, device=top.device)[None, :]
     return torch.where(first < visible, first, -1).to(top.dtype)
 
 
-def _none(*args):
-    return torch.full_like(_topk(*args), -1)
+def _none(*args, **kw):
+    return torch.full_like(_topk(*args, **kw), -1)
 
 
 BROKEN = {"lowest scores": _lowest, "first k": _first_k, "no compressed candidate": _none}
