@@ -8,6 +8,8 @@
 #   bash benchmarks/pending_ab.sh ab      # the knobs on the H200: read-ahead 0 / 256 interleaved,
 #                                         # flat inv_rope; the kernel sweeps; the L2 probe
 #   bash benchmarks/pending_ab.sh final   # streams on / off, V4-Flash 128K / 1M; V4-Pro 1M B=1; peer
+#   bash benchmarks/pending_ab.sh select  # 32 x 262,144 scores (1M B=32): radix blocks vs torch.topk,
+#                                         # decode_stack 1M B=32 --indexer-select auto / radix
 #
 # Knobs (docs/performance.md, "The 2026-12-05 knobs decided on an H100"):
 #   VLLM_DSV4_HW_WEIGHT_PREFETCH / decode_stack --weight-prefetch N: on (256) since 2026-12-05,
@@ -15,7 +17,7 @@
 #   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: off (slower on the H100).
 # Everything lands under $OUT (one folder per run, its log beside its JSON).
 set -u
-PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final}
+PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|select}
 OUT=${OUT:-out}
 W="bash benchmarks/with_vllm.sh"
 DS="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4,32
@@ -72,7 +74,15 @@ final)
         --no-prefill --graphs on --streams on --steps 8 --reps 3
     run peer $W python3 -m benchmarks.peer
     ;;
+select)
+    run topk32 $W python3 -m benchmarks.decode_kernels --only topk --batches 32
+    grep -E "^topk" "$OUT/topk32/log.txt" || true
+    B32="python3 -m benchmarks.decode_stack --model v4-flash --contexts 1m --batches 32
+        --no-prefill --graphs on --streams on --steps 8 --reps 3"
+    run sel-auto $W $B32 --indexer-select auto
+    run sel-radix $W $B32 --indexer-select radix
+    ;;
 *)
-    echo "pending_ab.sh: unknown phase $PHASE (tier, e4m3, ab or final)"; exit 2 ;;
+    echo "pending_ab.sh: unknown phase $PHASE (tier, e4m3, ab, final or select)"; exit 2 ;;
 esac
 stamp end
