@@ -50,14 +50,13 @@ from vllm_dsv4_hw.kv_cache.paged import gather_rows
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION
 from vllm_dsv4_hw.ops.checks import check_sparse_attention_args
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2
+from vllm_dsv4_hw.ops.triton.launch import cdiv, grid_limit, next_pow2
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_INT, e4m3_mode
 from vllm_dsv4_hw.ops.triton.quant import FMT_BF16, FMT_FP8_DS_MLA, FMT_FP32
 from vllm_dsv4_hw.ops.triton.sparse_attention_launch import (
     _config,
     _interpreting,
-    _max_grid,
     _num_cores,
     _plan_splits,
 )
@@ -366,7 +365,7 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
     qk_scale2 = float(scale) * _LOG2E
     one_loop = _one_loop(one_loop, n_w, bn, w_slots, c_slots)
 
-    grid_cap = max_grid or _max_grid(dev)
+    grid_cap = max_grid or grid_limit(dev)
     per_token = splits * num_hb
     tok_step = max(1, grid_cap // per_token)
     for t0 in range(0, t, tok_step):

@@ -33,16 +33,6 @@ def _num_cores(device: torch.device) -> int:
     return 1  # the interpreter runs programs one at a time: never split for occupancy
 
 
-@functools.lru_cache(maxsize=None)
-def _max_grid(device: torch.device) -> int:
-    try:
-        from vllm_dsv4_hw.ops.backends import device_capabilities
-
-        return int(device_capabilities(device.type).max_grid)
-    except Exception:
-        return 65535
-
-
 # Tunables per device kind: BLOCK_H cap, BLOCK_N, num_warps, num_stages, candidates per split
 # (min_chunk: the smallest split when splitting for occupancy; max_chunk: the longest one, None =
 # no cap), register prefetch of the next tile, maxnreg (NVIDIA register cap; None = compiler's).
