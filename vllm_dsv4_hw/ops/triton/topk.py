@@ -93,12 +93,13 @@ _STATE = 4 * 256 + 4  # per row: 4 histograms, prefix, need, count above, count 
 
 
 @triton.jit
-def _row_len(pos_ptr, req_ptr, row, n, RATIO: tl.constexpr):
-    """The row's bound: its token's visible entries (the indexer's ``visible``), 0 without a
-    request."""
+def _row_bound(pos_ptr, req_ptr, row, n, RATIO: tl.constexpr, BLOCK: tl.constexpr):
+    """The row's bound: its token's visible entries (the indexer's ``visible``; 0 without a
+    request), and the blocks that hold any of them (the row's live programs)."""
     pos = tl.load(pos_ptr + row)
     req = tl.load(req_ptr + row)
-    return tl.where(req >= 0, tl.minimum((pos + 1) // RATIO, n), 0).to(tl.int32)
+    lim = tl.where(req >= 0, tl.minimum((pos + 1) // RATIO, n), 0).to(tl.int32)
+    return lim, (lim + BLOCK - 1) // BLOCK
 
 
 @triton.jit
@@ -188,8 +189,7 @@ def _hist_kernel(scores_ptr, state_ptr, pos_ptr, req_ptr, k, n, stride, n_blk,
     row = (pid // n_blk).to(tl.int64)
     st = state_ptr + row * 1028
     if BOUND:
-        lim = _row_len(pos_ptr, req_ptr, row, n, RATIO)
-        live = (lim + BLOCK - 1) // BLOCK
+        lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:  # blocks past the bound: nothing to do (not counted either)
             _hist_add(scores_ptr, st, lim, stride, n_blk, PASS, BLOCK, HIST_RELAXED)
             if _last_of_row(st, live):
@@ -254,8 +254,7 @@ def _count_kernel(scores_ptr, state_ptr, counts_ptr, pos_ptr, req_ptr, n, stride
     st = state_ptr + row * 1028
     cnt = counts_ptr + pid.to(tl.int64) * 2
     if BOUND:
-        lim = _row_len(pos_ptr, req_ptr, row, n, RATIO)
-        live = (lim + BLOCK - 1) // BLOCK
+        lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:
             _count_block(scores_ptr, st, cnt, lim, stride, n_blk, BLOCK)
             if _last_of_row(st, live):
@@ -295,8 +294,8 @@ def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, pos_ptr, req_ptr, n
     row = (pid // n_blk).to(tl.int64)
     st = state_ptr + row * 1028
     if BOUND:
-        lim = _row_len(pos_ptr, req_ptr, row, n, RATIO)
-        if (pid % n_blk) * BLOCK < lim:
+        lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
+        if pid % n_blk < live:
             _gather_block(scores_ptr, st, base_ptr, out_ptr, lim, stride, stride_out, n_blk, k,
                           BLOCK)
         elif (lim == 0) & (pid % n_blk == 0):  # nothing visible: every slot -1
@@ -377,8 +376,7 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, 
     row = (pid // n_blk).to(tl.int64)
     st = state_ptr + row * 1028
     if BOUND:
-        lim = _row_len(pos_ptr, req_ptr, row, n, RATIO)
-        live = (lim + BLOCK - 1) // BLOCK
+        lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:  # blocks past the bound end at once: no barrier waits for them
             _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, lim, n - lim, stride,
                          stride_out, n_blk, live, BLOCK, NB, BOUND, HIST_RELAXED)
