@@ -59,18 +59,21 @@ def _bytes(t: torch.Tensor, name: str, fp8: torch.dtype) -> torch.Tensor:
 
 
 def check_fp8_block_linear_args(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                                block, out_dtype: torch.dtype | None) -> Fp8LinearArgs:
+                                block, out_dtype: torch.dtype | None,
+                                x_dtype: torch.dtype | None = None) -> Fp8LinearArgs:
     """Validate ``fp8_block_linear`` inputs (one ValueError naming the tensor, the expected and the
-    got shape); returns them as :class:`Fp8LinearArgs` (uint8 views, grouped form)."""
+    got shape); returns them as :class:`Fp8LinearArgs` (uint8 views, grouped form).
+    ``x_dtype``: the dtype x's values take when x holds e4m3 codes (checked in its place)."""
     try:
         bn, bk = (int(b) for b in block)
     except (TypeError, ValueError):
         raise ValueError(f"fp8_block_linear: block must be (bn, bk), got {block!r}") from None
     if bn < 1 or bk < 1:
         raise ValueError(f"fp8_block_linear: block sizes must be positive, got {(bn, bk)}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"fp8_block_linear: x must be one of {FLOAT_DTYPES}, got {x.dtype}")
-    out_dtype = x.dtype if out_dtype is None else out_dtype
+    x_dtype = x.dtype if x_dtype is None else x_dtype
+    if x_dtype not in FLOAT_DTYPES:
+        raise ValueError(f"fp8_block_linear: x must be one of {FLOAT_DTYPES}, got {x_dtype}")
+    out_dtype = x_dtype if out_dtype is None else out_dtype
     if out_dtype not in FLOAT_DTYPES:
         raise ValueError(f"fp8_block_linear: out_dtype must be one of {FLOAT_DTYPES}, "
                          f"got {out_dtype}")

@@ -318,8 +318,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         out_dtype = check_prequantized_x(x, x_scales, int(block[1]), out_dtype)
         # the values' dtype: bf16 holds every e4m3 value times a power of two exactly
         vdt = out_dtype if out_dtype in (torch.float32, torch.float64) else torch.bfloat16
-        a = check_fp8_block_linear_args(torch.empty(x.shape, dtype=vdt, device="meta"), weight,
-                                        scale, block, out_dtype)
+        a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype, x_dtype=vdt)
         if vdt != torch.float64 and fp8_dot_linear.supports(a._replace(x=x)):  # codes to dots
             xs = x_scales if a.grouped else x_scales.unsqueeze(1)
             codes = x if a.grouped else x.unsqueeze(1)
