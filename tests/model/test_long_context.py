@@ -194,16 +194,18 @@ class _PinnedNearTies:
 
 
 def _margins(q, w, key_cache, key_fmt, block_table, token_pos, topk, ratio, q_scales):
+    """Each token's selection margin, float64 (``ref_indexer.score_entries`` scores in fp32,
+    whose rounding is the size of the gaps looked for)."""
     visible = (token_pos.long() + 1) // ratio
     n = int(visible.max())
+    if n <= topk:
+        return torch.full(visible.shape, float("inf"), dtype=torch.float64)
     keys = ref_indexer.gather_keys(key_cache, key_fmt, block_table, 0, n).double()
     qv = ref_indexer.query_values(q, q_scales).double()
     scores = torch.einsum("ths,th->ts", torch.relu(torch.einsum("thd,sd->ths", qv, keys)),
                           w.double())
     hidden = torch.arange(n)[None, :] >= visible[:, None]
     v = scores.masked_fill(hidden, float("-inf")).sort(-1, descending=True).values
-    if n <= topk:
-        return torch.full((len(v),), float("inf"), dtype=torch.float64)
     gap = (v[:, topk - 1] - v[:, topk]) / v[:, 0].abs().clamp_min(1e-300)
     return torch.where(visible > topk, gap, float("inf"))
 
@@ -217,9 +219,9 @@ def test_positions_past_65536_decode_equals_chunk(ckpt_topk512, monkeypatch):
     ids = _ids(cfg["vocab_size"], FAR_TOKENS, 2)
     selection = _PinnedNearTies(monkeypatch, cfg["compress_ratios"].count(4))
 
-    def run(chunks, fill=SESSION_SEED):
+    def run(chunks):
         runner._reset()
-        _fill_random(runner.caches, torch.Generator().manual_seed(fill))
+        _fill_random(runner.caches, torch.Generator().manual_seed(SESSION_SEED))
         runner.pos = FAR_START
         out, start = [], 0
         for c in chunks:
