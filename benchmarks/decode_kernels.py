@@ -35,6 +35,8 @@ Ops and knobs (the GEMM sweeps live in ``benchmarks.gemm_sweeps``, the timing in
   at the end of 1M): keys as A / B operand x tokens per program x warps x BLOCK_S;
 * ``index_e4m3``: the same kernel with an e4m3 query on FP8 dots against the bf16 query of the
   same values, decode (the batches) and prefill shapes (``benchmarks.index_sweeps``);
+* ``index_ab``: the score kernel's default launch only, at those decode and prefill shapes, with
+  a digest of its scores (two package versions timed on one machine: ``pending_ab.sh index-ab``);
 * ``topk``: ``torch.topk`` sorted vs unsorted over the score row vs ``radix_topk`` (one launch
   where the device allows it, and the six-launch form; its output's
   -1 fill is not timed: the indexer allocates that buffer anyway). A two-stage torch variant
@@ -66,7 +68,7 @@ from benchmarks.attn_sweeps import sweep_attn_loop
 from benchmarks.gemm_sweeps import (sweep_dense, sweep_gemm, sweep_gemm_cvt, sweep_gemm_fold,
                                     sweep_gemm_codes, sweep_gemm_prefill, sweep_gemm_split,
                                     sweep_gemm_w8a8)
-from benchmarks.index_sweeps import sweep_index_e4m3
+from benchmarks.index_sweeps import sweep_index_ab, sweep_index_e4m3
 from benchmarks.sweep_common import HBM, _summary, _try
 from benchmarks.topk_sweeps import sweep_topk_sync
 
@@ -341,7 +343,8 @@ SWEEPS = {"pool": sweep_pool, "topk": sweep_topk, "attn": sweep_attn, "index": s
           "dense": sweep_dense, "gemm_w8a8": sweep_gemm_w8a8, "attn_loop": sweep_attn_loop,
           # the prefill rows only (8,192 rows: a chunk), whatever --batches says
           "gemm_w8a8_prefill": lambda dev, _: sweep_gemm_w8a8(dev, (), prefill_ms=(8192,)),
-          "index_e4m3": sweep_index_e4m3, "inv_rope": sweep_inv_rope, "topk_sync": sweep_topk_sync, "gemm_codes": sweep_gemm_codes}
+          "index_e4m3": sweep_index_e4m3, "index_ab": sweep_index_ab, "inv_rope": sweep_inv_rope,
+          "topk_sync": sweep_topk_sync, "gemm_codes": sweep_gemm_codes}
 
 
 def main(argv=None) -> int:

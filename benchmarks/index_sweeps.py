@@ -93,3 +93,48 @@ def sweep_index_e4m3(dev, batches):
         del b_args, e_args, buf, want
         torch.cuda.empty_cache()
     return rows
+
+
+def _digest(t: torch.Tensor) -> str:
+    """The score buffer's bits as a short hex digest (an A/B across package versions compares
+    them: the same scores bit for bit, or not)."""
+    import hashlib
+
+    return hashlib.sha1(t.contiguous().view(torch.int32).cpu().numpy().tobytes()).hexdigest()[:12]
+
+
+def sweep_index_ab(dev, batches):
+    """The score pass's default launch only, decode (128K / 1M x ``batches``) and prefill (8,192
+    tokens at the end of 128K, 2,048 at the end of 1M), each row with its scores' digest: the
+    lean form for timing two versions of the package on one machine (``pending_ab.sh
+    index-ab``). Inputs from fixed seeds, so both versions score the same keys."""
+    from benchmarks.gpu.indexer import _decode_reqs, make_inputs
+    from vllm_dsv4_hw.ops.triton import indexer as ti
+
+    rows = []
+    cases = [(ctx, b, None) for ctx in (131072, 1048576) for b in batches]
+    cases += [(131072, 1, 8192), (1048576, 1, 2048)]
+    for ctx, b, t in cases:
+        reqs = _decode_reqs(b, ctx) if t is None else [(ctx - t, t, ctx // 4)]
+        n_sets = 3 if t is None and b * ctx <= 4 * 1048576 else 1
+        sets = [make_inputs(dev, "mxfp4", reqs, seed=i)[0] for i in range(n_sets)]
+        fmt = sets[0][3]
+        n_max = sets[0][4].shape[1] * fmt.entries_per_page
+        bufs = [torch.empty(sets[0][0].shape[0], n_max, device=dev) for _ in range(n_sets)]
+        digest = _digest(ti.indexer_scores(*sets[0], 4))
+        res = {"default": _try(lambda i: ti.indexer_scores(*sets[i], 4, out=bufs[i]), n_sets,
+                               *((1, 3) if t else ()))}
+        if t is None:
+            floor = b * (ctx // 4) * fmt.entry_bytes / HBM * 1e6
+            shape = f"ctx={ctx} B={b}"
+        else:
+            visible = sum(min(n_max, (ctx - t + i + 1) // 4) for i in range(t))
+            floor = 2 * 64 * 128 * visible / 790e12 * 1e6
+            shape = f"ctx={ctx} T={t}"
+        row = _summary("index_ab", shape, res, "default", floor)
+        row["digest"] = digest
+        print(f"         digest {digest}", flush=True)
+        rows.append(row)
+        del sets, bufs
+        torch.cuda.empty_cache()
+    return rows

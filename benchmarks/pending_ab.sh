@@ -10,6 +10,11 @@
 #   bash benchmarks/pending_ab.sh final   # streams on / off, V4-Flash 128K / 1M; V4-Pro 1M B=1; peer
 #   bash benchmarks/pending_ab.sh select  # 32 x 262,144 scores (1M B=32): radix blocks vs torch.topk,
 #                                         # decode_stack 1M B=32 --indexer-select auto / radix
+#   bash benchmarks/pending_ab.sh index-ab  # this checkout against .gpuserve/base, interleaved:
+#                                         # the score pass's default launch (decode_kernels
+#                                         # --only index_ab, with digests), decode_stack 1M B=1,32
+# .gpuserve/base holds the package of an earlier commit, prepared on the CPU machine (after
+# prepare.sh) with: bash benchmarks/pending_ab.sh base COMMIT
 #
 # Knobs (docs/performance.md, "The 2026-12-05 knobs decided on an H100"):
 #   VLLM_DSV4_HW_WEIGHT_PREFETCH / decode_stack --weight-prefetch N: on (256) since 2026-12-05,
@@ -17,7 +22,7 @@
 #   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: off (slower on the H100).
 # Everything lands under $OUT (one folder per run, its log beside its JSON).
 set -u
-PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|select}
+PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|select|index-ab|base COMMIT}
 OUT=${OUT:-out}
 W="bash benchmarks/with_vllm.sh"
 DS="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4,32
@@ -32,7 +37,37 @@ run() {  # run NAME CMD...: output in $OUT/NAME/
     "$@" --out "$OUT/$name" > "$OUT/$name/log.txt" 2>&1
     echo "rc=$?"; tail -4 "$OUT/$name/log.txt"
 }
+base_run() {  # base_run NAME CMD...: as run, with .gpuserve/base's package (this benchmarks/)
+    local name=$1 dir; shift
+    mkdir -p "$OUT/$name"
+    dir=$(cd "$OUT/$name" && pwd)
+    stamp "$name (base $(cat .gpuserve/base/COMMIT))"
+    (cd .gpuserve/base && "$@" --out "$dir") > "$dir/log.txt" 2>&1
+    echo "rc=$?"; tail -4 "$OUT/$name/log.txt"
+}
 case $PHASE in
+base)
+    C=${2:?usage: pending_ab.sh base COMMIT}
+    rm -rf .gpuserve/base && mkdir -p .gpuserve/base
+    git archive "$C" vllm_dsv4_hw | tar -x -C .gpuserve/base
+    cp -r benchmarks .gpuserve/base/
+    git rev-parse --short "$C" > .gpuserve/base/COMMIT
+    echo "base: $(cat .gpuserve/base/COMMIT) in .gpuserve/base"; exit 0
+    ;;
+index-ab)
+    test -f .gpuserve/base/COMMIT || { echo "no .gpuserve/base: pending_ab.sh base COMMIT"; exit 2; }
+    WB="bash ../../benchmarks/with_vllm.sh"
+    IX="python3 -m benchmarks.decode_kernels --only index_ab --batches 1,4,32"
+    S1M="python3 -m benchmarks.decode_stack --model v4-flash --contexts 1m --batches 1,32
+        --no-prefill --graphs on --streams on --steps 8 --reps 3"
+    run ix-new-a $W $IX
+    base_run ix-base-a $WB $IX
+    run ix-new-b $W $IX
+    base_run ix-base-b $WB $IX
+    grep -hE "^index_ab|digest" "$OUT"/ix-*/log.txt || true
+    run st-new $W $S1M
+    base_run st-base $WB $S1M
+    ;;
 tier)
     mkdir -p "$OUT/tier"
     stamp "tier native"
@@ -83,6 +118,7 @@ select)
     run sel-radix $W $B32 --indexer-select radix
     ;;
 *)
-    echo "pending_ab.sh: unknown phase $PHASE (tier, e4m3, ab, final or select)"; exit 2 ;;
+    echo "pending_ab.sh: unknown phase $PHASE (tier, e4m3, ab, final, select, index-ab or base)"
+    exit 2 ;;
 esac
 stamp end

@@ -59,6 +59,8 @@ def _exec(asm: str, inputs: dict[str, int], outputs: tuple[str, ...]) -> tuple[i
             regs[dst] = v[0] & v[1]
         elif op == "or.b32":
             regs[dst] = v[0] | v[1]
+        elif op == "mul.lo.u32":
+            regs[dst] = (v[0] * v[1]) & MASK32
         elif op == "shl.b32":
             regs[dst] = (v[0] << v[1]) & MASK32
         elif op == "mov.b32":
@@ -131,7 +133,7 @@ def test_asm_uses_only_the_emulated_instructions():
         ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", asm.value, re.M))
         assert ops == {"and.b32", "prmt.b32", "shl.b32", "mov.b32", fma}, ops
     ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", ptx_codecs._E2M1_ASM.value, re.M))
-    assert ops == {"and.b32", "prmt.b32", "shl.b32", "or.b32", "mov.b32", "fma.rn.bf16x2"}, ops
+    assert ops == {"and.b32", "prmt.b32", "mul.lo.u32", "mov.b32", "fma.rn.bf16x2"}, ops
 
 
 def test_which_devices_take_the_packed_decode():

@@ -81,20 +81,38 @@ def _q_operands(q_row, row_mask, R: tl.constexpr, DI: tl.constexpr, KP: tl.const
 
 
 @triton.jit
-def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s, vis, bt_cols,
+def _entry_pages(bt_ptr, req, stride_bt, s0, s, vis, bt_cols, E: tl.constexpr,
+                 ONE_PAGE: tl.constexpr):
+    """(page [int64], entry offset in its page [int64], vis & allocated) of entries ``s`` (the
+    block starting at ``s0``). ``ONE_PAGE`` (the block size divides the entries per page: the
+    GPU's 64-entry blocks over 64-entry pages): the block lies in page s0 // E, looked up once as
+    a scalar, so the entries' addresses are one contiguous run (the per-entry lookup and 64-bit
+    address arithmetic were ~1/5 of the decode loop's instructions, sm_90 SASS)."""
+    if ONE_PAGE:
+        col = s0 // E   # < bt_cols for any block that holds a visible entry; clamped for others
+        page = tl.load(bt_ptr + req * stride_bt + tl.minimum(col, bt_cols - 1))
+        page = tl.where(col < bt_cols, page, -1) + tl.zeros_like(s).to(page.dtype)  # (a vector:
+        vis = vis & (page >= 0)  # the interpreter mis-types vector & scalar)
+        off = (s0 % E + (s - s0)).to(tl.int64)
+    else:
+        page = tl.load(bt_ptr + req * stride_bt + s // E, mask=vis & (s // E < bt_cols), other=-1)
+        vis = vis & (page >= 0)
+        off = (s % E).to(tl.int64)
+    return tl.maximum(page, 0).to(tl.int64), off, vis
+
+
+@triton.jit
+def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s0, s, vis, bt_cols,
                   page_stride, page_stride_units, j, DI: tl.constexpr, E: tl.constexpr,
                   DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, UNIT: tl.constexpr,
                   FMT: tl.constexpr, DOT: tl.constexpr, KP: tl.constexpr, KT: tl.constexpr,
-                  CVT: tl.constexpr):
+                  CVT: tl.constexpr, ONE_PAGE: tl.constexpr):
     """Logits [R, BLOCK_S] of the q rows against the keys of entries ``s`` of request ``req``
     (those with ``vis``), and which entries were read (visible and in an allocated page).
     ``KT``: the keys are the dots' A operand and the q operands come transposed ([KP, R]): the
     logits come back as [BLOCK_S, R] (the heads along the accumulator's columns, so the head sum
     after it stays mostly inside a thread)."""
-    page = tl.load(bt_ptr + req * stride_bt + s // E, mask=vis & (s // E < bt_cols), other=-1)
-    vis = vis & (page >= 0)
-    page64 = tl.maximum(page, 0).to(tl.int64)
-    off = (s % E).to(tl.int64)
+    page64, off, vis = _entry_pages(bt_ptr, req, stride_bt, s0, s, vis, bt_cols, E, ONE_PAGE)
     pair_off = page64 * page_stride_units + off * (DATA_BYTES // UNIT)
     scale_off = page64 * page_stride + E * DATA_BYTES + off * SCALE_BYTES
     if SCALE_BYTES == 4:  # one aligned 32-bit scale word per key (mxfp4 / fp8, dim 128)
@@ -181,17 +199,15 @@ def _mx_scale(word, c):
 
 
 @triton.jit
-def _block_logits_fp8(qb0, qb1, qb2, qb3, cache_ptr, bt_ptr, req, stride_bt, s, vis, bt_cols,
-                      page_stride, DI: tl.constexpr, E: tl.constexpr, DATA_BYTES: tl.constexpr,
-                      FMT: tl.constexpr, DOT: tl.constexpr, CVT: tl.constexpr):
+def _block_logits_fp8(qb0, qb1, qb2, qb3, cache_ptr, bt_ptr, req, stride_bt, s0, s, vis,
+                      bt_cols, page_stride, DI: tl.constexpr, E: tl.constexpr,
+                      DATA_BYTES: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr,
+                      CVT: tl.constexpr, ONE_PAGE: tl.constexpr):
     """Logits [BLOCK_S, R] of e4m3 q codes against the keys of entries ``s`` (those with
     ``vis``) on FP8 dots, and which entries were read. MXFP4: one K = 32 dot per scale block
     (q blocks ``qb0..qb3``), its fp32 result times the block's scale: the tensor core sums only
     within a block. FP8 keys: one K = DI dot (``qb0``), times the key's scale."""
-    page = tl.load(bt_ptr + req * stride_bt + s // E, mask=vis & (s // E < bt_cols), other=-1)
-    vis = vis & (page >= 0)
-    page64 = tl.maximum(page, 0).to(tl.int64)
-    off = (s % E).to(tl.int64)
+    page64, off, vis = _entry_pages(bt_ptr, req, stride_bt, s0, s, vis, bt_cols, E, ONE_PAGE)
     entry_byte = page64 * page_stride + off * DATA_BYTES
     scale_off = page64 * page_stride + E * DATA_BYTES + off * 4
     if FMT == 4:
@@ -301,13 +317,15 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
                 else:
                     if DOT >= 3:   # (q blocks 0..3 of MXFP4 in qe, qo, qe_lo, qo_lo)
                         logits, read = _block_logits_fp8(
-                            qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s,
-                            s < v_max, bt_cols, page_stride, DI, E, DATA_BYTES, FMT, DOT, CVT)
+                            qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s0, s,
+                            s < v_max, bt_cols, page_stride, DI, E, DATA_BYTES, FMT, DOT, CVT,
+                            E % BLOCK_S == 0)
                     else:
                         logits, read = _block_logits(
-                            qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s,
+                            qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s0, s,
                             s < v_max, bt_cols, page_stride, page_stride_units, j, DI, E,
-                            DATA_BYTES, SCALE_BYTES, UNIT, FMT, DOT, KP, KT, CVT)
+                            DATA_BYTES, SCALE_BYTES, UNIT, FMT, DOT, KP, KT, CVT,
+                            E % BLOCK_S == 0)
                     if KT or DOT >= 3:
                         wl = w[None, :] * tl.maximum(logits, 0.0)      # [BLOCK_S, TB * H]
                         score = tl.trans(tl.sum(tl.reshape(wl, (BLOCK_S, TB, H)), axis=2))

@@ -101,21 +101,26 @@ def e4m3_bits_to_16bit(codes, DT: tl.constexpr):
 # $4: bytes 0..3 of four consecutive pairs (dims 2j low nibble, 2j+1 high nibble); $5 / $6: the
 # four pairs' scales as bf16 lanes (pairs 0, 1 / 2, 3); $0 / $1: the even dims of pairs 0, 1 / 2, 3,
 # $2 / $3: the odd dims. The -0.0 addends keep the sign of zero codes.
-_E2M1_HALF = """shl.b32 a, {t}, {ms};
-and.b32 m, a, 0x01c001c0;
-shl.b32 a, {t}, {ss};
-and.b32 a, a, 0x80008000;
-or.b32 m, m, a;
+# Placing a nibble: its 4 bits masked out of the 16-bit lane, then one multiply by 2^a + 2^b
+# writes two shifted copies that do not overlap (no carries): the one shifted by a puts the
+# magnitude at bits 6..8, the one shifted by b the sign at bit 15, and one mask keeps those bits
+# (low nibble: x 0x1040, shifts 6 and 12; high nibble: x 0x104, shifts 2 and 8). 3 integer ops
+# per lane pair where two shifts, a mask and a masked or took 4 (sm_90 SASS of the score loop:
+# 443 -> 411 instructions per 64-entry block and warp).
+_E2M1_HALF = """and.b32 m, {t}, {nib};
+mul.lo.u32 m, m, {mul};
+and.b32 m, m, 0x81c081c0;
 fma.rn.bf16x2 m, m, k, z;
 fma.rn.bf16x2 {out}, m, {sc}, z;
 """
-_E2M1_ASM = tl.constexpr("{\n.reg .b32 t0, t1, a, m, k, z;\nprmt.b32 t0, $4, 0, 0x4140;\n"
+_E2M1_ASM = tl.constexpr("{\n.reg .b32 t0, t1, m, k, z;\nprmt.b32 t0, $4, 0, 0x4140;\n"
                          "prmt.b32 t1, $4, 0, 0x4342;\nmov.b32 k, 0x7e807e80;\n"
                          "mov.b32 z, 0x80008000;\n"
-                         + "".join(_E2M1_HALF.format(t=t, ms=ms, ss=ss, out=out, sc=sc)
+                         + "".join(_E2M1_HALF.format(t=t, nib=nib, mul=mul, out=out, sc=sc)
                                    for t, sc, outs in (("t0", "$5", ("$0", "$2")),
                                                        ("t1", "$6", ("$1", "$3")))
-                                   for (ms, ss), out in zip(((6, 12), (2, 8)), outs))
+                                   for (nib, mul), out in zip((("0x000f000f", "0x1040"),
+                                                               ("0x00f000f0", "0x104")), outs))
                          + "}")
 
 
