@@ -114,11 +114,13 @@ def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s0, s
     after it stays mostly inside a thread)."""
     page64, off, vis = _entry_pages(bt_ptr, req, stride_bt, s0, s, vis, bt_cols, E, ONE_PAGE)
     pair_off = page64 * page_stride_units + off * (DATA_BYTES // UNIT)
-    scale_off = page64 * page_stride + E * DATA_BYTES + off * SCALE_BYTES
-    if SCALE_BYTES == 4:  # one aligned 32-bit scale word per key (mxfp4 / fp8, dim 128)
-        scale_arg = scale_off // 4
+    if SCALE_BYTES == 4:  # one aligned 32-bit scale word per key (mxfp4 / fp8, dim 128): its
+        # index in words (``quant.check_cache``: the page stride is a multiple of 4; a division
+        # of the byte offset cost 8 instructions per key)
+        tl.static_assert((E * DATA_BYTES) % 4 == 0, "the scale words start 4-byte aligned")
+        scale_arg = page64 * (page_stride // 4) + (E * DATA_BYTES) // 4 + off
     else:
-        scale_arg = scale_off
+        scale_arg = page64 * page_stride + E * DATA_BYTES + off * SCALE_BYTES
     if KT:  # [BLOCK_S, KP] key tiles
         kmask = vis[:, None] if KP == DI // 2 else vis[:, None] & (j[None, :] < DI // 2)
         k_e, k_o = load_entry_pairs(cache_ptr, pair_off[:, None], scale_arg[:, None], j[None, :],
@@ -151,7 +153,8 @@ def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s0, s
                 logits = tl.dot(qe_lo, ke, logits)
                 logits = tl.dot(qo_lo, ko, logits)
     if FMT == 3:  # FMT_FP8_INDEXER: the key's power-of-two scale on the logits (exact)
-        scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_off // 4, mask=vis,
+        tl.static_assert(SCALE_BYTES == 4, "fp8 indexer keys carry one fp32 scale word")
+        scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_arg, mask=vis,
                         other=1.0)
         logits = logits * (scale[:, None] if KT else scale[None, :])
     return logits, vis
@@ -209,10 +212,11 @@ def _block_logits_fp8(qb0, qb1, qb2, qb3, cache_ptr, bt_ptr, req, stride_bt, s0,
     within a block. FP8 keys: one K = DI dot (``qb0``), times the key's scale."""
     page64, off, vis = _entry_pages(bt_ptr, req, stride_bt, s0, s, vis, bt_cols, E, ONE_PAGE)
     entry_byte = page64 * page_stride + off * DATA_BYTES
-    scale_off = page64 * page_stride + E * DATA_BYTES + off * 4
+    tl.static_assert((E * DATA_BYTES) % 4 == 0, "the scale words start 4-byte aligned")
+    scale_word = page64 * (page_stride // 4) + (E * DATA_BYTES) // 4 + off
     if FMT == 4:
         tl.static_assert(DI == 4 * _MX_BLOCK, "FP8 dots over MXFP4 keys take head dim 128")
-        word = tl.load(cache_ptr.to(tl.pointer_type(tl.uint32)) + scale_off // 4, mask=vis,
+        word = tl.load(cache_ptr.to(tl.pointer_type(tl.uint32)) + scale_word, mask=vis,
                        other=0x7F7F7F7F)
         logits = _fp8_dot(_mx_block_e4m3(cache_ptr, entry_byte, 0, vis, DOT, CVT), qb0,
                           DOT) * _mx_scale(word, 0)[:, None]
@@ -230,7 +234,7 @@ def _block_logits_fp8(qb0, qb1, qb2, qb3, cache_ptr, bt_ptr, req, stride_bt, s0,
             k = e4m3_bits_to_f32(k)
         else:
             k = k.to(tl.float8e4nv, bitcast=True)
-        scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_off // 4, mask=vis,
+        scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_word, mask=vis,
                         other=1.0)
         logits = _fp8_dot(k, qb0, DOT) * scale[:, None]
     return logits, vis
