@@ -1,6 +1,6 @@
 """Eager launches of the decode step's heaviest kernels at real shapes, for Nsight Compute.
 
-    ncu --clock-control none --set full --kernel-name regex:'fp8_block|indexer_score|radix|sparse'
+    ncu --clock-control none --set full --kernel-name regex:'block_linear|indexer_score|radix|sparse'
         --csv --page details python -m benchmarks.ncu_decode --only gemm,index,topk,attn
 
 Why: the sweeps (``benchmarks.decode_kernels``) say how long each config takes, not why; the
@@ -35,12 +35,16 @@ def _run(name, fn, calls):
 
 
 def cases_gemm(dev, calls, batches):
+    """The FP8 linears as the layers call them: e4m3 activations (W8A8) where the device takes
+    them (``quant.linear.e4m3_activations``), the W8A16 kernel elsewhere."""
     from benchmarks.gemm_sweeps import _shape_cases
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.quant.linear import e4m3_activations
 
+    w8a8 = e4m3_activations(dev)
     for label, ws, _, x, floor in _shape_cases(dev, batches):
-        _run(f"gemm {label} floor {floor:.2f} us",
-             lambda: fp8_block_linear(x, *ws[0], (128, 128)), calls)
+        _run(f"gemm {label} {'w8a8' if w8a8 else 'w8a16'} floor {floor:.2f} us",
+             lambda: fp8_block_linear(x, *ws[0], (128, 128), quantize_x=w8a8), calls)
 
 
 def cases_index(dev, calls, batches):

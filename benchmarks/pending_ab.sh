@@ -13,6 +13,9 @@
 #   bash benchmarks/pending_ab.sh index-ab  # this checkout against .gpuserve/base, interleaved:
 #                                         # the score pass's default launch (decode_kernels
 #                                         # --only index_ab, with digests), decode_stack 1M B=1,32
+#   bash benchmarks/pending_ab.sh ncu     # Nsight Compute (full set) of the decode GEMMs at M=1
+#                                         # (W8A8, as the layers call them) and the score pass at
+#                                         # B=1 and 32 (benchmarks.ncu_decode); CSV under $OUT/ncu
 # .gpuserve/base holds the package of an earlier commit, prepared on the CPU machine (after
 # prepare.sh) with: bash benchmarks/pending_ab.sh base COMMIT
 #
@@ -22,7 +25,7 @@
 #   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: off (slower on the H100).
 # Everything lands under $OUT (one folder per run, its log beside its JSON).
 set -u
-PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|select|index-ab|base COMMIT}
+PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|select|index-ab|ncu|base COMMIT}
 OUT=${OUT:-out}
 W="bash benchmarks/with_vllm.sh"
 DS="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4,32
@@ -67,6 +70,19 @@ index-ab)
     grep -hE "^index_ab|digest" "$OUT"/ix-*/log.txt || true
     run st-new $W $S1M
     base_run st-base $WB $S1M
+    ;;
+ncu)
+    mkdir -p "$OUT/ncu"
+    stamp "ncu gemm M=1"
+    $W ncu --clock-control none --set full --kernel-name regex:'block_linear|quantize' --csv \
+        --page details python3 -m benchmarks.ncu_decode --only gemm --batches 1 --calls 1 \
+        > "$OUT/ncu/gemm-m1.csv" 2> "$OUT/ncu/gemm-m1.log"
+    echo "rc=$?"; tail -3 "$OUT/ncu/gemm-m1.log"
+    stamp "ncu index B=1,32"
+    $W ncu --clock-control none --set full --kernel-name regex:'indexer_score' --csv \
+        --page details python3 -m benchmarks.ncu_decode --only index --batches 1,32 --calls 1 \
+        > "$OUT/ncu/index.csv" 2> "$OUT/ncu/index.log"
+    echo "rc=$?"; tail -3 "$OUT/ncu/index.log"
     ;;
 tier)
     mkdir -p "$OUT/tier"
@@ -118,7 +134,7 @@ select)
     run sel-radix $W $B32 --indexer-select radix
     ;;
 *)
-    echo "pending_ab.sh: unknown phase $PHASE (tier, e4m3, ab, final, select, index-ab or base)"
+    echo "pending_ab.sh: unknown phase $PHASE (tier, e4m3, ab, final, select, index-ab, ncu or base)"
     exit 2 ;;
 esac
 stamp end
