@@ -207,9 +207,12 @@ def _sparse_attn_combine(
     inv = tl.where(denom > 0, 1.0 / tl.where(denom > 0, denom, 1.0), 0.0)
     dd = tl.program_id(1) * BLOCK_DC + tl.arange(0, BLOCK_DC)
     dm = dd < D
+    # the partials load at once with m / l (a mask on l_s > 0 made it wait for them: a second
+    # round trip); a split that saw no candidate (l_s == 0) never wrote its partial, so what
+    # its slot holds (even NaN) is dropped by the where, not multiplied by its zero weight
     part = tl.load(ws_acc_ptr + row[:, None] * D + dd[None, :],
-                   mask=(smask & (l_s > 0))[:, None] & dm[None, :], other=0.0)
-    o = tl.sum(part * w[:, None], axis=0) * inv
+                   mask=smask[:, None] & dm[None, :], other=0.0)
+    o = tl.sum(tl.where((l_s > 0)[:, None], part * w[:, None], 0.0), axis=0) * inv
     _store_rows(out_ptr + t * stride_ot + h * stride_oh + dd, o, dm, ROUND_BF16)
 
 
