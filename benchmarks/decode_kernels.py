@@ -222,6 +222,9 @@ def sweep_index(dev, batches):
                             res[key] = _try(lambda i: ti.indexer_scores(
                                 *sets[i], 4, out=bufs[i], block_s=bs, iters=it, num_warps=nw,
                                 keys_a=ka), n_sets)
+            for reg in (96, 80):  # more programs per SM (114 registers: 4; 96: 5; 80: 6)
+                res[f"maxnreg={reg}"] = _try(lambda i, reg=reg: ti.indexer_scores(
+                    *sets[i], 4, out=bufs[i], maxnreg=reg), n_sets)
             for st in (3, 4):
                 for bs, nw in ((64, 4), (128, 8), (128, 4)):
                     key = f"keys_a=1 block_s={bs} warps={nw} stages={st}"

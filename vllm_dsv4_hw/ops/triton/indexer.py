@@ -438,7 +438,8 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
                    num_warps: int | None = None, num_stages: int = 2,
                    tokens_per_program: int | None = None,
                    keys_a: bool | None = None, cvt: int | None = None,
-                   skip_tail: bool = False, q_scales: torch.Tensor | None = None) -> torch.Tensor:
+                   skip_tail: bool = False, q_scales: torch.Tensor | None = None,
+                   maxnreg: int | None = None) -> torch.Tensor:
     """The [T, n_max] fp32 score buffer (masked entries -inf) of step 1 (also used by benchmarks).
 
     ``q_scales`` [T, Hi]: q is e4m3 codes of q / q_scales (``ops.api.indexer_topk``); the scales
@@ -447,8 +448,8 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     ``skip_tail``: a block of ``block_s`` entries past the visible entries of every token scored
     with it is left unwritten; the columns below a token's visible count are always written (the
     bounded ``radix_topk`` of ``indexer_topk`` reads no others). Default: full -inf stores.
-    ``block_s`` / ``iters`` / ``num_warps`` / ``num_stages`` / ``tokens_per_program``: launch
-    knobs (benchmark sweeps)."""
+    ``block_s`` / ``iters`` / ``num_warps`` / ``num_stages`` / ``tokens_per_program`` /
+    ``maxnreg`` (NVIDIA register cap: more programs per SM): launch knobs (benchmark sweeps)."""
     t, h, di = q.shape
     dev = q.device
     fmt_code = quant.format_code(key_fmt)
@@ -522,7 +523,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         KP=dot_dim(di // 2, dev), TB=tb, KT=KEYS_A if keys_a is None else keys_a,
         CVT=_key_decode(fmt_code, dot, dev) if cvt is None else cvt, SKIP_TAIL=skip_tail,
         QS=q_scales is not None, num_warps=num_warps, num_stages=num_stages,
-        **pdl_launch(dev))
+        **({"maxnreg": maxnreg} if maxnreg and dev.type == "cuda" else {}), **pdl_launch(dev))
     return out
 
 
