@@ -137,13 +137,14 @@ def test_gpu_launch_config(gen, monkeypatch):
 def test_tokens_scored_together(gen, tb, fmt_name, req_dtype):
     """TB tokens per program (one key tile for all of them): groups inside one request (the
     shared path), groups across requests and with padding tokens (scored one token at a time), a
-    partial last group; 64-entry blocks as on a GPU; a poisoned buffer. Requests as int64 (the
-    metadata's) and int32: the kernel reads either, with no cast launch."""
+    partial last group; 64-entry blocks as on a GPU; a poisoned buffer. Requests and the block
+    table as int64 (the metadata's) and int32: the kernel reads either, with no cast launch."""
     fmt = make_format(fmt_name, "indexer", 64)
     reqs = [(0, 7, 1), (1, 0, 9), (2, 1200, 6), (3, 300, 2)]  # 1 + 9 + 6 + 2 tokens: ragged groups
     cache, bt, keys, token_req, token_pos = _setup(gen, fmt, reqs)
     token_req = torch.cat([token_req, torch.tensor([-1, -1, -1])]).to(req_dtype)  # padding
     token_pos = torch.cat([token_pos, torch.tensor([0, 5, 9])])
+    bt = bt.to(req_dtype)
     t = token_req.numel()
     q = torch.randn(t, H, DI, generator=gen)
     w = torch.randn(t, H, generator=gen)

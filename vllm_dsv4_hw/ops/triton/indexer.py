@@ -506,10 +506,12 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     else:
         qs, qs_stride = weights, 0   # not read
     weights = weights if weights.stride(-1) == 1 else weights.contiguous()
-    bt = block_table.to(device=dev, dtype=torch.int32)
+    # the block table and the requests int32 or int64 as given: the decode metadata holds
+    # int64, and a cast here was one more launch per c4a layer on the selection's critical path
+    # (the kernel reads either)
+    bt = block_table.to(device=dev)
+    bt = bt if bt.dtype in (torch.int32, torch.int64) else bt.to(torch.int32)
     bt = bt if bt.stride(-1) == 1 else bt.contiguous()
-    # int32 or int64 as given: metadata holds int64, and a cast here was one more launch per
-    # c4a layer on the selection's critical path (the kernel reads either)
     req = token_req.to(device=dev)
     req = req if req.dtype in (torch.int32, torch.int64) else req.to(torch.int64)
     req = req.contiguous()
