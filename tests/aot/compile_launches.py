@@ -107,53 +107,38 @@ def selected_on(record: dict, limit: int) -> bool:
 
 
 def with_new_defaults(record: dict, fn) -> dict:
-    """The record with the parameters added to its kernel since it was recorded that have a
-    default, at that default: a launch that leaves such a knob at its default is the recorded
-    one (a knob added off, such as ``FLAT``; a runtime argument a launch may leave out: a pointer
-    defaulting to None, which Triton takes as a constexpr, or an int). Any other difference stays
+    """The record with the constexpr parameters added to its kernel since it was recorded that
+    have a default, at that default: a launch that leaves such a knob at its default is the
+    recorded one (a knob added off, such as ``FLAT``). Any other difference stays
     drift (a renamed, removed or required parameter)."""
     import inspect
 
     params = inspect.signature(fn.fn).parameters
-    added = {n: p for n, p in params.items()
-             if n not in record["signature"] and p.default is not inspect.Parameter.empty}
-    bad = [n for n, p in added.items() if "constexpr" not in str(p.annotation)
-           and p.default is not None and not isinstance(p.default, int)]
-    if bad:
-        raise KeyError(f"added runtime arguments with defaults other than None / int: {bad}")
+    added = {n: p.default for n, p in params.items()
+             if n not in record["signature"] and p.default is not inspect.Parameter.empty
+             and "constexpr" in str(p.annotation)}
     if not added:
         return record
-    const = {n: p.default for n, p in added.items()
-             if "constexpr" in str(p.annotation) or p.default is None}
-    sig = {n: "constexpr" if n in const else "i32" for n in added}
-    return dict(record, signature=dict(record["signature"], **sig),
-                constexprs=dict(record["constexprs"], **const))
+    return dict(record, signature=dict(record["signature"], **{n: "constexpr" for n in added}),
+                constexprs=dict(record["constexprs"], **added))
 
 
 # knobs built and off by default: each target also compiles one recorded launch of the kernel
 # with the knob on (``PF_BYTES`` only where the target has PDL: it is dead code elsewhere). The
 # GEMMs' read-ahead (``PF_BYTES``) is on by default since 2026-12-05: the native records carry it.
 OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True}}
-# launch forms added since the launches were recorded, compiled the same way (from the kernel's
-# first record) until the next GPU tier records them: (constexprs, runtime argument types). The
-# score pass zeroing the radix select's state (ZERO, 2026-12-06).
-NOT_YET_RECORDED = {"_indexer_score_kernel": ({"ZERO": True},
-                                              {"zero_ptr": "*i32", "zero_words": "i32"})}
 
 
 def knobs_on(records: list[dict]) -> list[dict]:
-    """For each kernel of ``OFF_BY_DEFAULT`` and ``NOT_YET_RECORDED``, its first record with the
-    knobs on (PF_BYTES only in records with PDL on)."""
-    forms = [(kernel, knobs, {}) for kernel, knobs in OFF_BY_DEFAULT.items()]
-    forms += [(kernel, knobs, args) for kernel, (knobs, args) in NOT_YET_RECORDED.items()]
+    """For each kernel of ``OFF_BY_DEFAULT``, its first record with the knobs on (PF_BYTES only
+    in records with PDL on)."""
     out = []
-    for kernel, knobs, args in forms:
+    for kernel, knobs in OFF_BY_DEFAULT.items():
         for r in records:
             c = r["constexprs"]
             if r["kernel"] == kernel and ("PF_BYTES" not in knobs or c.get("PDL")):
                 out.append(dict(r, constexprs=dict(c, **knobs),
-                                signature=dict(r["signature"], **args,
-                                               **{k: "constexpr" for k in knobs})))
+                                signature=dict(r["signature"], **{k: "constexpr" for k in knobs})))
                 break
     return out
 

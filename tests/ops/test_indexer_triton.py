@@ -251,30 +251,3 @@ def test_skipped_tail_stores_leave_visible_scores_as_full_stores(gen, tb):
             past = -(-vis // 64) * 64
             assert torch.isnan(skipped[i, past:]).all(), i
             assert torch.equal(skipped[i, vis:past], full[i, vis:past]), i
-
-
-def test_score_launch_zeroes_the_selection_state(gen):
-    """``indexer_scores(zero=)``: the score launch also zeroes the radix select's state (no fill
-    launch between them; ``indexer_topk`` hands it to ``radix_topk(state=)``), whatever it held,
-    and the scores are those of the call without it; a state of the wrong shape is refused."""
-    from vllm_dsv4_hw.ops.triton import topk as tk
-
-    fmt = make_format("mxfp4", "indexer", 64)
-    cache, bt, keys, token_req, token_pos = _setup(gen, fmt, [(0, 900, 2), (1, 40, 1)])
-    t = token_req.numel()
-    q = torch.randn(t, H, DI, generator=gen)
-    w = torch.randn(t, H, generator=gen)
-    state = tk.radix_state(t, torch.device("cpu")).fill_(0x5A5A5A5A)
-    plain = ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, block_s=64)
-    got = ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, block_s=64,
-                            zero=state)
-    assert torch.equal(got, plain) and not state.any()
-    out = torch.full((t, 40), 9, dtype=torch.int32)
-    tk.radix_topk(got, 40, out, state=state)
-    ref = torch.full((t, 40), 9, dtype=torch.int32)
-    tk.radix_topk(got, 40, ref)
-    assert torch.equal(out, ref)
-    with pytest.raises(ValueError, match="radix_state"):
-        tk.radix_topk(got, 40, out, state=tk.radix_state(t + 1, torch.device("cpu")))
-    with pytest.raises(ValueError, match="contiguous int32"):
-        ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, zero=state.float())

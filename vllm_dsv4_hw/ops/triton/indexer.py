@@ -46,7 +46,7 @@ from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, load_entry_pairs
 from vllm_dsv4_hw.ops.triton.ptx_codecs import (C_CVT_PTX, CVT_INT, CVT_PTX, E2M1_E4M3_SHIFT,
                                                 e2m1_pairs_to_e4m3, e4m3_mode)
-from vllm_dsv4_hw.ops.triton.topk import radix_state, radix_topk
+from vllm_dsv4_hw.ops.triton.topk import radix_topk
 
 DOT_F32 = 0
 DOT_BF16 = 1
@@ -250,8 +250,7 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
                           DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr,
                           KP: tl.constexpr, TB: tl.constexpr, KT: tl.constexpr,
                           CVT: tl.constexpr, SKIP_TAIL: tl.constexpr = False,
-                          PDL: tl.constexpr = False, QS: tl.constexpr = False,
-                          zero_ptr=None, zero_words=0, ZERO: tl.constexpr = False):
+                          PDL: tl.constexpr = False, QS: tl.constexpr = False):
     """Program = (TB consecutive tokens, split of ITERS entry blocks). Keys are read as (even,
     odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per pair), so logits =
     q_even @ k_even + q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode), for the TB
@@ -262,14 +261,8 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
     past every token's visible entries store nothing (a bounded ``radix_topk`` never reads them).
     QS: q is e4m3 codes (values for ``DOT_F32`` / ``DOT_FP8_EMU``) whose per-(token, head) scales
     ``qs_ptr`` multiply the head weights (positive powers of two: exact, relu commutes).
-    ``DOT_FP8`` / ``DOT_FP8_EMU``: keys as the A operand (``_block_logits_fp8``).
-    ZERO: the programs also zero ``zero_words`` int32 words at ``zero_ptr`` (the radix select's
-    state, which the selection after this launch reads: a fill launch less between them)."""
+    ``DOT_FP8`` / ``DOT_FP8_EMU``: keys as the A operand (``_block_logits_fp8``)."""
     pdl_start(PDL)
-    if ZERO:
-        zw = tl.arange(0, 1024)
-        for z0 in range(tl.program_id(0) * 1024, zero_words, tl.num_programs(0) * 1024):
-            tl.store(zero_ptr + z0 + zw, tl.zeros([1024], tl.int32), mask=z0 + zw < zero_words)
     r = tl.arange(0, TB * H)
     tok_of_row = r // H
     head = r % H
@@ -446,8 +439,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
                    tokens_per_program: int | None = None,
                    keys_a: bool | None = None, cvt: int | None = None,
                    skip_tail: bool = False, q_scales: torch.Tensor | None = None,
-                   maxnreg: int | None = None,
-                   zero: torch.Tensor | None = None) -> torch.Tensor:
+                   maxnreg: int | None = None) -> torch.Tensor:
     """The [T, n_max] fp32 score buffer (masked entries -inf) of step 1 (also used by benchmarks).
 
     ``q_scales`` [T, Hi]: q is e4m3 codes of q / q_scales (``ops.api.indexer_topk``); the scales
@@ -457,9 +449,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     with it is left unwritten; the columns below a token's visible count are always written (the
     bounded ``radix_topk`` of ``indexer_topk`` reads no others). Default: full -inf stores.
     ``block_s`` / ``iters`` / ``num_warps`` / ``num_stages`` / ``tokens_per_program`` /
-    ``maxnreg`` (NVIDIA register cap: more programs per SM): launch knobs (benchmark sweeps).
-    ``zero``: a contiguous int32 buffer the launch also zeroes (``indexer_topk``: the radix
-    select's state, so no fill launch sits between the two)."""
+    ``maxnreg`` (NVIDIA register cap: more programs per SM): launch knobs (benchmark sweeps)."""
     t, h, di = q.shape
     dev = q.device
     fmt_code = quant.format_code(key_fmt)
@@ -484,11 +474,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         out = torch.empty(t, n_max, dtype=torch.float32, device=dev)
     elif out.shape != (t, n_max) or out.dtype != torch.float32 or out.stride(-1) != 1:
         raise ValueError(f"out must be fp32 [{t}, {n_max}] with unit inner stride")
-    if zero is not None and (zero.dtype != torch.int32 or not zero.is_contiguous()):
-        raise ValueError("indexer_scores: zero must be a contiguous int32 buffer")
     if t == 0 or n_max == 0:
-        if zero is not None:
-            zero.zero_()
         return out
     if q_scales is not None and (q.dtype != torch.float8_e4m3fn
                                  or tuple(q_scales.shape) != (t, h)):
@@ -539,8 +525,6 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         KP=dot_dim(di // 2, dev), TB=tb, KT=KEYS_A if keys_a is None else keys_a,
         CVT=_key_decode(fmt_code, dot, dev) if cvt is None else cvt, SKIP_TAIL=skip_tail,
         QS=q_scales is not None, num_warps=num_warps, num_stages=num_stages,
-        zero_ptr=out if zero is None else zero, zero_words=0 if zero is None else zero.numel(),
-        ZERO=zero is not None,
         **({"maxnreg": maxnreg} if maxnreg and dev.type == "cuda" else {}), **pdl_launch(dev))
     return out
 
@@ -594,16 +578,14 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         dst = out[sl]
         radix = _use_radix(dst.shape[0], n_max)
         bounded = radix and SELECT["bounded"]
-        # the radix select's state, zeroed by the score launch (no fill launch between them)
-        state = radix_state(dst.shape[0], dev) if radix else None
         scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
                                 token_req[sl], token_pos[sl], ratio, n_max=n_max,
                                 skip_tail=bounded,
-                                q_scales=None if q_scales is None else q_scales[sl], zero=state)
+                                q_scales=None if q_scales is None else q_scales[sl])
         if radix:
             bound = dict(row_pos=token_pos[sl], row_req=token_req[sl], ratio=ratio) if bounded \
                 else {}
-            radix_topk(scores, k, dst, state=state, **bound)
+            radix_topk(scores, k, dst, **bound)
             continue
         # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
         # H200), then one launch puts the selected entries first and -1 after, as int32

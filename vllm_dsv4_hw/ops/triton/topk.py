@@ -402,16 +402,9 @@ def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
     return n_blk == 1 or programs <= _one_launch_cap(device)
 
 
-def radix_state(rows: int, device: torch.device) -> torch.Tensor:
-    """An unzeroed state buffer for ``radix_topk(..., state=)`` of ``rows`` rows (the caller
-    zeroes it, e.g. inside the launch that writes the scores)."""
-    return torch.empty(rows, _STATE, dtype=torch.int32, device=device)
-
-
 def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | None = None,
                one_launch: bool | None = None, row_pos: torch.Tensor | None = None,
-               row_req: torch.Tensor | None = None, ratio: int = 1,
-               state: torch.Tensor | None = None) -> torch.Tensor:
+               row_req: torch.Tensor | None = None, ratio: int = 1) -> torch.Tensor:
     """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32, any contents:
     columns [0, k) get the selected entries first, -1 after (columns >= k are left as they
     are). ``block``: scores per program (a power of two), ``one_launch``: force the form (where
@@ -422,10 +415,7 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
     entries), computed on the device; the scores at columns >= row_len are never read, counted or
     selected (they may hold anything), and a program whose block lies wholly past it does
     nothing (the row's counts and barriers wait for the others only). The output is the
-    unbounded call's, bit for bit, when those scores are -inf.
-
-    ``state``: a zeroed buffer from :func:`radix_state` (zeroed by an earlier launch on this
-    stream); default: one allocated and zeroed here (a fill launch)."""
+    unbounded call's, bit for bit, when those scores are -inf."""
     t, n = scores.shape
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         raise ValueError("radix_topk: scores must be fp32 with unit inner stride")
@@ -446,10 +436,7 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
         blk = auto_block(t, n, _one_launch_cap(dev) if want_one else 0)
     blk = min(blk, next_pow2(n))
     n_blk = cdiv(n, blk)
-    if state is None:
-        state = torch.zeros(t, _STATE, dtype=torch.int32, device=dev)
-    elif state.shape != (t, _STATE) or state.dtype != torch.int32 or not state.is_contiguous():
-        raise ValueError(f"radix_topk: state must be radix_state({t}, device)")
+    state = torch.zeros(t, _STATE, dtype=torch.int32, device=dev)
     base = torch.empty(t, n_blk, 2, dtype=torch.int32, device=dev)
     if bound:
         pos = row_pos.to(dev).contiguous()
