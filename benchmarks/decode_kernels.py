@@ -222,7 +222,7 @@ def sweep_index(dev, batches):
                             res[key] = _try(lambda i: ti.indexer_scores(
                                 *sets[i], 4, out=bufs[i], block_s=bs, iters=it, num_warps=nw,
                                 keys_a=ka), n_sets)
-            for reg in (96, 80):  # more programs per SM (114 registers: 4; 96: 5; 80: 6)
+            for reg in (0, 96, 80):  # programs per SM (114 registers, 0 = no cap: 4; 96: 5; 80: 6)
                 res[f"maxnreg={reg}"] = _try(lambda i, reg=reg: ti.indexer_scores(
                     *sets[i], 4, out=bufs[i], maxnreg=reg), n_sets)
             for st in (3, 4):

@@ -251,3 +251,18 @@ def test_skipped_tail_stores_leave_visible_scores_as_full_stores(gen, tb):
             past = -(-vis // 64) * 64
             assert torch.isnan(skipped[i, past:]).all(), i
             assert torch.equal(skipped[i, vis:past], full[i, vis:past]), i
+
+
+def test_register_cap_rule(monkeypatch):
+    """The score pass's register cap (``REG_CAP``): the decode tile (one token per program, MXFP4
+    keys on bf16 dots) on CUDA, from 32 programs per SM; nothing elsewhere."""
+    monkeypatch.setattr(ti, "sm_count", lambda dev: 132)
+    cuda = torch.device("cuda", 0)
+    cap = {"maxnreg": ti.REG_CAP["maxnreg"]}
+    mx = ti.quant.FMT_MXFP4
+    assert ti._reg_cap(8192, 1, mx, ti.DOT_BF16, cuda) == cap            # 1M B=32
+    assert ti._reg_cap(1024, 1, mx, ti.DOT_BF16, cuda) == {}             # 1M B=4
+    assert ti._reg_cap(65536, 4, mx, ti.DOT_BF16, cuda) == {}            # prefill tile
+    assert ti._reg_cap(8192, 1, ti.quant.FMT_FP8_INDEXER, ti.DOT_BF16, cuda) == {}
+    assert ti._reg_cap(8192, 1, mx, ti.DOT_FP8, cuda) == {}
+    assert ti._reg_cap(8192, 1, mx, ti.DOT_BF16, torch.device("cpu")) == {}

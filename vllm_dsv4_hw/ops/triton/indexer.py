@@ -399,6 +399,25 @@ def _q_operand(q: torch.Tensor, dot: int) -> torch.Tensor:
     return q.to(torch.float32 if dot in (DOT_F32, DOT_FP8_EMU) else torch.bfloat16)
 
 
+# Register cap of the decode tile (one token per program, MXFP4 keys on bf16 dots) for grids of
+# at least ``from_programs_per_sm`` programs per SM: 114 registers hold 4 programs on an SM, 80
+# hold 6, which the instruction-issue-bound loop turns into speed where the grid is many waves
+# deep, and loses where it is not. NVIDIA H100, 2026-12-06 ~04:03 UTC (``.gpuserve``-run
+# ``indexer_scores(..., maxnreg=)``, CUDA-graph medians, scores equal bit for bit), us, default /
+# 96 / 80: 1M B=32 (8,192 programs) 489-493 / 467 / 447; 1M B=4 (1,024) 66 / 71 / 72; 128K B=1
+# 4.6 / 4.6 / 5.2. Not yet timed on an H200.
+REG_CAP = {"maxnreg": 80, "from_programs_per_sm": 32}
+
+
+def _reg_cap(programs: int, tb: int, fmt_code: int, dot: int, device: torch.device) -> dict:
+    """The decode tile's register cap for a grid of ``programs`` (``REG_CAP``), as launch
+    options."""
+    if (device.type != "cuda" or tb != 1 or fmt_code != quant.FMT_MXFP4 or dot != DOT_BF16
+            or programs < REG_CAP["from_programs_per_sm"] * sm_count(device)):
+        return {}
+    return {"maxnreg": REG_CAP["maxnreg"]}
+
+
 def _launch_config(num_tokens: int, n_blocks: int, device: torch.device) -> int:
     """ITERS: entry blocks per program (amortizes the q load; keeps >= ~4 programs per SM)."""
     if device.type != "cuda":
@@ -449,7 +468,8 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     with it is left unwritten; the columns below a token's visible count are always written (the
     bounded ``radix_topk`` of ``indexer_topk`` reads no others). Default: full -inf stores.
     ``block_s`` / ``iters`` / ``num_warps`` / ``num_stages`` / ``tokens_per_program`` /
-    ``maxnreg`` (NVIDIA register cap: more programs per SM): launch knobs (benchmark sweeps)."""
+    ``maxnreg`` (NVIDIA register cap: more programs per SM; None: ``REG_CAP``'s rule, 0: no
+    cap): launch knobs (benchmark sweeps)."""
     t, h, di = q.shape
     dev = q.device
     fmt_code = quant.format_code(key_fmt)
@@ -515,6 +535,11 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     if num_warps is None:
         num_warps = 4
     n_split = cdiv(n_blocks, iters)
+    if dev.type != "cuda" or maxnreg == 0:
+        regs = {}
+    else:
+        regs = {"maxnreg": maxnreg} if maxnreg else _reg_cap(groups * n_split, tb, fmt_code,
+                                                             dot, dev)
     _indexer_score_kernel[(_grid(groups * n_split, dev, cube=True),)](
         q, weights, qs, key_cache, bt, req, pos, out,
         q.stride(0), weights.stride(0), qs_stride, bt.stride(0), out.stride(0),
@@ -524,8 +549,8 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         RATIO=ratio, FMT=fmt_code, DOT=dot, BLOCK_S=block_s, ITERS=iters,
         KP=dot_dim(di // 2, dev), TB=tb, KT=KEYS_A if keys_a is None else keys_a,
         CVT=_key_decode(fmt_code, dot, dev) if cvt is None else cvt, SKIP_TAIL=skip_tail,
-        QS=q_scales is not None, num_warps=num_warps, num_stages=num_stages,
-        **({"maxnreg": maxnreg} if maxnreg and dev.type == "cuda" else {}), **pdl_launch(dev))
+        QS=q_scales is not None, num_warps=num_warps, num_stages=num_stages, **regs,
+        **pdl_launch(dev))
     return out
 
 
