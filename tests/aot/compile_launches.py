@@ -128,6 +128,33 @@ def with_new_defaults(record: dict, fn) -> dict:
 # GEMMs' read-ahead (``PF_BYTES``) is on by default since 2026-12-05: the native records carry it.
 OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True}}
 
+# Kernels added since the launches were recorded (no GPU lent to record them): their product
+# launches written out here, compiled like recorded ones, until the next GPU tier records them
+# (then drop them here and from ``test_target_matrix.NOT_RECORDED``).
+_GEMV_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*fp32",
+             "red_ptr": "*bf16", "cnt_ptr": "*i32", "N": "i32", "K": "i32", "KB": "i32",
+             "k_per_split": "i32", "n_nblk": "i32", "sxg": "i32", "swg": "i32", "swn": "i32",
+             "ssg": "i32", "ssn": "i32", "sos": "i32", "sog": "i32"}
+_GEMV_CONST = {"SBN": 128, "BK": 512, "EMU": False, "OUT_BF16": 0, "RED_BF16": 1,
+               "PF_BYTES": 256, "PDL": True}
+SYNTHESIZED = [
+    {"module": "vllm_dsv4_hw.ops.triton.fp8_gemv", "kernel": "_gemv_kernel",
+     "signature": dict(_GEMV_SIG, **{k: "constexpr" for k in list(_GEMV_CONST) + ["BN", "SERIAL",
+                                                                                  "SPLITS"]}),
+     "constexprs": dict(_GEMV_CONST, BN=bn, SERIAL=serial, SPLITS=splits), "attrs": {},
+     "num_warps": 4, "num_stages": 3, "num_ctas": 1, "needs": "fp8_dot"}
+    for bn, serial, splits in ((16, False, 1), (8, True, 3))]
+
+
+def synthesized_for(backend: str, arch: str) -> list[dict]:
+    """The ``SYNTHESIZED`` launches a target takes: those whose declared capability it has
+    (the GEMV only where ``fp8_block_linear`` quantizes x: ``fp8_dot``)."""
+    from vllm_dsv4_hw.platform.capabilities import cuda_capabilities
+
+    major, minor = divmod(int(arch), 10) if backend == "cuda" else (9, 0)
+    caps = cuda_capabilities(major, minor, hip=backend == "hip")
+    return [r for r in SYNTHESIZED if getattr(caps, r["needs"])]
+
 
 def knobs_on(records: list[dict]) -> list[dict]:
     """For each kernel of ``OFF_BY_DEFAULT``, its first record with the knobs on (PF_BYTES only
@@ -150,7 +177,8 @@ def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
 
     target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, int(warp))
     results = []
-    records = [for_backend(r, backend, arch) for r in json.load(open(path))["launches"]]
+    records = [for_backend(r, backend, arch)
+               for r in json.load(open(path))["launches"] + synthesized_for(backend, arch)]
     chosen = [r for r in records if not forced_decode(r, backend) and selected_on(r, int(limit))
               and not (backend == "hip" and needs_fp8_dot(r))]
     for r in unique(chosen) + knobs_on(chosen):

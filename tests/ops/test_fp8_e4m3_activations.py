@@ -207,3 +207,47 @@ def test_prequantized_x_errors(gen):
         api.fp8_block_linear(codes.float(), wq, sc, (128, 128), x_scales=scales)
     with pytest.raises(ValueError, match=r"x_scales must be float32 \[2, 2\]"):
         api.fp8_block_linear(codes, wq, sc, (128, 128), x_scales=scales[:, :1])
+
+
+@pytest.mark.parametrize("g,n,k", [(None, 200, 1000), (3, 64, 300), (None, 24, 128)])
+@pytest.mark.parametrize("knobs", [dict(), dict(split_k=3, block_k=128),
+                                   dict(split_k=2, block_k=256, block_n=16)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_triton_gemv_one_row(g, n, k, knobs, dtype, gen):
+    """The one-row GEMV (``fp8_gemv``, the decode row's W8A8 path; interpreter): within the
+    oracle's bound for plain and grouped weights, ragged N and K (a K block past the last
+    split), every x dtype; its splits summed by the last split or by the separate launch give
+    the same bits; the tile kernels (gemv=False) agree within the bound."""
+    from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
+    from vllm_dsv4_hw.ops.triton import fp8_gemv
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+
+    block = (128, 128)
+    wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
+    x = _x(gen, 1, g, k, dtype)
+    a = check_fp8_block_linear_args(x, wq, sc, block, torch.float32)
+    assert fp8_gemv.takes(a)
+    got = fp8_gemv.launch(a, **knobs)
+    assert got.shape == ((1, g, n) if g else (1, n))
+    assert_close(got, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
+    assert torch.equal(fp8_gemv.launch(a, serial=False, **knobs), got)
+    if not knobs:
+        assert torch.equal(fp8_block_linear(x, wq, sc, block, torch.float32, True), got)
+        tiles = fp8_block_linear(x, wq, sc, block, torch.float32, True, gemv=False)
+        assert_close(tiles, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
+
+
+def test_gemv_takes_one_row_of_128_column_blocks(gen):
+    from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
+    from vllm_dsv4_hw.ops.triton import fp8_gemv
+
+    wq, sc = quantized_weight(gen, (64, 256), (128, 128))
+    w32, s32 = quantized_weight(gen, (64, 256), (32, 32))
+    one, two = torch.zeros(1, 256), torch.zeros(2, 256)
+    assert fp8_gemv.takes(check_fp8_block_linear_args(one, wq, sc, (128, 128), None))
+    assert not fp8_gemv.takes(check_fp8_block_linear_args(two, wq, sc, (128, 128), None))
+    assert not fp8_gemv.takes(check_fp8_block_linear_args(one, w32, s32, (32, 32), None))
+    assert not fp8_gemv.takes(check_fp8_block_linear_args(one.double(), wq, sc, (128, 128),
+                                                          None))
+    with pytest.raises(ValueError, match="block_k"):
+        fp8_gemv.launch(check_fp8_block_linear_args(one, wq, sc, (128, 128), None), block_k=192)

@@ -294,6 +294,14 @@ def _math(dtype: torch.dtype, interpreting: bool) -> int:
 
 
 @functools.cache
+def _gemv():
+    """``ops.triton.fp8_gemv`` (imported on first use, as ``fp8_dot_linear``)."""
+    from vllm_dsv4_hw.ops.triton import fp8_gemv
+
+    return fp8_gemv
+
+
+@functools.cache
 def _w8a8():
     """``ops.triton.fp8_dot_linear`` (imported on first use: it imports this module's launch
     helpers; a function-level import on every call cost ~2 us)."""
@@ -312,7 +320,9 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     tests. ``quantize_x`` takes the W8A8 kernel where it runs (``fp8_dot_linear.supports``), else
     this kernel on the quantized activations' values, the same products (a float64 x, an odd
     scale block, a device without FP8 dots): kept in bf16 for bf16 x (e4m3 times a power of two
-    from 2^-31 up is a bf16 value: exact, the 16-bit dot), else fp32."""
+    from 2^-31 up is a bf16 value: exact, the 16-bit dot), else fp32. One row takes the GEMV
+    (``fp8_gemv``: the same products, summed with FMAs) where it runs; ``gemv=False`` keeps
+    the tile kernels."""
     fp8_dot_linear = _w8a8()
     if x_scales is not None:  # x given as e4m3 codes + scales
         out_dtype = check_prequantized_x(x, x_scales, int(block[1]), out_dtype)
@@ -328,6 +338,10 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
     if not quantize_x:
         return launch(a, **knobs)
+    # one row: the GEMV (``fp8_gemv``), unless a knob asks for the tile kernels (gemv=False)
+    gemv = knobs.pop("gemv", None)
+    if (gemv if gemv is not None else not knobs) and _gemv().takes(a):
+        return _gemv().launch(a)
     if fp8_dot_linear.supports(a):
         return fp8_dot_linear.launch(a, **knobs)
     xq = quantize_activations(a.x.reshape(a.m * a.g, a.k), a.bk).view(a.m, a.g, a.k)

@@ -1,0 +1,169 @@
+"""Triton ``fp8_block_linear`` with ``quantize_x`` for one row (decode at batch 1): a GEMV.
+
+    y[n] = sum_kb s[n // bn, kb] * sx[kb] * sum_{k in block kb} q[k] * e4m3(W[n, k])
+
+the W8A8 products of ``fp8_dot_linear`` (x's e4m3 codes and power-of-two scale per 128-column
+block, quantized in the program exactly as ``_quantize_rows`` does), without tensor cores: a
+program loads a [BN, BK] tile of weight bytes as plain vector loads, converts them in registers
+(the hardware cvt; the integer decode under the interpreter), multiplies by the row's codes and
+sums each 128-column block with FMAs (exact products; fp32 sums in the program's order, so the
+bits differ from the tensor-core kernel's, deterministically), scales the block sums and
+accumulates over its K range. Split-K as the tile kernels do it (``split_k``: partials summed in
+split order by each tile's last split), for grids too small to fill the device.
+
+Why: at one row the tile kernel's wgmma tiles hold a 16-row x tile for 1 live row and its grid
+leaves most of each SM's warp slots empty (Nsight Compute, H100, 2026-12-06: 6-24% achieved
+occupancy, 55-62% of DRAM throughput on the V4-Flash projections). ``benchmarks.gemv_probe``
+(H100, same day, CUDA-graph medians, us, W8A8 tiles -> plain GEMV): wq_a 4.37 -> 2.97, wq_b
+15.16 -> 13.71, wo_b 17.21 -> 13.63, indexer wq_b 6.78 -> 4.97, V4-Pro wq_a 8.22 -> 6.13,
+wq_b 38.44 -> 35.68, wo_b 46.26 -> 41.69.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
+from vllm_dsv4_hw.ops.triton import split_k as sk
+from vllm_dsv4_hw.ops.triton.launch import cdiv, sm_count
+from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start_prefetching, weight_prefetch
+from vllm_dsv4_hw.ops.triton.quant import (
+    bf16_bits_to_f32,
+    ceil_log2_div,
+    e4m3_bits_to_f32,
+    f32_to_e4m3_bits,
+    pow2_f32,
+    ue8m0_to_f32,
+)
+
+AMAX_FLOOR = tl.constexpr(1e-4)    # kv_cache.formats.fp8_ds_mla.FP8_AMAX_FLOOR
+# The rows a call may have to take this kernel (1: decode at batch 1; the tile kernels above).
+MAX_ROWS = 1
+# Tiles (``benchmarks.gemv_probe``, H100 2026-12-06): 512 weight columns a step; 16 weight rows a
+# program from 16K outputs (wq_b), else 8; split-K up to 8 ways until the grid has ~8 programs
+# per SM (wo_b 4,096 x 8,192: 3 ways; wq_a 1,024 x 4,096: 8).
+TILE = {"block_k": 512, "wide_n": 16384, "block_n_wide": 16, "block_n": 8, "num_warps": 4,
+        "programs_per_sm": 8, "max_split": 8}
+
+
+@triton.jit
+def _x_codes(x_ptr, cols, c_ok, EMU: tl.constexpr, BK: tl.constexpr):
+    """The row's columns ``cols`` quantized per 128-column block: (codes as fp32 [BK/128, 128],
+    scales [BK/128]), as ``fp8_dot_linear._quantize_rows``."""
+    xv = tl.load(x_ptr + cols, mask=c_ok, other=0.0)
+    if xv.dtype == tl.bfloat16:
+        xf = bf16_bits_to_f32(xv.to(tl.uint16, bitcast=True))  # (the interpreter's cvt: no)
+    else:
+        xf = xv.to(tl.float32)
+    x2 = tl.reshape(xf, (BK // 128, 128))
+    amax = tl.maximum(tl.max(tl.abs(x2), axis=1), AMAX_FLOOR)
+    e = ceil_log2_div(amax, 0x600000, 8)           # 448 = 1.75 * 2^8
+    q = x2 * pow2_f32(-e)[:, None]                  # |q| <= 448: exact
+    if EMU:
+        q = e4m3_bits_to_f32(f32_to_e4m3_bits(q))
+    else:
+        q = q.to(tl.float8e4nv).to(tl.float32)
+    return q, pow2_f32(e)
+
+
+@triton.jit(do_not_specialize=["sos"])
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, KB, k_per_split, n_nblk,
+                 sxg, swg, swn, ssg, ssn, sos, sog,
+                 SBN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EMU: tl.constexpr,
+                 OUT_BF16: tl.constexpr, SERIAL: tl.constexpr, SPLITS: tl.constexpr,
+                 RED_BF16: tl.constexpr, PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False):
+    pid = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_n = pid % n_nblk
+    g = (pid // n_nblk).to(tl.int64)
+    rows = pid_n * BN + tl.arange(0, BN)
+    r_ok = rows < N
+    k_lo = pid_s * k_per_split
+    w_rows = w_ptr + g * swg + rows.to(tl.int64) * swn
+    # the weight's first bytes of this split ask L2 before the wait (rows past N: none)
+    pdl_start_prefetching(PDL, PF_BYTES, w_rows + k_lo, tl.where(r_ok, K - k_lo, 0))
+    s_rows = s_ptr + g * ssg + (rows // SBN).to(tl.int64) * ssn
+    acc = tl.zeros([BN], dtype=tl.float32)
+    for k0 in range(k_lo, tl.minimum(K, k_lo + k_per_split), BK):
+        cols = k0 + tl.arange(0, BK)
+        c_ok = cols < K
+        wq = tl.load(w_rows[:, None] + cols[None, :], mask=r_ok[:, None] & c_ok[None, :],
+                     other=0)
+        if EMU:
+            wf = e4m3_bits_to_f32(wq)
+        else:
+            wf = wq.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        q, sx = _x_codes(x_ptr + g * sxg, cols, c_ok, EMU, BK)
+        blk = tl.sum(tl.reshape(wf, (BN, BK // 128, 128)) * q[None, :, :], axis=2)
+        kb = tl.minimum(k0 // 128 + tl.arange(0, BK // 128), KB - 1)  # past K: w = 0, any scale
+        sw = ue8m0_to_f32(tl.load(s_rows[:, None] + kb[None, :], mask=r_ok[:, None], other=127))
+        acc += tl.sum(blk * sw * sx[None, :], axis=1)
+    rel = g * sog + rows[None, :]
+    sk.store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc[None, :], r_ok[None, :], sos,
+                  OUT_BF16, SERIAL, SPLITS, RED_BF16)
+
+
+def takes(a: Fp8LinearArgs) -> bool:
+    """This kernel takes the call: at most ``MAX_ROWS`` rows of a 16- or 32-bit x, K blocks of
+    128 columns (the quantization block of the W8A8 products), on a CUDA device with FP8 dots
+    (where ``fp8_block_linear`` quantizes x anyway) or the interpreter."""
+    dev = a.x.device
+    if not 1 <= a.m <= MAX_ROWS or a.bk != 128 or a.x.dtype not in (
+            torch.bfloat16, torch.float16, torch.float32):
+        return False
+    if dev.type == "cpu":
+        return True
+    from vllm_dsv4_hw.ops.triton.launch import capabilities
+
+    return dev.type == "cuda" and capabilities(dev).fp8_dot
+
+
+def _split(n_tiles: int, k_steps: int, device: torch.device) -> int:
+    """K splits: enough for ~``programs_per_sm`` programs per SM, at most ``max_split`` and one
+    BK step each (none off CUDA)."""
+    if device.type != "cuda":
+        return 1
+    want = cdiv(TILE["programs_per_sm"] * sm_count(device), n_tiles)
+    return max(1, min(want, TILE["max_split"], k_steps))
+
+
+def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_k: int | None = None,
+           split_k: int | None = None, num_warps: int | None = None,
+           serial: bool | None = None, prefetch: int | None = None) -> torch.Tensor:
+    """One GEMV of checked arguments (``takes(a)``); the keywords are launch knobs for
+    benchmarks and tests."""
+    g, n, k = a.g, a.n, a.k
+    dev = a.x.device
+    shape = (1, g, n) if a.grouped else (1, n)
+    if n == 0:
+        return torch.empty(shape, dtype=a.out_dtype, device=dev)
+    interp = dev.type == "cpu"
+    # the interpreter pays per program, not per element: wide row blocks there
+    bn = block_n or (64 if interp else TILE["block_n_wide"] if n * g >= TILE["wide_n"]
+                     else TILE["block_n"])
+    bk = block_k or TILE["block_k"]
+    if bk % 128 or bk & (bk - 1):
+        raise ValueError(f"fp8 GEMV: block_k must be a power of two multiple of 128, got {bk}")
+    n_nblk = cdiv(n, bn)
+    tiles = n_nblk * g
+    steps = cdiv(k, bk)
+    splits = _split(tiles, steps, dev) if split_k is None else max(1, min(split_k, steps))
+    kps = cdiv(steps, splits) * bk
+    splits = cdiv(k, kps)
+    if serial is None:
+        serial = sk.SERIAL_SPLIT_K
+    o = sk.SplitOutputs.make(a, splits, torch.float32, serial, tiles)
+    xv = a.x if a.x.stride(-1) == 1 else a.x.contiguous()
+    wb = a.w if a.w.stride(-1) == 1 else a.w.contiguous()
+    sc = a.s.contiguous()
+    w8 = wb.view(torch.uint8)
+    _gemv_kernel[(tiles, splits)](
+        xv, w8, sc, o.out_arg, o.red_arg, o.cnt_arg, n, k, cdiv(k, 128), kps, n_nblk,
+        xv.stride(1), w8.stride(0), w8.stride(1), sc.stride(0), sc.stride(1), o.sos,
+        o.out.stride(-2),
+        SBN=a.bn, BN=bn, BK=bk, EMU=interp, OUT_BF16=o.direct_bf16, SERIAL=o.serial,
+        SPLITS=o.splits, RED_BF16=o.bf16_mode, num_warps=num_warps or TILE["num_warps"],
+        **pdl_launch(dev), **weight_prefetch(dev, prefetch))
+    return o.finish(a)
