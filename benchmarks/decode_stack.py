@@ -250,6 +250,9 @@ def main(argv=None) -> int:
     ap.add_argument("--weight-prefetch", type=int, default=None,
                     help="bytes of each weight row the GEMMs ask L2 for before their PDL wait "
                          "(VLLM_DSV4_HW_WEIGHT_PREFETCH; default: the setting's, 256)")
+    ap.add_argument("--gemv-rows", type=int, default=None,
+                    help="the FP8 linears' one-row GEMV for calls of up to this many rows "
+                         "(fp8_gemv.MAX_ROWS; default: the product's, 0 until timed)")
     ap.add_argument("--indexer-q", default=None, choices=("auto", "e4m3", "model"),
                     help="the indexer's query: e4m3 codes on FP8 dots or the model dtype "
                          "(VLLM_DSV4_HW_INDEXER_Q; default: the setting's, model)")
@@ -335,6 +338,10 @@ def main(argv=None) -> int:
             inv_rope_quant.FLAT = args.inv_rope_flat == "on"
         if args.weight_prefetch is not None:  # read at a device's first GEMM launch
             os.environ["VLLM_DSV4_HW_WEIGHT_PREFETCH"] = str(args.weight_prefetch)
+        if args.gemv_rows is not None:
+            from vllm_dsv4_hw.ops.triton import fp8_gemv
+
+            fp8_gemv.MAX_ROWS = args.gemv_rows
     try:
         import triton
 
@@ -363,7 +370,7 @@ def main(argv=None) -> int:
                      "indexer_select": args.indexer_select,
                      "bounded_select": args.bounded_select, "trim_walk": args.trim_walk,
                      "inv_rope_flat": args.inv_rope_flat,
-                     "weight_prefetch": args.weight_prefetch,
+                     "weight_prefetch": args.weight_prefetch, "gemv_rows": args.gemv_rows,
                      "indexer_q": "e4m3 codes (FP8 dots)" if e4m3_query(dev) else "model dtype",
                      "left_out": ["MoE (routed + shared experts)", "mHC hyper-connections",
                                   "embedding / LM head", "MTP layer"]},

@@ -78,6 +78,33 @@ CONFIGS = ((16, 512, 1, 4), (8, 1024, 1, 4), (16, 1024, 1, 8), (32, 512, 1, 8), 
            (16, 512, 2, 4), (16, 512, 4, 4), (8, 1024, 4, 4), (4, 2048, 4, 8), (8, 512, 8, 4))
 
 
+def product_check(dev) -> list[dict]:
+    """The product's one-row GEMV (``fp8_gemv``, ``gemv=True``) against its W8A8 tiles on every
+    projection: relative error, the same bits on a second call, and both timed."""
+    from benchmarks.gemm_sweeps import GEMM_SHAPES, _shipped_weights
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+
+    rows = []
+    for name, (g, n, k) in GEMM_SHAPES.items():
+        ws = _shipped_weights(dev, g, n, k, 2)
+        x = torch.randn((1, g, k) if g > 1 else (1, k), device=dev, dtype=torch.bfloat16)
+        tile = fp8_block_linear(x, *ws[0], (128, 128), torch.float32, True, gemv=False)
+        got = fp8_block_linear(x, *ws[0], (128, 128), torch.float32, True, gemv=True)
+        same = torch.equal(got, fp8_block_linear(x, *ws[0], (128, 128), torch.float32, True,
+                                                 gemv=True))
+        err = float((got - tile).abs().max() / tile.abs().max())
+        res = {"tiles": graph_us(lambda i: fp8_block_linear(x, *ws[i], (128, 128), None, True,
+                                                            gemv=False), 2),
+               "gemv": graph_us(lambda i: fp8_block_linear(x, *ws[i], (128, 128), None, True,
+                                                           gemv=True), 2)}
+        print(f"gemv_check {name:14s} rel err vs tiles {err:.1e} same bits twice {same} us "
+              f"tiles {res['tiles']:.2f} gemv {res['gemv']:.2f}", flush=True)
+        rows.append({"shape": f"{name} M=1", "rel_err": err, "same_bits": same, "us": res})
+        del ws
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv=None) -> int:
     from benchmarks.gemm_sweeps import GEMM_SHAPES, _shipped_weights
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
@@ -85,10 +112,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--only", default=None, help="comma-separated GEMM_SHAPES names")
+    ap.add_argument("--product-check", action="store_true",
+                    help="the product's GEMV (fp8_gemv) against its tiles instead of the probe")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_probe needs a CUDA GPU")
     dev = torch.device("cuda", torch.cuda.current_device())
+    if args.product_check:
+        rows = product_check(dev)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gemv_check.json"), "w") as f:
+            json.dump({"schema": "gemv_check/1", "machine": torch.cuda.get_device_name(),
+                       "rows": rows}, f, indent=1)
+        return 0
     rows = []
     names = args.only.split(",") if args.only else [n for n, (g, _, _) in GEMM_SHAPES.items()
                                                      if g == 1]

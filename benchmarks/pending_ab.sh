@@ -13,6 +13,9 @@
 #   bash benchmarks/pending_ab.sh index-ab  # this checkout against .gpuserve/base, interleaved:
 #                                         # the score pass's default launch (decode_kernels
 #                                         # --only index_ab, with digests), decode_stack 1M B=1,32
+#   bash benchmarks/pending_ab.sh gemv    # the one-row GEMV (fp8_gemv) against the W8A8 tiles on
+#                                         # every projection (same bits twice, error, us), then
+#                                         # decode_stack 128K / 1M B=1 --gemv-rows 0 / 1, interleaved
 #   bash benchmarks/pending_ab.sh ncu     # Nsight Compute (full set) of the decode GEMMs at M=1
 #                                         # (W8A8, as the layers call them) and the score pass at
 #                                         # B=1 and 32 (benchmarks.ncu_decode); CSV under $OUT/ncu
@@ -25,7 +28,7 @@
 #   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: off (slower on the H100).
 # Everything lands under $OUT (one folder per run, its log beside its JSON).
 set -u
-PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|select|index-ab|ncu|base COMMIT}
+PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|select|index-ab|gemv|ncu|base COMMIT}
 OUT=${OUT:-out}
 W="bash benchmarks/with_vllm.sh"
 DS="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4,32
@@ -70,6 +73,18 @@ index-ab)
     grep -hE "^index_ab|digest" "$OUT"/ix-*/log.txt || true
     run st-new $W $S1M
     base_run st-base $WB $S1M
+    ;;
+gemv)
+    mkdir -p "$OUT/gemv"
+    stamp "gemv check"
+    $W python3 -m benchmarks.gemv_probe --product-check --out "$OUT/gemv" > "$OUT/gemv/log.txt" 2>&1
+    echo "rc=$?"; grep -E "^gemv_check" "$OUT/gemv/log.txt" || tail -5 "$OUT/gemv/log.txt"
+    G="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1
+        --no-prefill --graphs on --streams on --steps 8 --reps 3"
+    run gemv0-a $W $G --gemv-rows 0
+    run gemv1-a $W $G --gemv-rows 1
+    run gemv0-b $W $G --gemv-rows 0
+    run gemv1-b $W $G --gemv-rows 1
     ;;
 ncu)
     mkdir -p "$OUT/ncu"
@@ -134,7 +149,7 @@ select)
     run sel-radix $W $B32 --indexer-select radix
     ;;
 *)
-    echo "pending_ab.sh: unknown phase $PHASE (tier, e4m3, ab, final, select, index-ab, ncu or base)"
+    echo "pending_ab.sh: unknown phase $PHASE (tier, e4m3, ab, final, select, index-ab, gemv, ncu or base)"
     exit 2 ;;
 esac
 stamp end

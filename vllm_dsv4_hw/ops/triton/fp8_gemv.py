@@ -40,7 +40,9 @@ from vllm_dsv4_hw.ops.triton.quant import (
 
 AMAX_FLOOR = tl.constexpr(1e-4)    # kv_cache.formats.fp8_ds_mla.FP8_AMAX_FLOOR
 # The rows a call may have to take this kernel (1: decode at batch 1; the tile kernels above).
-MAX_ROWS = 1
+# 0 (off) until the product kernel is timed in the decode stack on a GPU: built 2026-12-06 from
+# the probe's numbers, when no GPU was left to time it (``pending_ab.sh gemv`` does).
+MAX_ROWS = 0
 # Tiles (``benchmarks.gemv_probe``, H100 2026-12-06): 512 weight columns a step; 16 weight rows a
 # program from 16K outputs (wq_b), else 8; split-K up to 8 ways until the grid has ~8 programs
 # per SM (wo_b 4,096 x 8,192: 3 ways; wq_a 1,024 x 4,096: 8).
@@ -105,12 +107,13 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, KB, k_per
                   OUT_BF16, SERIAL, SPLITS, RED_BF16)
 
 
-def takes(a: Fp8LinearArgs) -> bool:
-    """This kernel takes the call: at most ``MAX_ROWS`` rows of a 16- or 32-bit x, K blocks of
-    128 columns (the quantization block of the W8A8 products), on a CUDA device with FP8 dots
-    (where ``fp8_block_linear`` quantizes x anyway) or the interpreter."""
+def takes(a: Fp8LinearArgs, max_rows: int | None = None) -> bool:
+    """This kernel takes the call: at most ``MAX_ROWS`` (or ``max_rows``) rows of a 16- or 32-bit
+    x, K blocks of 128 columns (the quantization block of the W8A8 products), on a CUDA device
+    with FP8 dots (where ``fp8_block_linear`` quantizes x anyway) or the interpreter."""
     dev = a.x.device
-    if not 1 <= a.m <= MAX_ROWS or a.bk != 128 or a.x.dtype not in (
+    rows = MAX_ROWS if max_rows is None else max_rows
+    if not 1 <= a.m <= rows or a.bk != 128 or a.x.dtype not in (
             torch.bfloat16, torch.float16, torch.float32):
         return False
     if dev.type == "cpu":
