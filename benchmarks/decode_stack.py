@@ -252,7 +252,7 @@ def main(argv=None) -> int:
                          "(VLLM_DSV4_HW_WEIGHT_PREFETCH; default: the setting's, 256)")
     ap.add_argument("--gemv-rows", type=int, default=None,
                     help="the FP8 linears' one-row GEMV for calls of up to this many rows "
-                         "(fp8_gemv.MAX_ROWS; default: the product's, 0 until timed)")
+                         "(fp8_gemv.MAX_ROWS; default: the product's, 1)")
     ap.add_argument("--indexer-q", default=None, choices=("auto", "e4m3", "model"),
                     help="the indexer's query: e4m3 codes on FP8 dots or the model dtype "
                          "(VLLM_DSV4_HW_INDEXER_Q; default: the setting's, model)")

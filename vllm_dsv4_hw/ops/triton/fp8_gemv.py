@@ -40,9 +40,14 @@ from vllm_dsv4_hw.ops.triton.quant import (
 
 AMAX_FLOOR = tl.constexpr(1e-4)    # kv_cache.formats.fp8_ds_mla.FP8_AMAX_FLOOR
 # The rows a call may have to take this kernel (1: decode at batch 1; the tile kernels above).
-# 0 (off) until the product kernel is timed in the decode stack on a GPU: built 2026-12-06 from
-# the probe's numbers, when no GPU was left to time it (``pending_ab.sh gemv`` does).
-MAX_ROWS = 0
+# NVIDIA H100 (no H200 lent), 2026-12-06 04:25 UTC, ``decode_stack --model v4-flash --contexts
+# 128k,1m --batches 1 --no-prefill --graphs on --streams on --steps 8 --reps 3 --gemv-rows 1 / 0``
+# on one machine: 128K B=1 3.955 / 4.123 ms, 1M B=1 4.897 / 5.016 (window layer 67.4 / 72.3 us).
+# Alone (``gemv_probe --product-check``, us, tiles -> GEMV): V4-Flash wq_a 4.31 -> 4.04, wkv 4.20
+# -> 3.48, wq_b 14.68 -> 12.66, wo_a 16.29 -> 16.25, wo_b 16.66 -> 16.15, but indexer wq_b 5.36
+# -> 6.30, V4-Pro wq_a 6.47 -> 6.61, wo_b 43.91 -> 47.79 (its tile rule is the probe's first
+# guess; the H200 not yet timed).
+MAX_ROWS = 1
 # Tiles (``benchmarks.gemv_probe``, H100 2026-12-06): 512 weight columns a step; 16 weight rows a
 # program from 16K outputs (wq_b), else 8; split-K up to 8 ways until the grid has ~8 programs
 # per SM (wo_b 4,096 x 8,192: 3 ways; wq_a 1,024 x 4,096: 8).

@@ -321,8 +321,8 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     this kernel on the quantized activations' values, the same products (a float64 x, an odd
     scale block, a device without FP8 dots): kept in bf16 for bf16 x (e4m3 times a power of two
     from 2^-31 up is a bf16 value: exact, the 16-bit dot), else fp32. One row takes the GEMV
-    (``fp8_gemv``: the same products, summed with FMAs) where its ``MAX_ROWS`` lets it (off
-    for now) or with ``gemv=True``; ``gemv=False`` keeps the tile kernels."""
+    (``fp8_gemv``: the same products, summed with FMAs) where its ``MAX_ROWS`` lets it (one
+    row) or with ``gemv=True``; ``gemv=False`` keeps the tile kernels."""
     fp8_dot_linear = _w8a8()
     if x_scales is not None:  # x given as e4m3 codes + scales
         out_dtype = check_prequantized_x(x, x_scales, int(block[1]), out_dtype)
