@@ -68,7 +68,8 @@ from benchmarks.attn_sweeps import sweep_attn_loop
 from benchmarks.gemm_sweeps import (sweep_dense, sweep_gemm, sweep_gemm_cvt, sweep_gemm_fold,
                                     sweep_gemm_codes, sweep_gemm_prefill, sweep_gemm_split,
                                     sweep_gemm_w8a8)
-from benchmarks.index_sweeps import sweep_index_ab, sweep_index_e4m3
+from benchmarks.index_sweeps import (decode_floor_us, prefill_floor_us, sweep_index_ab,
+                                     sweep_index_e4m3)
 from benchmarks.sweep_common import HBM, _summary, _try
 from benchmarks.topk_sweeps import sweep_topk_sync
 
@@ -187,9 +188,8 @@ def sweep_index_prefill(dev, batches, cases=((131072, 8192), (1048576, 2048))):
             res[key] = (_try(lambda i, kw=kw: ti.indexer_scores(*args, 4, out=buf, **kw),
                              1, 1, 3) if same_inf and err < 1e-3
                         else f"wrong: mask {same_inf} rel err {err:.2e}")
-        visible = sum(min(n_max, (ctx - t + i + 1) // 4) for i in range(t))
-        floor = 2 * 64 * 128 * visible / 790e12 * 1e6
-        rows.append(_summary("index_prefill", f"ctx={ctx} T={t}", res, "default", floor))
+        rows.append(_summary("index_prefill", f"ctx={ctx} T={t}", res, "default",
+                             prefill_floor_us(ctx, t, n_max)))
         del args, buf, want
         torch.cuda.empty_cache()
     return rows
@@ -231,8 +231,8 @@ def sweep_index(dev, batches):
                     res[key] = _try(lambda i: ti.indexer_scores(
                         *sets[i], 4, out=bufs[i], block_s=bs, num_warps=nw, num_stages=st,
                         keys_a=True), n_sets)
-            floor = b * (ctx // 4) * fmt.entry_bytes / HBM * 1e6
-            rows.append(_summary("index", f"ctx={ctx} B={b}", res, "default", floor))
+            rows.append(_summary("index", f"ctx={ctx} B={b}", res, "default",
+                                 decode_floor_us(b, ctx, fmt)))
             del sets, bufs
             torch.cuda.empty_cache()
     return rows

@@ -1,19 +1,17 @@
-"""How fast can one decode row stream an FP8 weight? A probe, not a product path.
+"""The one-row GEMV of the FP8 linears (``ops.triton.fp8_gemv``): its tiles and splits against
+the W8A8 tile kernels on the decode step's weights, and the product check.
 
-    python -m benchmarks.gemv_probe [--out DIR]      # CUDA GPU; prints a table, writes JSON
+    python -m benchmarks.gemv_probe [--out DIR]                  # tile sweep (CUDA GPU)
+    python -m benchmarks.gemv_probe --product-check [--out DIR]  # the default GEMV vs the tiles
 
-Why: at batch 1 every FP8 linear of the decode step (``fp8_block_linear``, W8A8 tensor-core
-tiles) pays ~4 us over its weight bytes / HBM rate (wq_b 12.0 us on the H200 for a 7.8 us
-floor), and Nsight Compute on an H100 (2026-12-06) put those launches at 16-24% achieved
-occupancy and 55-62% of DRAM throughput. This probe times a plain GEMV on the same shipped
-weights (e4m3 bytes + ue8m0 scales per 128 x 128 block, bf16 x): each program loads a [BN, BK]
-tile of weight bytes as plain vector loads, converts them in registers and reduces with FMAs (no
-tensor cores), over K in BK steps, split over K with fp32 atomics where the grid would be small
-(nondeterministic order: fine for timing, why it is not the product's path). If it streams near
-the HBM rate where the product's kernel does not, a GEMV path for M <= 4 is worth building (with
-the product's exact-order split-K sum); if not, the gap is elsewhere (launch, PDL chain).
-Every config is checked against the product's ``fp8_block_linear`` (W8A16, same bf16 x) to 1e-2
-relative before it is timed. Times: CUDA-graph medians (``sweep_common.graph_us``).
+Why: at batch 1 every FP8 linear of the decode step paid ~4 us over its weight bytes / HBM rate
+with the W8A8 tensor-core tiles (wq_b 12.0 us on the H200 for a 7.8 us floor); Nsight Compute on
+an H100 (2026-12-06) put those launches at 16-24% achieved occupancy and 55-62% of DRAM
+throughput. The first form of this file (commit 2ef58d6) timed a GEMV of its own (split-K by
+fp32 atomics) to see what plain vector loads reach; the product's ``fp8_gemv`` was built from
+it, and this file now sweeps that kernel's launch knobs (``block_n``, ``block_k``, ``split_k``,
+``num_warps``) on the product's own call, each config checked against the tile kernels first.
+Times: CUDA-graph medians (``sweep_common.graph_us``).
 """
 
 from __future__ import annotations
@@ -26,54 +24,10 @@ import os
 import sys
 
 import torch
-import triton
-import triton.language as tl
 
 from benchmarks.sweep_common import HBM, _f, graph_us
-from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32
 
-
-@triton.jit
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, KB, k_per_split,
-                 BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr,
-                 HW_CVT: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rows = pid_n * BN + tl.arange(0, BN)
-    r_ok = rows < N
-    acc = tl.zeros([BN], dtype=tl.float32)
-    k_lo = pid_k * k_per_split
-    for k0 in range(k_lo, k_lo + k_per_split, BK):
-        cols = k0 + tl.arange(0, BK)
-        c_ok = cols < K
-        wq = tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
-                     mask=r_ok[:, None] & c_ok[None, :], other=0)
-        if HW_CVT:
-            wf = wq.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        else:  # the interpreter (CPU check of the probe itself)
-            wf = e4m3_bits_to_f32(wq)
-        xv = tl.load(x_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
-        blk = tl.sum(tl.reshape(wf * xv[None, :], (BN, BK // 128, 128)), axis=2)
-        kb = k0 // 128 + tl.arange(0, BK // 128)
-        sb = tl.load(s_ptr + (rows // 128).to(tl.int64)[:, None] * KB + kb[None, :],
-                     mask=r_ok[:, None] & (kb < KB)[None, :], other=127).to(tl.int32)
-        acc += tl.sum(blk * (sb << 23).to(tl.float32, bitcast=True), axis=1)
-    if ATOMIC:
-        tl.atomic_add(y_ptr + rows, acc, mask=r_ok, sem="relaxed")
-    else:
-        tl.store(y_ptr + rows, acc, mask=r_ok)
-
-
-def gemv(x, w, s, y, bn: int, bk: int, split: int, num_warps: int) -> None:
-    """y [N] fp32 (+)= dequant(w) @ x; split > 1 adds with atomics (y zeroed by the caller)."""
-    n, k = w.shape
-    kb = s.shape[1]
-    k_per_split = math.ceil(math.ceil(k / split) / bk) * bk
-    grid = (triton.cdiv(n, bn), triton.cdiv(k, k_per_split))
-    _gemv_kernel[grid](x, w, s, y, n, k, kb, k_per_split, BN=bn, BK=bk, ATOMIC=split > 1,
-                       HW_CVT=x.device.type == "cuda", num_warps=num_warps)
-
-
+# (block_n, block_k, split_k, num_warps)
 CONFIGS = ((16, 512, 1, 4), (8, 1024, 1, 4), (16, 1024, 1, 8), (32, 512, 1, 8), (4, 1024, 1, 4),
            (16, 512, 2, 4), (16, 512, 4, 4), (8, 1024, 4, 4), (4, 2048, 4, 8), (8, 512, 8, 4))
 
@@ -107,13 +61,15 @@ def product_check(dev) -> list[dict]:
 
 def main(argv=None) -> int:
     from benchmarks.gemm_sweeps import GEMM_SHAPES, _shipped_weights
+    from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
+    from vllm_dsv4_hw.ops.triton import fp8_gemv
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--only", default=None, help="comma-separated GEMM_SHAPES names")
     ap.add_argument("--product-check", action="store_true",
-                    help="the product's GEMV (fp8_gemv) against its tiles instead of the probe")
+                    help="the default GEMV (fp8_gemv) against the tiles instead of the sweep")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_probe needs a CUDA GPU")
@@ -134,34 +90,30 @@ def main(argv=None) -> int:
         ws = _shipped_weights(dev, 1, n, k, n_sets)
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         floor = (n * k + math.ceil(n / 128) * math.ceil(k / 128) * 4) / HBM * 1e6
-        res = {"product w8a16": graph_us(lambda i: fp8_block_linear(x, *ws[i], (128, 128)),
-                                         n_sets),
-               "product w8a8": graph_us(lambda i: fp8_block_linear(
-                   x, *ws[i], (128, 128), quantize_x=True), n_sets)}
-        want = fp8_block_linear(x, *ws[0], (128, 128)).float()[0]
-        ys = [torch.zeros(n, device=dev, dtype=torch.float32) for _ in range(n_sets)]
+        res = {"w8a8 tiles": graph_us(lambda i: fp8_block_linear(
+            x, *ws[i], (128, 128), None, True, gemv=False), n_sets)}
+        want = fp8_block_linear(x, *ws[0], (128, 128), torch.float32, True, gemv=False)
         for bn, bk, split, nw in CONFIGS:
             key = f"gemv bn={bn} bk={bk} split={split} warps={nw}"
-            s8 = [w[1].view(torch.uint8) for w in ws]
-            w8 = [w[0].view(torch.uint8) for w in ws]
+            kw = dict(block_n=bn, block_k=bk, split_k=split, num_warps=nw)
             try:
-                ys[0].zero_()
-                gemv(x[0], w8[0], s8[0], ys[0], bn, bk, split, nw)
-                err = float((ys[0] - want).abs().max() / want.abs().max())
+                got = fp8_gemv.launch(check_fp8_block_linear_args(
+                    x, *ws[0], (128, 128), torch.float32), **kw)
+                err = float((got - want).abs().max() / want.abs().max())
                 if err > 1e-2:
                     res[key] = f"wrong: rel err {err:.1e}"
                     continue
-                res[key] = graph_us(lambda i, c=(bn, bk, split, nw): gemv(
-                    x[0], w8[i], s8[i], ys[i], *c), n_sets)
+                res[key] = graph_us(lambda i, kw=kw: fp8_gemv.launch(
+                    check_fp8_block_linear_args(x, *ws[i], (128, 128), None), **kw), n_sets)
             except Exception as exc:  # out of resources at this tile
                 torch.cuda.synchronize()
                 res[key] = f"{type(exc).__name__}: {str(exc)[:80]}"
         ok = {kk: v for kk, v in res.items() if isinstance(v, float)}
         best = min((kk for kk in ok if kk.startswith("gemv")), key=ok.get, default=None)
-        print(f"{name:14s} floor {floor:6.2f}  w8a16 {_f(res['product w8a16'])}  w8a8 "
-              f"{_f(res['product w8a8'])}  best gemv {_f(ok.get(best))}  {best}", flush=True)
+        print(f"{name:14s} floor {floor:6.2f}  w8a8 tiles {_f(res['w8a8 tiles'])}  best gemv "
+              f"{_f(ok.get(best))}  {best}", flush=True)
         rows.append({"shape": f"{name} M=1", "floor_us": floor, "configs": res, "best": best})
-        del ws, ys
+        del ws
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gemv_probe.json"), "w") as f:

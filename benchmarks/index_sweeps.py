@@ -17,6 +17,17 @@ import torch
 
 from benchmarks.sweep_common import HBM, _summary, _try
 
+def decode_floor_us(b: int, ctx: int, fmt) -> float:
+    """A decode batch's score-pass floor: every token's keys read once / HBM."""
+    return b * (ctx // 4) * fmt.entry_bytes / HBM * 1e6
+
+
+def prefill_floor_us(ctx: int, t: int, n_max: int) -> float:
+    """A prefill chunk's floor: the dot FLOPs of its t tokens' visible entries / 790 TFLOP/s."""
+    visible = sum(min(n_max, (ctx - t + i + 1) // 4) for i in range(t))
+    return 2 * 64 * 128 * visible / 790e12 * 1e6
+
+
 DECODE_CONFIGS = ((64, None, 4, 2), (128, None, 4, 2), (128, None, 8, 2), (64, None, 8, 2),
                   (32, None, 4, 2), (64, 4, 4, 2), (64, None, 4, 3), (128, None, 8, 3))
 PREFILL_CONFIGS = ((1, 4, 64), (4, 4, 64), (4, 8, 64), (4, 8, 128), (8, 8, 64), (2, 4, 64))
@@ -68,9 +79,8 @@ def sweep_index_e4m3(dev, batches):
                 bad = _checked(ti, *sets[0][:2], sets[0][2], bufs[0], want, **kw)
                 res[key] = bad or _try(lambda i, kw=kw: ti.indexer_scores(
                     *sets[i][1], 4, out=bufs[i], q_scales=sets[i][2], **kw), n_sets)
-            floor = b * (ctx // 4) * fmt.entry_bytes / HBM * 1e6
             rows.append(_summary("index_e4m3", f"ctx={ctx} B={b}", res, "q=e4m3 default",
-                                 floor))
+                                 decode_floor_us(b, ctx, fmt)))
             del sets, bufs, want
             torch.cuda.empty_cache()
     for ctx, t in ((131072, 8192), (1048576, 2048)):
@@ -86,10 +96,8 @@ def sweep_index_e4m3(dev, batches):
             bad = _checked(ti, b_args, e_args, qs, buf, want, **kw)
             res[key] = bad or _try(lambda i, kw=kw: ti.indexer_scores(
                 *e_args, 4, out=buf, q_scales=qs, **kw), 1, 1, 3)
-        visible = sum(min(n_max, (ctx - t + i + 1) // 4) for i in range(t))
-        floor = 2 * 64 * 128 * visible / 790e12 * 1e6
         rows.append(_summary("index_e4m3_prefill", f"ctx={ctx} T={t}", res, "q=e4m3 default",
-                             floor))
+                             prefill_floor_us(ctx, t, n_max)))
         del b_args, e_args, buf, want
         torch.cuda.empty_cache()
     return rows
@@ -125,12 +133,9 @@ def sweep_index_ab(dev, batches):
         res = {"default": _try(lambda i: ti.indexer_scores(*sets[i], 4, out=bufs[i]), n_sets,
                                *((1, 3) if t else ()))}
         if t is None:
-            floor = b * (ctx // 4) * fmt.entry_bytes / HBM * 1e6
-            shape = f"ctx={ctx} B={b}"
+            floor, shape = decode_floor_us(b, ctx, fmt), f"ctx={ctx} B={b}"
         else:
-            visible = sum(min(n_max, (ctx - t + i + 1) // 4) for i in range(t))
-            floor = 2 * 64 * 128 * visible / 790e12 * 1e6
-            shape = f"ctx={ctx} T={t}"
+            floor, shape = prefill_floor_us(ctx, t, n_max), f"ctx={ctx} T={t}"
         row = _summary("index_ab", shape, res, "default", floor)
         row["digest"] = digest
         print(f"         digest {digest}", flush=True)

@@ -3,7 +3,7 @@
     y[n] = sum_kb s[n // bn, kb] * sx[kb] * sum_{k in block kb} q[k] * e4m3(W[n, k])
 
 the W8A8 products of ``fp8_dot_linear`` (x's e4m3 codes and power-of-two scale per 128-column
-block, quantized in the program exactly as ``_quantize_rows`` does), without tensor cores: a
+block, quantized in the program by its ``_quantize_rows``), without tensor cores: a
 program loads a [BN, BK] tile of weight bytes as plain vector loads, converts them in registers
 (the hardware cvt; the integer decode under the interpreter), multiplies by the row's codes and
 sums each 128-column block with FMAs (exact products; fp32 sums in the program's order, so the
@@ -13,8 +13,9 @@ split order by each tile's last split), for grids too small to fill the device.
 
 Why: at one row the tile kernel's wgmma tiles hold a 16-row x tile for 1 live row and its grid
 leaves most of each SM's warp slots empty (Nsight Compute, H100, 2026-12-06: 6-24% achieved
-occupancy, 55-62% of DRAM throughput on the V4-Flash projections). ``benchmarks.gemv_probe``
-(H100, same day, CUDA-graph medians, us, W8A8 tiles -> plain GEMV): wq_a 4.37 -> 2.97, wq_b
+occupancy, 55-62% of DRAM throughput on the V4-Flash projections). The first form of
+``benchmarks.gemv_probe`` (commit 2ef58d6; H100, same day, CUDA-graph medians, us, W8A8 tiles ->
+a plain GEMV of its own): wq_a 4.37 -> 2.97, wq_b
 15.16 -> 13.71, wo_b 17.21 -> 13.63, indexer wq_b 6.78 -> 4.97, V4-Pro wq_a 8.22 -> 6.13,
 wq_b 38.44 -> 35.68, wo_b 46.26 -> 41.69.
 """
@@ -27,18 +28,11 @@ import triton.language as tl
 
 from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
 from vllm_dsv4_hw.ops.triton import split_k as sk
-from vllm_dsv4_hw.ops.triton.launch import cdiv, sm_count
+from vllm_dsv4_hw.ops.triton.fp8_dot_linear import _quantize_rows
+from vllm_dsv4_hw.ops.triton.fp8_linear import widen
+from vllm_dsv4_hw.ops.triton.launch import capabilities, cdiv, sm_count
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start_prefetching, weight_prefetch
-from vllm_dsv4_hw.ops.triton.quant import (
-    bf16_bits_to_f32,
-    ceil_log2_div,
-    e4m3_bits_to_f32,
-    f32_to_e4m3_bits,
-    pow2_f32,
-    ue8m0_to_f32,
-)
-
-AMAX_FLOOR = tl.constexpr(1e-4)    # kv_cache.formats.fp8_ds_mla.FP8_AMAX_FLOOR
+from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, ue8m0_to_f32
 # The rows a call may have to take this kernel (1: decode at batch 1; the tile kernels above).
 # NVIDIA H100 (no H200 lent), 2026-12-06 04:25 UTC, ``decode_stack --model v4-flash --contexts
 # 128k,1m --batches 1 --no-prefill --graphs on --streams on --steps 8 --reps 3 --gemv-rows 1 / 0``
@@ -48,31 +42,21 @@ AMAX_FLOOR = tl.constexpr(1e-4)    # kv_cache.formats.fp8_ds_mla.FP8_AMAX_FLOOR
 # -> 6.30, V4-Pro wq_a 6.47 -> 6.61, wo_b 43.91 -> 47.79 (its tile rule is the probe's first
 # guess; the H200 not yet timed).
 MAX_ROWS = 1
-# Tiles (``benchmarks.gemv_probe``, H100 2026-12-06): 512 weight columns a step; 16 weight rows a
-# program from 16K outputs (wq_b), else 8; split-K up to 8 ways until the grid has ~8 programs
-# per SM (wo_b 4,096 x 8,192: 3 ways; wq_a 1,024 x 4,096: 8).
+# Tiles (from the probe's best, ``benchmarks.gemv_probe`` at 2ef58d6, H100 2026-12-06): 512
+# weight columns a step; 16 weight rows a program from 16K outputs (wq_b), else 8; split-K up to
+# 8 ways until the grid has ~8 programs per SM (wo_b 4,096 x 8,192: 3 ways; wq_a 1,024 x 4,096:
+# 8). ``benchmarks.gemv_probe`` sweeps these knobs.
 TILE = {"block_k": 512, "wide_n": 16384, "block_n_wide": 16, "block_n": 8, "num_warps": 4,
         "programs_per_sm": 8, "max_split": 8}
 
 
 @triton.jit
 def _x_codes(x_ptr, cols, c_ok, EMU: tl.constexpr, BK: tl.constexpr):
-    """The row's columns ``cols`` quantized per 128-column block: (codes as fp32 [BK/128, 128],
-    scales [BK/128]), as ``fp8_dot_linear._quantize_rows``."""
-    xv = tl.load(x_ptr + cols, mask=c_ok, other=0.0)
-    if xv.dtype == tl.bfloat16:
-        xf = bf16_bits_to_f32(xv.to(tl.uint16, bitcast=True))  # (the interpreter's cvt: no)
-    else:
-        xf = xv.to(tl.float32)
-    x2 = tl.reshape(xf, (BK // 128, 128))
-    amax = tl.maximum(tl.max(tl.abs(x2), axis=1), AMAX_FLOOR)
-    e = ceil_log2_div(amax, 0x600000, 8)           # 448 = 1.75 * 2^8
-    q = x2 * pow2_f32(-e)[:, None]                  # |q| <= 448: exact
-    if EMU:
-        q = e4m3_bits_to_f32(f32_to_e4m3_bits(q))
-    else:
-        q = q.to(tl.float8e4nv).to(tl.float32)
-    return q, pow2_f32(e)
+    """The row's columns ``cols`` quantized per 128-column block by the W8A8 kernel's own
+    ``_quantize_rows`` (each block a row): (codes as fp32 [BK/128, 128], scales [BK/128])."""
+    xv = widen(tl.load(x_ptr + cols, mask=c_ok, other=0.0))
+    q, sx = _quantize_rows(tl.reshape(xv, (BK // 128, 128)), EMU)
+    return q.to(tl.float32), sx
 
 
 @triton.jit(do_not_specialize=["sos"])
@@ -123,8 +107,6 @@ def takes(a: Fp8LinearArgs, max_rows: int | None = None) -> bool:
         return False
     if dev.type == "cpu":
         return True
-    from vllm_dsv4_hw.ops.triton.launch import capabilities
-
     return dev.type == "cuda" and capabilities(dev).fp8_dot
 
 

@@ -402,10 +402,10 @@ def _q_operand(q: torch.Tensor, dot: int) -> torch.Tensor:
 # Register cap of the decode tile (one token per program, MXFP4 keys on bf16 dots) for grids of
 # at least ``from_programs_per_sm`` programs per SM: 114 registers hold 4 programs on an SM, 80
 # hold 6, which the instruction-issue-bound loop turns into speed where the grid is many waves
-# deep, and loses where it is not. NVIDIA H100, 2026-12-06 ~04:03 UTC (``.gpuserve``-run
-# ``indexer_scores(..., maxnreg=)``, CUDA-graph medians, scores equal bit for bit), us, default /
-# 96 / 80: 1M B=32 (8,192 programs) 489-493 / 467 / 447; 1M B=4 (1,024) 66 / 71 / 72; 128K B=1
-# 4.6 / 4.6 / 5.2. Not yet timed on an H200.
+# deep, and loses where it is not. NVIDIA H100, 2026-12-06 ~04:03 UTC (a one-off timing of
+# ``indexer_scores(..., maxnreg=)``, which ``decode_kernels --only index`` now repeats; CUDA-graph
+# medians, scores equal bit for bit), us, no cap / 96 / 80: 1M B=32 (8,192 programs) 489-493 /
+# 467 / 447; 1M B=4 (1,024) 66 / 71 / 72; 128K B=1 4.6 / 4.6 / 5.2. Not yet timed on an H200.
 REG_CAP = {"maxnreg": 80, "from_programs_per_sm": 32}
 
 
@@ -535,11 +535,10 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     if num_warps is None:
         num_warps = 4
     n_split = cdiv(n_blocks, iters)
-    if dev.type != "cuda" or maxnreg == 0:
-        regs = {}
-    else:
-        regs = {"maxnreg": maxnreg} if maxnreg else _reg_cap(groups * n_split, tb, fmt_code,
-                                                             dot, dev)
+    if maxnreg is None:
+        regs = _reg_cap(groups * n_split, tb, fmt_code, dot, dev)
+    else:  # a sweep's cap (0: none); NVIDIA launches only
+        regs = {"maxnreg": maxnreg} if maxnreg and dev.type == "cuda" else {}
     _indexer_score_kernel[(_grid(groups * n_split, dev, cube=True),)](
         q, weights, qs, key_cache, bt, req, pos, out,
         q.stride(0), weights.stride(0), qs_stride, bt.stride(0), out.stride(0),
