@@ -143,6 +143,40 @@ def _serial_split(torch, device, gen, smoke):
     return rows
 
 
+def _gemv(torch, device, gen, smoke):
+    """The GEMV (``fp8_gemv``, forced with ``gemv=True``) at 1 to 4 rows: against the reference
+    (e4m3 activations), every row the bits of its own one-row launch, and x given as the
+    product's e4m3 codes + scales (``fp8_dot_linear.quantize``) the bits of x quantized in the
+    launch; where the device takes it (FP8 dots, or the interpreter)."""
+    from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
+    from vllm_dsv4_hw.ops.triton import fp8_gemv
+    from vllm_dsv4_hw.ops.triton.fp8_dot_linear import quantize
+
+    lin, _ = _impls()
+    rows = []
+    shapes = (("wq_b", 384, 256, 1), ("wo_a", 256, 512, 2)) if smoke else (
+        ("wq_b", 32768, 1024, 1), ("wo_a", 1024, 4096, 8), ("wo_b", 4096, 8192, 1))
+    for name, n, k, g in shapes:
+        w8, s = _fp8_weight(torch, n, k, g, device, gen)
+        for m in (1, 3, 4):
+            x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device,
+                            generator=gen).to(torch.bfloat16)
+            if not fp8_gemv.takes(check_fp8_block_linear_args(x, w8, s, (128, 128), None), m):
+                continue
+            got = lin["triton"](x, w8, s, (128, 128), None, True, gemv=True)
+            r = _rel(got, lin["reference"](x, w8, s, (128, 128), None, True))
+            own = all(torch.equal(lin["triton"](x[i:i + 1], w8, s, (128, 128), None, True,
+                                                gemv=True), got[i:i + 1]) for i in range(m))
+            q, qs = quantize(x.reshape(-1, k), 128)
+            coded = lin["triton"](q.view(*x.shape), w8, s, (128, 128), None,
+                                  x_scales=qs.view(*x.shape[:-1], -1), gemv=True)
+            rows.append({"op": "fp8_block_linear", "case": f"GEMV {name} M={m} e4m3 x (rows "
+                         "alone, codes given)", "rel_err": r,
+                         "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all()) and own
+                         and torch.equal(coded, got)})
+    return rows
+
+
 def _dense(torch, device, gen, smoke):
     """``dense_linear`` (Triton up to its row limit, cuBLAS past it) at the shapes of the
     projections shipped in bf16, against the float64 product; the split sum inside the launch
@@ -188,6 +222,7 @@ def check(device, smoke=False):
                              "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all())})
     rows += _decode_modes(torch, device, gen, smoke)
     rows += _serial_split(torch, device, gen, smoke)
+    rows += _gemv(torch, device, gen, smoke)
     rows += _dense(torch, device, gen, smoke)
     e, d, i, k = (8, 256, 128, 2) if smoke else EXPERTS["v4-flash"]
     w13, s13, w2, s2 = _experts(torch, e, d, i, device, gen)

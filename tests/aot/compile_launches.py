@@ -131,19 +131,25 @@ OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True}}
 # Kernels added since the launches were recorded (no GPU lent to record them): their product
 # launches written out here, compiled like recorded ones, until the next GPU tier records them
 # (then drop them here and from ``test_target_matrix.NOT_RECORDED``).
-_GEMV_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*fp32",
-             "red_ptr": "*bf16", "cnt_ptr": "*i32", "N": "i32", "K": "i32", "KB": "i32",
-             "k_per_split": "i32", "n_nblk": "i32", "sxg": "i32", "swg": "i32", "swn": "i32",
-             "ssg": "i32", "ssn": "i32", "sos": "i32", "sog": "i32"}
+_GEMV_SIG = {"x_ptr": "*bf16", "xs_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
+             "out_ptr": "*fp32", "red_ptr": "*bf16", "cnt_ptr": "*i32", "N": "i32", "K": "i32",
+             "KB": "i32", "k_per_split": "i32", "n_nblk": "i32", "sxm": "i32", "sxg": "i32",
+             "sxsm": "i32", "sxsg": "i32", "swg": "i32", "swn": "i32", "ssg": "i32",
+             "ssn": "i32", "sos": "i32", "som": "i32", "sog": "i32"}
+_GEMV_CODES = {"x_ptr": "*u8", "xs_ptr": "*fp32"}
 _GEMV_CONST = {"SBN": 128, "BK": 512, "EMU": False, "OUT_BF16": 0, "RED_BF16": 1,
                "PF_BYTES": 256, "PDL": True}
 SYNTHESIZED = [
     {"module": "vllm_dsv4_hw.ops.triton.fp8_gemv", "kernel": "_gemv_kernel",
-     "signature": dict(_GEMV_SIG, **{k: "constexpr" for k in list(_GEMV_CONST) + ["BN", "SERIAL",
-                                                                                  "SPLITS"]}),
-     "constexprs": dict(_GEMV_CONST, BN=bn, SERIAL=serial, SPLITS=splits), "attrs": {},
+     "signature": dict(_GEMV_SIG, **(_GEMV_CODES if codes else {}),
+                       **{k: "constexpr" for k in list(_GEMV_CONST) + [
+                           "BN", "M", "RP", "CODES", "SERIAL", "SPLITS"]}),
+     "constexprs": dict(_GEMV_CONST, BN=bn, M=m, RP=rp, CODES=codes, SERIAL=serial,
+                        SPLITS=splits), "attrs": {},
      "num_warps": 4, "num_stages": 3, "num_ctas": 1, "needs": "fp8_dot"}
-    for bn, serial, splits in ((16, False, 1), (8, True, 3))]
+    for bn, m, rp, codes, serial, splits in ((16, 1, 1, False, False, 1), (8, 1, 1, False, True, 3),
+                                             (8, 1, 1, True, True, 2), (8, 3, 4, False, True, 3),
+                                             (8, 4, 4, True, True, 2))]
 
 
 def synthesized_for(backend: str, arch: str) -> list[dict]:

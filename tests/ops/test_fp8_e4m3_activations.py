@@ -238,6 +238,40 @@ def test_triton_gemv_one_row(g, n, k, knobs, dtype, gen):
         assert_close(tiles, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
 
 
+@pytest.mark.parametrize("m,g,n,k,knobs", [(2, None, 200, 1000, dict(split_k=3, block_k=128)),
+                                             (3, 3, 64, 300, dict()),
+                                             (5, None, 24, 384, dict(block_n=16, block_k=256))])
+def test_triton_gemv_rows_and_codes(m, g, n, k, knobs, gen):
+    """The GEMV of a few rows (one weight tile, every row's products): within the oracle's
+    bound, and each row the bits of a one-row launch of that row (batch-invariant); x given as
+    the producer's e4m3 codes + scales: the bits of the launch that quantizes it, also through
+    ``fp8_block_linear(x_scales=...)``."""
+    from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
+    from vllm_dsv4_hw.ops.triton import fp8_gemv
+    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+
+    block = (128, 128)
+    wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
+    x = _x(gen, m, g, k, torch.bfloat16)
+    a = check_fp8_block_linear_args(x, wq, sc, block, torch.float32)
+    assert fp8_gemv.takes(a, m) and not fp8_gemv.takes(a, m - 1)
+    got = fp8_gemv.launch(a, **knobs)
+    assert got.shape == ((m, g, n) if g else (m, n))
+    assert_close(got, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
+    for r in (0, m - 1):
+        one = check_fp8_block_linear_args(x[r:r + 1], wq, sc, block, torch.float32)
+        assert torch.equal(fp8_gemv.launch(one, **knobs), got[r:r + 1])
+    codes, scales = _codes(x.float(), 128)
+    c = check_fp8_block_linear_args(codes, wq, sc, block, torch.float32, x_dtype=torch.float32)
+    xs = scales if g else scales.unsqueeze(1)
+    assert fp8_gemv.takes(c._replace(x=codes if g else codes.unsqueeze(1)), m, codes=True)
+    assert torch.equal(fp8_gemv.launch(c._replace(x=codes if g else codes.unsqueeze(1)),
+                                       x_scales=xs, **knobs), got)
+    if not knobs:
+        assert torch.equal(fp8_block_linear(codes, wq, sc, block, torch.float32,
+                                            x_scales=scales, gemv=True), got)
+
+
 def test_gemv_takes_one_row_of_128_column_blocks(gen):
     from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
     from vllm_dsv4_hw.ops.triton import fp8_gemv

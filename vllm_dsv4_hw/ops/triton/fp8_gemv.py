@@ -1,15 +1,17 @@
-"""Triton ``fp8_block_linear`` with ``quantize_x`` for one row (decode at batch 1): a GEMV.
+"""Triton ``fp8_block_linear`` (``quantize_x`` or ``x_scales``) for a few rows (decode): a GEMV.
 
     y[n] = sum_kb s[n // bn, kb] * sx[kb] * sum_{k in block kb} q[k] * e4m3(W[n, k])
 
 the W8A8 products of ``fp8_dot_linear`` (x's e4m3 codes and power-of-two scale per 128-column
-block, quantized in the program by its ``_quantize_rows``), without tensor cores: a
-program loads a [BN, BK] tile of weight bytes as plain vector loads, converts them in registers
-(the hardware cvt; the integer decode under the interpreter), multiplies by the row's codes and
-sums each 128-column block with FMAs (exact products; fp32 sums in the program's order, so the
-bits differ from the tensor-core kernel's, deterministically), scales the block sums and
-accumulates over its K range. Split-K as the tile kernels do it (``split_k``: partials summed in
-split order by each tile's last split), for grids too small to fill the device.
+block, quantized in the program by its ``_quantize_rows``, or a producer's codes as given),
+without tensor cores: a program loads a [BN, BK] tile of weight bytes as plain vector loads,
+converts them in registers (the hardware cvt; the integer decode under the interpreter) once
+for all its rows (up to ``MAX_ROWS``; a launch specialized on the row count), multiplies by each
+row's codes and sums each 128-column block with FMAs (exact products; fp32 sums in the
+program's order, so the bits differ from the tensor-core kernel's, deterministically; a row's
+bits do not depend on the other rows), scales the block sums and accumulates over its K range.
+Split-K as the tile kernels do it (``split_k``: partials summed in split order by each tile's
+last split), for grids too small to fill the device.
 
 Why: at one row the tile kernel's wgmma tiles hold a 16-row x tile for 1 live row and its grid
 leaves most of each SM's warp slots empty (Nsight Compute, H100, 2026-12-06: 6-24% achieved
@@ -42,29 +44,47 @@ from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, ue8m0_to_f32
 # -> 6.30, V4-Pro wq_a 6.47 -> 6.61, wo_b 43.91 -> 47.79 (its tile rule is the probe's first
 # guess; the H200 not yet timed).
 MAX_ROWS = 1
+# The most rows a launch takes (each row a copy of the row loop in the compiled kernel).
+LIMIT_ROWS = 8
 # Tiles (from the probe's best, ``benchmarks.gemv_probe`` at 2ef58d6, H100 2026-12-06): 512
 # weight columns a step; 16 weight rows a program from 16K outputs (wq_b), else 8; split-K up to
 # 8 ways until the grid has ~8 programs per SM (wo_b 4,096 x 8,192: 3 ways; wq_a 1,024 x 4,096:
 # 8). ``benchmarks.gemv_probe`` sweeps these knobs.
 TILE = {"block_k": 512, "wide_n": 16384, "block_n_wide": 16, "block_n": 8, "num_warps": 4,
-        "programs_per_sm": 8, "max_split": 8}
+        "num_stages": 3, "programs_per_sm": 8, "max_split": 8}
 
 
 @triton.jit
-def _x_codes(x_ptr, cols, c_ok, EMU: tl.constexpr, BK: tl.constexpr):
-    """The row's columns ``cols`` quantized per 128-column block by the W8A8 kernel's own
-    ``_quantize_rows`` (each block a row): (codes as fp32 [BK/128, 128], scales [BK/128])."""
+def _x_codes(x_ptr, xs_ptr, k0, K, KB, EMU: tl.constexpr, CODES: tl.constexpr,
+             BK: tl.constexpr):
+    """One row's columns ``k0 + [0, BK)`` as W8A8 operands: (codes as fp32 [BK/128, 128],
+    scales [BK/128]); quantized per 128-column block by the W8A8 kernel's own
+    ``_quantize_rows`` (each block a row), or with CODES read as the producer left them (e4m3
+    bytes at ``x_ptr``, fp32 scales at ``xs_ptr``). Columns past K: code 0."""
+    cols = k0 + tl.arange(0, BK)
+    c_ok = cols < K
+    if CODES:
+        qb = tl.reshape(tl.load(x_ptr + cols, mask=c_ok, other=0), (BK // 128, 128))
+        if EMU:
+            q = e4m3_bits_to_f32(qb)
+        else:
+            q = qb.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        kb = k0 // 128 + tl.arange(0, BK // 128)
+        return q, tl.load(xs_ptr + kb, mask=kb < KB, other=0.0)
     xv = widen(tl.load(x_ptr + cols, mask=c_ok, other=0.0))
     q, sx = _quantize_rows(tl.reshape(xv, (BK // 128, 128)), EMU)
     return q.to(tl.float32), sx
 
 
 @triton.jit(do_not_specialize=["sos"])
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, KB, k_per_split, n_nblk,
-                 sxg, swg, swn, ssg, ssn, sos, sog,
-                 SBN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EMU: tl.constexpr,
-                 OUT_BF16: tl.constexpr, SERIAL: tl.constexpr, SPLITS: tl.constexpr,
-                 RED_BF16: tl.constexpr, PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False):
+def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, KB,
+                 k_per_split, n_nblk, sxm, sxg, sxsm, sxsg, swg, swn, ssg, ssn, sos, som, sog,
+                 SBN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, M: tl.constexpr,
+                 RP: tl.constexpr, CODES: tl.constexpr, EMU: tl.constexpr, OUT_BF16: tl.constexpr,
+                 SERIAL: tl.constexpr, SPLITS: tl.constexpr, RED_BF16: tl.constexpr,
+                 PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False):
+    # M rows (RP: M's power of two), each multiplied with the tile's weight bytes converted
+    # once; a row's sums are those of a one-row launch (the same ops in the same order)
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_n = pid % n_nblk
@@ -76,34 +96,39 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, KB, k_per
     # the weight's first bytes of this split ask L2 before the wait (rows past N: none)
     pdl_start_prefetching(PDL, PF_BYTES, w_rows + k_lo, tl.where(r_ok, K - k_lo, 0))
     s_rows = s_ptr + g * ssg + (rows // SBN).to(tl.int64) * ssn
-    acc = tl.zeros([BN], dtype=tl.float32)
+    xm = tl.arange(0, RP)
+    acc = tl.zeros([RP, BN], dtype=tl.float32)
     for k0 in range(k_lo, tl.minimum(K, k_lo + k_per_split), BK):
         cols = k0 + tl.arange(0, BK)
-        c_ok = cols < K
-        wq = tl.load(w_rows[:, None] + cols[None, :], mask=r_ok[:, None] & c_ok[None, :],
+        wq = tl.load(w_rows[:, None] + cols[None, :], mask=r_ok[:, None] & (cols < K)[None, :],
                      other=0)
         if EMU:
             wf = e4m3_bits_to_f32(wq)
         else:
             wf = wq.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        q, sx = _x_codes(x_ptr + g * sxg, cols, c_ok, EMU, BK)
-        blk = tl.sum(tl.reshape(wf, (BN, BK // 128, 128)) * q[None, :, :], axis=2)
+        wf = tl.reshape(wf, (BN, BK // 128, 128))
         kb = tl.minimum(k0 // 128 + tl.arange(0, BK // 128), KB - 1)  # past K: w = 0, any scale
         sw = ue8m0_to_f32(tl.load(s_rows[:, None] + kb[None, :], mask=r_ok[:, None], other=127))
-        acc += tl.sum(blk * sw * sx[None, :], axis=1)
-    rel = g * sog + rows[None, :]
-    sk.store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc[None, :], r_ok[None, :], sos,
-                  OUT_BF16, SERIAL, SPLITS, RED_BF16)
+        for r in tl.static_range(M):
+            q, sx = _x_codes(x_ptr + r * sxm + g * sxg, xs_ptr + r * sxsm + g * sxsg, k0, K,
+                             KB, EMU, CODES, BK)
+            blk = tl.sum(wf * q[None, :, :], axis=2)
+            part = tl.sum(blk * sw * sx[None, :], axis=1)
+            acc = tl.where(xm[:, None] == r, acc + part[None, :], acc)
+    rel = g * sog + xm[:, None].to(tl.int64) * som + rows[None, :]
+    sk.store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc,
+                  (xm < M)[:, None] & r_ok[None, :], sos, OUT_BF16, SERIAL, SPLITS, RED_BF16)
 
 
-def takes(a: Fp8LinearArgs, max_rows: int | None = None) -> bool:
-    """This kernel takes the call: at most ``MAX_ROWS`` (or ``max_rows``) rows of a 16- or 32-bit
-    x, K blocks of 128 columns (the quantization block of the W8A8 products), on a CUDA device
-    with FP8 dots (where ``fp8_block_linear`` quantizes x anyway) or the interpreter."""
+def takes(a: Fp8LinearArgs, max_rows: int | None = None, codes: bool = False) -> bool:
+    """This kernel takes the call: 1 to ``MAX_ROWS`` (or ``max_rows``) rows of a 16- or 32-bit
+    x (``codes``: e4m3 codes with their scales), K blocks of 128 columns (the quantization block
+    of the W8A8 products), on a CUDA device with FP8 dots (where ``fp8_block_linear`` quantizes x
+    anyway) or the interpreter."""
     dev = a.x.device
     rows = MAX_ROWS if max_rows is None else max_rows
-    if not 1 <= a.m <= rows or a.bk != 128 or a.x.dtype not in (
-            torch.bfloat16, torch.float16, torch.float32):
+    x_ok = codes or a.x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+    if not 1 <= a.m <= min(rows, LIMIT_ROWS) or a.bk != 128 or not x_ok:
         return False
     if dev.type == "cpu":
         return True
@@ -119,14 +144,17 @@ def _split(n_tiles: int, k_steps: int, device: torch.device) -> int:
     return max(1, min(want, TILE["max_split"], k_steps))
 
 
-def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_k: int | None = None,
+def launch(a: Fp8LinearArgs, *, x_scales: torch.Tensor | None = None,
+           block_n: int | None = None, block_k: int | None = None,
            split_k: int | None = None, num_warps: int | None = None,
-           serial: bool | None = None, prefetch: int | None = None) -> torch.Tensor:
-    """One GEMV of checked arguments (``takes(a)``); the keywords are launch knobs for
-    benchmarks and tests."""
-    g, n, k = a.g, a.n, a.k
+           num_stages: int | None = None, serial: bool | None = None,
+           prefetch: int | None = None) -> torch.Tensor:
+    """One GEMV of checked arguments (``takes(a)``); ``x_scales`` [M, G, ceil(K/128)]: ``a.x``
+    holds e4m3 codes with these scales (a producer's quantization), read as they lie. The
+    keywords after it are launch knobs for benchmarks and tests."""
+    m, g, n, k = a.m, a.g, a.n, a.k
     dev = a.x.device
-    shape = (1, g, n) if a.grouped else (1, n)
+    shape = (m, g, n) if a.grouped else (m, n)
     if n == 0:
         return torch.empty(shape, dtype=a.out_dtype, device=dev)
     interp = dev.type == "cpu"
@@ -146,14 +174,21 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, block_k: int | None 
         serial = sk.SERIAL_SPLIT_K
     o = sk.SplitOutputs.make(a, splits, torch.float32, serial, tiles)
     xv = a.x if a.x.stride(-1) == 1 else a.x.contiguous()
+    if x_scales is not None:
+        xv = xv.view(torch.uint8)
+        xs = x_scales.contiguous()
+    else:
+        xs = xv  # not read
     wb = a.w if a.w.stride(-1) == 1 else a.w.contiguous()
     sc = a.s.contiguous()
     w8 = wb.view(torch.uint8)
     _gemv_kernel[(tiles, splits)](
-        xv, w8, sc, o.out_arg, o.red_arg, o.cnt_arg, n, k, cdiv(k, 128), kps, n_nblk,
-        xv.stride(1), w8.stride(0), w8.stride(1), sc.stride(0), sc.stride(1), o.sos,
-        o.out.stride(-2),
-        SBN=a.bn, BN=bn, BK=bk, EMU=interp, OUT_BF16=o.direct_bf16, SERIAL=o.serial,
-        SPLITS=o.splits, RED_BF16=o.bf16_mode, num_warps=num_warps or TILE["num_warps"],
-        **pdl_launch(dev), **weight_prefetch(dev, prefetch))
+        xv, xs, w8, sc, o.out_arg, o.red_arg, o.cnt_arg, n, k, cdiv(k, 128), kps, n_nblk,
+        xv.stride(0), xv.stride(1), xs.stride(0), xs.stride(1), w8.stride(0), w8.stride(1),
+        sc.stride(0), sc.stride(1), o.sos, o.out.stride(-3), o.out.stride(-2),
+        SBN=a.bn, BN=bn, BK=bk, M=m, RP=triton.next_power_of_2(m), CODES=x_scales is not None,
+        EMU=interp, OUT_BF16=o.direct_bf16, SERIAL=o.serial, SPLITS=o.splits,
+        RED_BF16=o.bf16_mode, num_warps=num_warps or TILE["num_warps"],
+        num_stages=num_stages or TILE["num_stages"], **pdl_launch(dev),
+        **weight_prefetch(dev, prefetch))
     return o.finish(a)
