@@ -13,9 +13,11 @@
 #   bash benchmarks/pending_ab.sh index-ab  # this checkout against .gpuserve/base, interleaved:
 #                                         # the score pass's default launch (decode_kernels
 #                                         # --only index_ab, with digests), decode_stack 1M B=1,32
-#   bash benchmarks/pending_ab.sh gemv    # the one-row GEMV (fp8_gemv) against the W8A8 tiles on
-#                                         # every projection (same bits twice, error, us), then
-#                                         # decode_stack 128K / 1M B=1 --gemv-rows 0 / 1, interleaved
+#   bash benchmarks/pending_ab.sh gemv    # the GEMV (fp8_gemv) against the W8A8 tiles on every
+#                                         # projection at 1 / 4 rows (same bits twice, error, us),
+#                                         # then its knob sweep (gemv_probe --rows 1,4)
+#   bash benchmarks/pending_ab.sh gemv-stack  # decode_stack 128K / 1M B=1,4: --gemv-rows 1 / 4
+#                                         # and .gpuserve/base's package, interleaved
 #   bash benchmarks/pending_ab.sh ncu     # Nsight Compute (full set) of the decode GEMMs at M=1
 #                                         # (W8A8, as the layers call them) and the score pass at
 #                                         # B=1 and 32 (benchmarks.ncu_decode); CSV under $OUT/ncu
@@ -28,7 +30,7 @@
 #   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: off (slower on the H100).
 # Everything lands under $OUT (one folder per run, its log beside its JSON).
 set -u
-PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|select|index-ab|gemv|ncu|base COMMIT}
+PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|select|index-ab|gemv|gemv-stack|ncu|base COMMIT}
 OUT=${OUT:-out}
 W="bash benchmarks/with_vllm.sh"
 DS="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4,32
@@ -77,14 +79,23 @@ index-ab)
 gemv)
     mkdir -p "$OUT/gemv"
     stamp "gemv check"
-    $W python3 -m benchmarks.gemv_probe --product-check --out "$OUT/gemv" > "$OUT/gemv/log.txt" 2>&1
+    timeout 150 $W python3 -m benchmarks.gemv_probe --product-check --out "$OUT/gemv" \
+        > "$OUT/gemv/log.txt" 2>&1
     echo "rc=$?"; grep -E "^gemv_check" "$OUT/gemv/log.txt" || tail -5 "$OUT/gemv/log.txt"
-    G="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1
+    stamp "gemv sweep"
+    timeout 270 $W python3 -m benchmarks.gemv_probe --rows 1,4 --out "$OUT/gemv" \
+        > "$OUT/gemv/sweep.txt" 2>&1
+    echo "rc=$?"; grep -E " M=[0-9] floor" "$OUT/gemv/sweep.txt" || tail -5 "$OUT/gemv/sweep.txt"
+    ;;
+gemv-stack)
+    test -f .gpuserve/base/COMMIT || { echo "no .gpuserve/base: pending_ab.sh base COMMIT"; exit 2; }
+    WB="bash ../../benchmarks/with_vllm.sh"
+    G="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4
         --no-prefill --graphs on --streams on --steps 8 --reps 3"
-    run gemv0-a $W $G --gemv-rows 0
-    run gemv1-a $W $G --gemv-rows 1
-    run gemv0-b $W $G --gemv-rows 0
-    run gemv1-b $W $G --gemv-rows 1
+    run rows1-a $W $G --gemv-rows 1
+    run rows4-a $W $G --gemv-rows 4
+    base_run base-a $WB $G
+    run rows4-b $W $G --gemv-rows 4
     ;;
 ncu)
     mkdir -p "$OUT/ncu"
