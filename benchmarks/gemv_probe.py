@@ -39,22 +39,22 @@ CONFIGS = ((None, None, None, None, None), (16, 512, None, 4, 3), (8, 512, None,
            (4, 512, 4, 4, 3), (2, 1024, None, 4, 3), (8, 256, None, 4, 3))
 
 
-def _call(dev, name: str, rows: int):
+def _call(dev, name: str, rows: int, codes: bool | None = None):
     """The call of ``fp8_block_linear`` as the layer makes it, for ``rows`` rows of projection
-    ``name``: ``call(weights, out_dtype=None, **knobs)``; wo_a takes codes + scales (the
-    product's quantization, ``fp8_dot_linear.quantize``)."""
+    ``name``: ``call(weights, out_dtype=None, **knobs)``; wo_a (or any, with ``codes``) takes
+    codes + scales (the product's quantization, ``fp8_dot_linear.quantize``)."""
     from benchmarks.gemm_sweeps import GEMM_SHAPES
     from vllm_dsv4_hw.ops.triton.fp8_dot_linear import quantize
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
 
     g, n, k = GEMM_SHAPES[name]
     x = torch.randn((rows, g, k) if g > 1 else (rows, k), device=dev, dtype=torch.bfloat16)
-    if name.endswith("wo_a"):
-        codes, scales = quantize(x.reshape(-1, k), 128)
-        codes, scales = codes.view(*x.shape), scales.view(*x.shape[:-1], -1)
+    if name.endswith("wo_a") if codes is None else codes:
+        q, scales = quantize(x.reshape(-1, k), 128)
+        q, scales = q.view(*x.shape), scales.view(*x.shape[:-1], -1)
 
         def call(w, out=None, **kw):
-            return fp8_block_linear(codes, *w, (128, 128), out, x_scales=scales, **kw)
+            return fp8_block_linear(q, *w, (128, 128), out, x_scales=scales, **kw)
         return call
 
     def call(w, out=None, **kw):
@@ -76,10 +76,13 @@ def product_check(dev) -> list[dict]:
             got = call(ws[0], torch.float32, gemv=True)
             same = torch.equal(got, call(ws[0], torch.float32, gemv=True))
             err = float((got - tile).abs().max() / tile.abs().max())
+            coded = _call(dev, name, m, codes=True)  # what x given as codes would save
             res = {"tiles": graph_us(lambda i: call(ws[i], gemv=False), 2),
-                   "gemv": graph_us(lambda i: call(ws[i], gemv=True), 2)}
+                   "gemv": graph_us(lambda i: call(ws[i], gemv=True), 2),
+                   "gemv on codes": graph_us(lambda i: coded(ws[i], gemv=True), 2)}
             print(f"gemv_check {name:14s} M={m} rel err vs tiles {err:.1e} same bits twice "
-                  f"{same} us tiles {res['tiles']:.2f} gemv {res['gemv']:.2f}", flush=True)
+                  f"{same} us tiles {res['tiles']:.2f} gemv {res['gemv']:.2f} on codes "
+                  f"{res['gemv on codes']:.2f}", flush=True)
             rows.append({"shape": f"{name} M={m}", "rel_err": err, "same_bits": same,
                          "us": res})
         del ws
