@@ -31,23 +31,28 @@ import torch
 
 from benchmarks.sweep_common import HBM, _f, graph_us
 
-# (block_n, block_k, split_k (None: the product's rule), num_warps, num_stages)
-CONFIGS = ((None, None, None, None, None), (16, 512, None, 4, 3), (8, 512, None, 4, 3),
-           (4, 512, None, 4, 3), (8, 1024, None, 4, 3), (8, 512, None, 4, 1),
-           (8, 512, None, 4, 2), (16, 512, None, 8, 3), (4, 1024, None, 4, 2),
-           (8, 512, 1, 4, 3), (8, 512, 2, 4, 3), (8, 512, 4, 4, 3), (16, 512, 4, 4, 3),
-           (4, 512, 4, 4, 3), (2, 1024, None, 4, 3), (8, 256, None, 4, 3))
+# (block_n, block_k, split_k (None: the product's rule), num_warps, num_stages); warps 8 and
+# stages 1-3 were swept on 2026-12-06 (H100): 8 warps lost everywhere, the stages tied
+CONFIGS = ((None, None, None, None, None),) + tuple(
+    (bn, bk, split, 4, 3) for bn in (4, 8, 16) for bk in (512, 1024) for split in (None, 1, 2, 4))
+# the merged projections the layers call (wq_a | wkv: one GEMM) besides GEMM_SHAPES'
+MERGED = {"flash wq_a|wkv": (1, 1536, 4096), "pro wq_a|wkv": (1, 2048, 7168)}
+
+
+def shapes() -> dict:
+    from benchmarks.gemm_sweeps import GEMM_SHAPES
+
+    return dict(GEMM_SHAPES, **MERGED)
 
 
 def _call(dev, name: str, rows: int, codes: bool | None = None):
     """The call of ``fp8_block_linear`` as the layer makes it, for ``rows`` rows of projection
     ``name``: ``call(weights, out_dtype=None, **knobs)``; wo_a (or any, with ``codes``) takes
     codes + scales (the product's quantization, ``fp8_dot_linear.quantize``)."""
-    from benchmarks.gemm_sweeps import GEMM_SHAPES
     from vllm_dsv4_hw.ops.triton.fp8_dot_linear import quantize
     from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
 
-    g, n, k = GEMM_SHAPES[name]
+    g, n, k = shapes()[name]
     x = torch.randn((rows, g, k) if g > 1 else (rows, k), device=dev, dtype=torch.bfloat16)
     if name.endswith("wo_a") if codes is None else codes:
         q, scales = quantize(x.reshape(-1, k), 128)
@@ -65,10 +70,10 @@ def _call(dev, name: str, rows: int, codes: bool | None = None):
 def product_check(dev) -> list[dict]:
     """The product's GEMV (``gemv=True``) against its W8A8 tiles on every projection at 1 and
     4 rows: relative error, the same bits on a second call, and both timed."""
-    from benchmarks.gemm_sweeps import GEMM_SHAPES, _shipped_weights
+    from benchmarks.gemm_sweeps import _shipped_weights
 
     rows = []
-    for name, (g, n, k) in GEMM_SHAPES.items():
+    for name, (g, n, k) in shapes().items():
         ws = _shipped_weights(dev, g, n, k, 2)
         for m in (1, 4):
             call = _call(dev, name, m)
@@ -92,9 +97,9 @@ def product_check(dev) -> list[dict]:
 
 def _sweep(dev, name: str, m: int) -> dict:
     """One projection at ``m`` rows: the tiles, then every config of the GEMV (checked first)."""
-    from benchmarks.gemm_sweeps import GEMM_SHAPES, _shipped_weights
+    from benchmarks.gemm_sweeps import _shipped_weights
 
-    g, n, k = GEMM_SHAPES[name]
+    g, n, k = shapes()[name]
     n_sets = max(2, min(6, math.ceil(200e6 / (g * n * k))))
     ws = _shipped_weights(dev, g, n, k, n_sets)
     floor = (g * n * k + g * math.ceil(n / 128) * math.ceil(k / 128) * 4) / HBM * 1e6
@@ -123,11 +128,9 @@ def _sweep(dev, name: str, m: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from benchmarks.gemm_sweeps import GEMM_SHAPES
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
-    ap.add_argument("--only", default=None, help="comma-separated GEMM_SHAPES names")
+    ap.add_argument("--only", default=None, help="comma-separated shape names (shapes())")
     ap.add_argument("--rows", default="1,4", help="comma-separated row counts")
     ap.add_argument("--product-check", action="store_true",
                     help="the default GEMV (fp8_gemv) against the tiles instead of the sweep")
@@ -140,7 +143,7 @@ def main(argv=None) -> int:
     if args.product_check:
         out, schema, rows = "gemv_check.json", "gemv_check/2", product_check(dev)
     else:
-        names = args.only.split(",") if args.only else list(GEMM_SHAPES)
+        names = args.only.split(",") if args.only else list(shapes())
         out, schema = "gemv_probe.json", "gemv_probe/2"
         rows = [_sweep(dev, name, int(m)) for m in args.rows.split(",") for name in names]
     os.makedirs(args.out, exist_ok=True)

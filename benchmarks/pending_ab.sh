@@ -16,8 +16,8 @@
 #   bash benchmarks/pending_ab.sh gemv    # the GEMV (fp8_gemv) against the W8A8 tiles on every
 #                                         # projection at 1 / 4 rows (same bits twice, error, us),
 #                                         # then its knob sweep (gemv_probe --rows 1,4)
-#   bash benchmarks/pending_ab.sh gemv-stack  # decode_stack 128K / 1M B=1,4: --gemv-rows 1 / 4
-#                                         # and .gpuserve/base's package, interleaved
+#   bash benchmarks/pending_ab.sh gemv-stack  # decode_stack 128K / 1M B=1,4: this checkout and
+#                                         # .gpuserve/base's package, interleaved (BATCHES=1,4)
 #   bash benchmarks/pending_ab.sh ncu     # Nsight Compute (full set) of the decode GEMMs at M=1
 #                                         # (W8A8, as the layers call them) and the score pass at
 #                                         # B=1 and 32 (benchmarks.ncu_decode); CSV under $OUT/ncu
@@ -83,19 +83,19 @@ gemv)
         > "$OUT/gemv/log.txt" 2>&1
     echo "rc=$?"; grep -E "^gemv_check" "$OUT/gemv/log.txt" || tail -5 "$OUT/gemv/log.txt"
     stamp "gemv sweep"
-    timeout 270 $W python3 -m benchmarks.gemv_probe --rows 1,4 --out "$OUT/gemv" \
+    timeout 270 $W python3 -m benchmarks.gemv_probe --rows ${ROWS:-1,4} --out "$OUT/gemv" \
         > "$OUT/gemv/sweep.txt" 2>&1
     echo "rc=$?"; grep -E " M=[0-9] floor" "$OUT/gemv/sweep.txt" || tail -5 "$OUT/gemv/sweep.txt"
     ;;
 gemv-stack)
     test -f .gpuserve/base/COMMIT || { echo "no .gpuserve/base: pending_ab.sh base COMMIT"; exit 2; }
     WB="bash ../../benchmarks/with_vllm.sh"
-    G="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4
+    G="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches ${BATCHES:-1,4}
         --no-prefill --graphs on --streams on --steps 8 --reps 3"
-    run rows1-a $W $G --gemv-rows 1
-    run rows4-a $W $G --gemv-rows 4
+    run new-a $W $G
     base_run base-a $WB $G
-    run rows4-b $W $G --gemv-rows 4
+    run new-b $W $G
+    base_run base-b $WB $G
     ;;
 ncu)
     mkdir -p "$OUT/ncu"

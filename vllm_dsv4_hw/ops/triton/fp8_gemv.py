@@ -42,16 +42,39 @@ from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, ue8m0_to_f32
 # Alone (``gemv_probe --product-check``, us, tiles -> GEMV): V4-Flash wq_a 4.31 -> 4.04, wkv 4.20
 # -> 3.48, wq_b 14.68 -> 12.66, wo_a 16.29 -> 16.25, wo_b 16.66 -> 16.15, but indexer wq_b 5.36
 # -> 6.30, V4-Pro wq_a 6.47 -> 6.61, wo_b 43.91 -> 47.79 (its tile rule is the probe's first
-# guess; the H200 not yet timed).
+# guess; the H200 not yet timed). At 4 rows it loses to the tiles everywhere (the FMAs and
+# conversions bound it: H100, 2026-12-06 06:58, gemv_probe --rows 4, us, tiles / best GEMV: wq_b
+# 14.7 / 28.0, wo_b 17.1 / 32.6, wq_a 4.8 / 5.7), so it takes one row.
 MAX_ROWS = 1
-# The most rows a launch takes (each row a copy of the row loop in the compiled kernel).
+# The most rows a launch takes when forced (``fp8_block_linear(gemv=True)``; each row a copy of
+# the row loop in the compiled kernel).
 LIMIT_ROWS = 8
-# Tiles (from the probe's best, ``benchmarks.gemv_probe`` at 2ef58d6, H100 2026-12-06): 512
-# weight columns a step; 16 weight rows a program from 16K outputs (wq_b), else 8; split-K up to
-# 8 ways until the grid has ~8 programs per SM (wo_b 4,096 x 8,192: 3 ways; wq_a 1,024 x 4,096:
-# 8). ``benchmarks.gemv_probe`` sweeps these knobs.
-TILE = {"block_k": 512, "wide_n": 16384, "block_n_wide": 16, "block_n": 8, "num_warps": 4,
-        "num_stages": 3, "programs_per_sm": 8, "max_split": 8}
+# Tiles, from ``benchmarks.gemv_probe`` (H100, 2026-12-06 06:58 UTC, one row, CUDA-graph medians
+# over weights past L2; loads are not software-pipelined, so num_stages 1-3 time the same):
+# - 16 weight rows a program where there are >= 16K outputs or K >= 8K (wo_b 15.9 -> 13.5 us,
+#   V4-Pro wq_b 35.4 -> 34.3): the in-program x quantization spread over more weight bytes;
+#   4 on x given as codes (wo_a 15.5 -> 13.7: more programs, no quantization to spread); else 8;
+# - 1,024 weight columns a step for <= 2K outputs over K >= 4K (wkv 3.5 -> 3.2, V4-Pro wq_a 7.1
+#   -> 6.6), else 512;
+# - split-K for ~12 programs per SM, at most 4 ways (wq_a 8 ways 4.1 -> 4 ways 3.9; V4-Pro wo_b
+#   3 ways 47.8 -> 4 ways 42.6), never over <= 2 steps (indexer wq_b 2 ways 6.9 -> 4.6).
+TILE = {"block_k": 512, "long_k": 4096, "narrow_n": 2048, "block_k_long": 1024,
+        "wide_n": 16384, "deep_k": 8192, "block_n_wide": 16, "block_n": 8, "block_n_codes": 4,
+        "num_warps": 4, "num_stages": 3, "programs_per_sm": 12, "max_split": 4,
+        "min_split_steps": 3}
+
+
+def tile(n_out: int, k: int, codes: bool) -> tuple[int, int]:
+    """(weight rows, weight columns) a program takes a step, for ``n_out`` outputs (N x G) over
+    ``k`` columns (``TILE``'s rule)."""
+    if codes:
+        bn = TILE["block_n_codes"]
+    elif n_out >= TILE["wide_n"] or k >= TILE["deep_k"]:
+        bn = TILE["block_n_wide"]
+    else:
+        bn = TILE["block_n"]
+    long = n_out <= TILE["narrow_n"] and k >= TILE["long_k"]
+    return bn, TILE["block_k_long"] if long else TILE["block_k"]
 
 
 @triton.jit
@@ -137,8 +160,8 @@ def takes(a: Fp8LinearArgs, max_rows: int | None = None, codes: bool = False) ->
 
 def _split(n_tiles: int, k_steps: int, device: torch.device) -> int:
     """K splits: enough for ~``programs_per_sm`` programs per SM, at most ``max_split`` and one
-    BK step each (none off CUDA)."""
-    if device.type != "cuda":
+    BK step each; none over fewer than ``min_split_steps`` steps, none off CUDA."""
+    if device.type != "cuda" or k_steps < TILE["min_split_steps"]:
         return 1
     want = cdiv(TILE["programs_per_sm"] * sm_count(device), n_tiles)
     return max(1, min(want, TILE["max_split"], k_steps))
@@ -158,10 +181,10 @@ def launch(a: Fp8LinearArgs, *, x_scales: torch.Tensor | None = None,
     if n == 0:
         return torch.empty(shape, dtype=a.out_dtype, device=dev)
     interp = dev.type == "cpu"
+    rule_bn, rule_bk = tile(n * g, k, x_scales is not None)
     # the interpreter pays per program, not per element: wide row blocks there
-    bn = block_n or (64 if interp else TILE["block_n_wide"] if n * g >= TILE["wide_n"]
-                     else TILE["block_n"])
-    bk = block_k or TILE["block_k"]
+    bn = block_n or (64 if interp else rule_bn)
+    bk = block_k or rule_bk
     if bk % 128 or bk & (bk - 1):
         raise ValueError(f"fp8 GEMV: block_k must be a power of two multiple of 128, got {bk}")
     n_nblk = cdiv(n, bn)
