@@ -49,31 +49,28 @@ MAX_ROWS = 1
 # The most rows a launch takes when forced (``fp8_block_linear(gemv=True)``; each row a copy of
 # the row loop in the compiled kernel).
 LIMIT_ROWS = 8
-# Tiles, from ``benchmarks.gemv_probe`` (H100, 2026-12-06 06:58 UTC, one row, CUDA-graph medians
-# over weights past L2; loads are not software-pipelined, so num_stages 1-3 time the same):
+# Tiles, from ``benchmarks.gemv_probe`` (H100, 2026-12-06 06:58 and 07:06 UTC, one row, CUDA-graph
+# medians over weights past L2; loads are not software-pipelined, so num_stages 1-3 time the same):
 # - 16 weight rows a program where there are >= 16K outputs or K >= 8K (wo_b 15.9 -> 13.5 us,
 #   V4-Pro wq_b 35.4 -> 34.3): the in-program x quantization spread over more weight bytes;
-#   4 on x given as codes (wo_a 15.5 -> 13.7: more programs, no quantization to spread); else 8;
+#   else 8;
 # - 1,024 weight columns a step for <= 2K outputs over K >= 4K (wkv 3.5 -> 3.2, V4-Pro wq_a 7.1
-#   -> 6.6), else 512;
-# - split-K for ~12 programs per SM, at most 4 ways (wq_a 8 ways 4.1 -> 4 ways 3.9; V4-Pro wo_b
-#   3 ways 47.8 -> 4 ways 42.6), never over <= 2 steps (indexer wq_b 2 ways 6.9 -> 4.6).
+#   -> 6.6) and on x given as codes (wo_a 13.6 -> 12.6 us: nothing to quantize a step), else 512;
+# - split-K only for fewer than 4 tiles per SM, for ~12 programs per SM, at most 4 ways (wq_a 8
+#   ways 4.1 -> 4 ways 3.9; V4-Pro wo_b 3 ways 47.8 -> 4 ways 42.6), never over <= 2 steps
+#   (indexer wq_b 2 ways 6.9 -> 1 way 4.6; wo_a's 1,024 tiles 2 ways 15.5 -> 1 way 12.6).
 TILE = {"block_k": 512, "long_k": 4096, "narrow_n": 2048, "block_k_long": 1024,
-        "wide_n": 16384, "deep_k": 8192, "block_n_wide": 16, "block_n": 8, "block_n_codes": 4,
-        "num_warps": 4, "num_stages": 3, "programs_per_sm": 12, "max_split": 4,
-        "min_split_steps": 3}
+        "wide_n": 16384, "deep_k": 8192, "block_n_wide": 16, "block_n": 8,
+        "num_warps": 4, "num_stages": 3, "split_below_per_sm": 4, "programs_per_sm": 12,
+        "max_split": 4, "min_split_steps": 3}
 
 
 def tile(n_out: int, k: int, codes: bool) -> tuple[int, int]:
     """(weight rows, weight columns) a program takes a step, for ``n_out`` outputs (N x G) over
-    ``k`` columns (``TILE``'s rule)."""
-    if codes:
-        bn = TILE["block_n_codes"]
-    elif n_out >= TILE["wide_n"] or k >= TILE["deep_k"]:
-        bn = TILE["block_n_wide"]
-    else:
-        bn = TILE["block_n"]
-    long = n_out <= TILE["narrow_n"] and k >= TILE["long_k"]
+    ``k`` columns, x given as codes or not (``TILE``'s rule)."""
+    wide = not codes and (n_out >= TILE["wide_n"] or k >= TILE["deep_k"])
+    bn = TILE["block_n_wide"] if wide else TILE["block_n"]
+    long = codes or (n_out <= TILE["narrow_n"] and k >= TILE["long_k"])
     return bn, TILE["block_k_long"] if long else TILE["block_k"]
 
 
@@ -159,11 +156,15 @@ def takes(a: Fp8LinearArgs, max_rows: int | None = None, codes: bool = False) ->
 
 
 def _split(n_tiles: int, k_steps: int, device: torch.device) -> int:
-    """K splits: enough for ~``programs_per_sm`` programs per SM, at most ``max_split`` and one
-    BK step each; none over fewer than ``min_split_steps`` steps, none off CUDA."""
+    """K splits where the tiles alone leave SMs short (fewer than ``split_below_per_sm`` a SM):
+    enough for ~``programs_per_sm`` programs per SM, at most ``max_split`` and one BK step each;
+    none over fewer than ``min_split_steps`` steps, none off CUDA."""
     if device.type != "cuda" or k_steps < TILE["min_split_steps"]:
         return 1
-    want = cdiv(TILE["programs_per_sm"] * sm_count(device), n_tiles)
+    sms = sm_count(device)
+    if n_tiles >= TILE["split_below_per_sm"] * sms:
+        return 1
+    want = cdiv(TILE["programs_per_sm"] * sms, n_tiles)
     return max(1, min(want, TILE["max_split"], k_steps))
 
 
