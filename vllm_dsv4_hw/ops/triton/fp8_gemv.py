@@ -54,24 +54,26 @@ LIMIT_ROWS = 8
 # - 16 weight rows a program where there are >= 16K outputs or K >= 8K (wo_b 15.9 -> 13.5 us,
 #   V4-Pro wq_b 35.4 -> 34.3): the in-program x quantization spread over more weight bytes;
 #   else 8;
-# - 1,024 weight columns a step for <= 2K outputs over K >= 4K (wkv 3.5 -> 3.2, V4-Pro wq_a 7.1
-#   -> 6.6) and on x given as codes (wo_a 13.6 -> 12.6 us: nothing to quantize a step), else 512;
+# - 1,024 weight columns a step for <= 8K outputs over 4K <= K < 8K (wkv 3.5 -> 3.2, V4-Pro wq_a
+#   7.1 -> 6.6, wo_a on codes 13.6 -> 12.6; but wo_b 13.5 -> 14.8), else 512;
 # - split-K only for fewer than 4 tiles per SM, for ~12 programs per SM, at most 4 ways (wq_a 8
 #   ways 4.1 -> 4 ways 3.9; V4-Pro wo_b 3 ways 47.8 -> 4 ways 42.6), never over <= 2 steps
 #   (indexer wq_b 2 ways 6.9 -> 1 way 4.6; wo_a's 1,024 tiles 2 ways 15.5 -> 1 way 12.6).
-TILE = {"block_k": 512, "long_k": 4096, "narrow_n": 2048, "block_k_long": 1024,
+# The rule reads the shape only: x given as codes sums in the order of x quantized here (the
+# same bits, ``fp8_block_linear``'s contract).
+TILE = {"block_k": 512, "long_k": 4096, "narrow_n": 8192, "block_k_long": 1024,
         "wide_n": 16384, "deep_k": 8192, "block_n_wide": 16, "block_n": 8,
         "num_warps": 4, "num_stages": 3, "split_below_per_sm": 4, "programs_per_sm": 12,
         "max_split": 4, "min_split_steps": 3}
 
 
-def tile(n_out: int, k: int, codes: bool) -> tuple[int, int]:
+def tile(n_out: int, k: int) -> tuple[int, int]:
     """(weight rows, weight columns) a program takes a step, for ``n_out`` outputs (N x G) over
-    ``k`` columns, x given as codes or not (``TILE``'s rule)."""
-    wide = not codes and (n_out >= TILE["wide_n"] or k >= TILE["deep_k"])
-    bn = TILE["block_n_wide"] if wide else TILE["block_n"]
-    long = codes or (n_out <= TILE["narrow_n"] and k >= TILE["long_k"])
-    return bn, TILE["block_k_long"] if long else TILE["block_k"]
+    ``k`` columns (``TILE``'s rule)."""
+    wide = n_out >= TILE["wide_n"] or k >= TILE["deep_k"]
+    long = not wide and n_out <= TILE["narrow_n"] and k >= TILE["long_k"]
+    return (TILE["block_n_wide"] if wide else TILE["block_n"],
+            TILE["block_k_long"] if long else TILE["block_k"])
 
 
 @triton.jit
@@ -182,7 +184,7 @@ def launch(a: Fp8LinearArgs, *, x_scales: torch.Tensor | None = None,
     if n == 0:
         return torch.empty(shape, dtype=a.out_dtype, device=dev)
     interp = dev.type == "cpu"
-    rule_bn, rule_bk = tile(n * g, k, x_scales is not None)
+    rule_bn, rule_bk = tile(n * g, k)
     # the interpreter pays per program, not per element: wide row blocks there
     bn = block_n or (64 if interp else rule_bn)
     bk = block_k or rule_bk
