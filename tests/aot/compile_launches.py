@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 
 
@@ -71,13 +72,16 @@ FP8_DOT_KERNELS = ("_w8a8_block_linear_kernel", "_quantize_kernel")
 
 
 def needs_fp8_dot(record: dict) -> bool:
-    """A launch of the W8A8 GEMM (``ops.triton.fp8_dot_linear``) or of the indexer's score pass
-    on FP8 dots (``DOT_FP8``, an e4m3 query): only devices declaring ``fp8_dot`` take it (CUDA
-    sm_89+, not ROCm, whose gfx942 e4m3 is the fnuz variant)."""
+    """A launch of the W8A8 GEMM (``ops.triton.fp8_dot_linear``), of its GEMV
+    (``ops.triton.fp8_gemv``: taken only where ``fp8_block_linear`` quantizes x) or of the
+    indexer's score pass on FP8 dots (``DOT_FP8``, an e4m3 query): only devices declaring
+    ``fp8_dot`` take it (CUDA sm_89+, not ROCm, whose gfx942 e4m3 is the fnuz variant)."""
     from vllm_dsv4_hw.ops.triton.indexer import DOT_FP8
 
     if record["kernel"] == "_indexer_score_kernel":
         return record["constexprs"].get("DOT") == DOT_FP8
+    if record["module"].endswith(".fp8_gemv"):
+        return True
     return record["module"].endswith(".fp8_dot_linear") and record["kernel"] in FP8_DOT_KERNELS
 
 
@@ -129,27 +133,11 @@ def with_new_defaults(record: dict, fn) -> dict:
 OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True}}
 
 # Kernels added since the launches were recorded (no GPU lent to record them): their product
-# launches written out here, compiled like recorded ones, until the next GPU tier records them
-# (then drop them here and from ``test_target_matrix.NOT_RECORDED``).
-_GEMV_SIG = {"x_ptr": "*bf16", "xs_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
-             "out_ptr": "*fp32", "red_ptr": "*bf16", "cnt_ptr": "*i32", "N": "i32", "K": "i32",
-             "KB": "i32", "k_per_split": "i32", "n_nblk": "i32", "sxm": "i32", "sxg": "i32",
-             "sxsm": "i32", "sxsg": "i32", "swg": "i32", "swn": "i32", "ssg": "i32",
-             "ssn": "i32", "sos": "i32", "som": "i32", "sog": "i32"}
-_GEMV_CODES = {"x_ptr": "*u8", "xs_ptr": "*fp32"}
-_GEMV_CONST = {"SBN": 128, "BK": 512, "EMU": False, "OUT_BF16": 0, "RED_BF16": 1,
-               "PF_BYTES": 256, "PDL": True}
-SYNTHESIZED = [
-    {"module": "vllm_dsv4_hw.ops.triton.fp8_gemv", "kernel": "_gemv_kernel",
-     "signature": dict(_GEMV_SIG, **(_GEMV_CODES if codes else {}),
-                       **{k: "constexpr" for k in list(_GEMV_CONST) + [
-                           "BN", "M", "RP", "CODES", "SERIAL", "SPLITS"]}),
-     "constexprs": dict(_GEMV_CONST, BN=bn, M=m, RP=rp, CODES=codes, SERIAL=serial,
-                        SPLITS=splits), "attrs": {},
-     "num_warps": 4, "num_stages": 3, "num_ctas": 1, "needs": "fp8_dot"}
-    for bn, m, rp, codes, serial, splits in ((16, 1, 1, False, False, 1), (8, 1, 1, False, True, 3),
-                                             (8, 1, 1, True, True, 2), (8, 3, 4, False, True, 3),
-                                             (8, 4, 4, True, True, 2))]
+# launches written out here as records (with ``needs``: the declared capability that takes
+# them), compiled like recorded ones, until the next GPU tier records them (then drop them here
+# and from ``test_target_matrix.NOT_RECORDED``). None now: the 2026-12-06 H200 tier recorded
+# the GEMV's.
+SYNTHESIZED: list[dict] = []
 
 
 def synthesized_for(backend: str, arch: str) -> list[dict]:
@@ -190,7 +178,8 @@ def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
     for r in unique(chosen) + knobs_on(chosen):
         name = f"{r['module'].rsplit('.', 1)[-1]}.{r['kernel']}"
         row = {"kernel": name, "constexprs": r["constexprs"], "num_warps": r["num_warps"],
-               "num_stages": r["num_stages"], "error": None, "shared": None, "pdl": None}
+               "num_stages": r["num_stages"], "error": None, "shared": None, "pdl": None,
+               "trap": None}
         try:
             fn = getattr(importlib.import_module(r["module"]), r["kernel"])
             names = fn.arg_names
@@ -204,7 +193,10 @@ def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
                                     options={"num_warps": r["num_warps"],
                                              "num_stages": r["num_stages"]})
             row["shared"] = int(kernel.metadata.shared)
-            row["pdl"] = "griddepcontrol.wait" in kernel.asm.get("ptx", "")
+            ptx = kernel.asm.get("ptx", "")
+            row["pdl"] = "griddepcontrol.wait" in ptx
+            # compiled, but to nothing that can write: the body folded into a trap
+            row["trap"] = "trap;" in ptx and not re.search(r"\b(st|atom|red)\.", ptx)
         except Exception as exc:  # report every failure, not just the first
             row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
         results.append(row)

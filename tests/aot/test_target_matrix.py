@@ -44,12 +44,28 @@ TARGETS = {
     "gfx942": (("hip", "gfx942", "64"), NATIVE, 64 * KIB),   # MI300X (LDS)
     "gfx950": (("hip", "gfx950", "64"), NATIVE, 160 * KIB),  # MI355X (LDS)
 }
+# Launches whose compile folds the whole body into a trap on a target (Triton 3.9's sm_100
+# lowering of the indexer's e4m3-query score pass with MXFP4 keys at 4 tokens a program: the
+# LLVM IR is `llvm.trap`, no store), with the reason: asserted to still trap, so the entry goes
+# when Triton compiles it. (target, kernel, constexprs the launch has) -> why it is tolerated.
+KNOWN_TRAPS = {
+    ("sm_100", "indexer._indexer_score_kernel", (("DOT", 3), ("FMT", 4), ("TB", 4))):
+        "the e4m3 indexer query (VLLM_DSV4_HW_INDEXER_Q=e4m3/auto, off by default: slower on "
+        "the H100) in prefill-sized calls; found 2026-12-06 when the H200 tier first recorded "
+        "it; B200 unverified (no such GPU here)",
+}
+
+
+def _known_trap(target: str, row: dict) -> bool:
+    return any(t == target and row["kernel"] == k
+               and all(row["constexprs"].get(n) == v for n, v in c)
+               for t, k, c in KNOWN_TRAPS)
+
+
 # Kernels the GPU tier does not launch (so nothing recorded them), with the reason.
 NOT_RECORDED = {
     "kv_insert._kv_gather_kernel": "kv_gather serves the conformance kit and tests, not the "
                                    "served layer; the GPU tier has no case for it",
-    "fp8_gemv._gemv_kernel": "added 2026-12-06 with no GPU to record it: its launches are "
-                             "written out in compile_launches.SYNTHESIZED until the next tier",
 }
 
 
@@ -81,16 +97,22 @@ def test_every_launch_compiles_for(target, compiled):
               for r in rows if r["error"]]
     over = [f"{r['kernel']} {r['constexprs']}: {r['shared']} B shared > {limit} B"
             for r in rows if r["shared"] is not None and r["shared"] > limit]
+    traps = [f"{r['kernel']} {r['constexprs']}" for r in rows
+             if r["trap"] and not _known_trap(target, r)]
+    known = [r for r in rows if _known_trap(target, r)]
     kernels = {r["kernel"] for r in rows}
     print(f"\n{target}: {len(rows)} launches of {len(kernels)} kernels compiled, max shared "
           f"{max((r['shared'] or 0) for r in rows)} B of {limit}")
     assert len(rows) >= 80 and len(kernels) >= 20, (len(rows), sorted(kernels))
     assert not failed, f"{len(failed)} of {len(rows)} launches failed:\n" + "\n".join(failed)
     assert not over, "\n".join(over)
+    assert not traps, "compiled to a bare trap (no store left):\n" + "\n".join(traps)
+    assert all(r["trap"] for r in known), "a KNOWN_TRAPS launch compiles now: drop its entry"
+    assert bool(known) == any(t == target for t, _, _ in KNOWN_TRAPS), "stale KNOWN_TRAPS entry"
     # the knobs off by default compile too (compile_launches.OFF_BY_DEFAULT); the GEMMs' weight
     # read-ahead (on by default, in the native records) only where the target has PDL
     assert any(r["constexprs"].get("FLAT") is True for r in rows), "no FLAT launch compiled"
-    # and the kernels added since the records (compile_launches.SYNTHESIZED)
+    # the one-row GEMV only where fp8_block_linear quantizes x (fp8_dot: sm_89+, not ROCm)
     gemv = any(r["kernel"] == "fp8_gemv._gemv_kernel" for r in rows)
     assert gemv == (target in ("sm_89", "sm_90", "sm_100", "sm_120")), (target, gemv)
     pf = [r for r in rows if r["constexprs"].get("PF_BYTES")]
@@ -124,7 +146,7 @@ def test_programmatic_dependent_launch_only_where_declared(compiled):
     capabilities take PDL (sm_90 / 100 / 120), and carries no such instruction for sm_80 / 86 /
     89 (which have none: the ptx would not assemble) or ROCm (no PTX at all)."""
     for target, rows in compiled.items():
-        ok = [r for r in rows if not r["error"]]
+        ok = [r for r in rows if not r["error"] and not _known_trap(target, r)]
         want = target in ("sm_90", "sm_100", "sm_120")
         wrong = sorted({r["kernel"] for r in ok if bool(r["pdl"]) != want})
         assert ok and not wrong, f"{target}: PDL {'missing' if want else 'present'} in {wrong}"
