@@ -284,7 +284,7 @@ def test_gemv_takes_one_row_of_128_column_blocks(gen):
     assert not fp8_gemv.takes(check_fp8_block_linear_args(one, w32, s32, (32, 32), None), 1)
     assert not fp8_gemv.takes(check_fp8_block_linear_args(one.double(), wq, sc, (128, 128),
                                                           None), 1)
-    # off by default until timed in the stack on a GPU (fp8_gemv.MAX_ROWS)
+    # the product's row count (fp8_gemv.MAX_ROWS: one row, from the stack's timings)
     assert fp8_gemv.takes(check_fp8_block_linear_args(one, wq, sc, (128, 128), None)) == bool(
         fp8_gemv.MAX_ROWS)
     with pytest.raises(ValueError, match="block_k"):

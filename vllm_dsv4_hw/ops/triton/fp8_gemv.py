@@ -35,16 +35,13 @@ from vllm_dsv4_hw.ops.triton.fp8_linear import widen
 from vllm_dsv4_hw.ops.triton.launch import capabilities, cdiv, sm_count
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start_prefetching, weight_prefetch
 from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, ue8m0_to_f32
-# The rows a call may have to take this kernel (1: decode at batch 1; the tile kernels above).
-# NVIDIA H100 (no H200 lent), 2026-12-06 04:25 UTC, ``decode_stack --model v4-flash --contexts
-# 128k,1m --batches 1 --no-prefill --graphs on --streams on --steps 8 --reps 3 --gemv-rows 1 / 0``
-# on one machine: 128K B=1 3.955 / 4.123 ms, 1M B=1 4.897 / 5.016 (window layer 67.4 / 72.3 us).
-# Alone (``gemv_probe --product-check``, us, tiles -> GEMV): V4-Flash wq_a 4.31 -> 4.04, wkv 4.20
-# -> 3.48, wq_b 14.68 -> 12.66, wo_a 16.29 -> 16.25, wo_b 16.66 -> 16.15, but indexer wq_b 5.36
-# -> 6.30, V4-Pro wq_a 6.47 -> 6.61, wo_b 43.91 -> 47.79 (its tile rule is the probe's first
-# guess; the H200 not yet timed). At 4 rows it loses to the tiles everywhere (the FMAs and
-# conversions bound it: H100, 2026-12-06 06:58, gemv_probe --rows 4, us, tiles / best GEMV: wq_b
-# 14.7 / 28.0, wo_b 17.1 / 32.6, wq_a 4.8 / 5.7), so it takes one row.
+# The rows a call takes this kernel with (the tile kernels above). One row, measured in the stack
+# (``decode_stack --model v4-flash --contexts 128k,1m --batches 1 --no-prefill --graphs on
+# --streams on --steps 8 --reps 3``, one H100 per pair, 2026-12-06): GEMV off / on (04:25 UTC,
+# ``--gemv-rows 0 / 1``) 128K 4.123 / 3.955 ms, 1M 5.016 / 4.897; its tile rule below and wo_a
+# on codes (07:08-07:14) 128K 3.95 -> 3.71, 1M 4.88 -> 4.71 (docs/performance.md). At 4 rows it
+# loses to the tiles everywhere (the FMAs and conversions bound it: 06:58, ``gemv_probe --rows
+# 4``, us, tiles / best GEMV: wq_b 14.7 / 28.0, wo_b 17.1 / 32.6, wq_a 4.8 / 5.7).
 MAX_ROWS = 1
 # The most rows a launch takes when forced (``fp8_block_linear(gemv=True)``; each row a copy of
 # the row loop in the compiled kernel).
