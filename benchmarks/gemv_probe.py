@@ -13,8 +13,8 @@ an H100 (2026-12-06) put those launches at 16-24% achieved occupancy and 55-62% 
 throughput. The first form of this file (commit 2ef58d6) timed a GEMV of its own (split-K by
 fp32 atomics) to see what plain vector loads reach; the product's ``fp8_gemv`` was built from
 it, and this file now sweeps that kernel's launch knobs (``block_n``, ``block_k``, ``split_k``,
-``num_warps``, ``num_stages``) on the product's own call, each config checked against the tile
-kernels first.
+``num_warps``, ``num_stages``, ``ahead``) on the product's own call, each config checked against
+the tile kernels first.
 Times: CUDA-graph medians (``sweep_common.graph_us``).
 """
 
@@ -31,10 +31,12 @@ import torch
 
 from benchmarks.sweep_common import HBM, _f, graph_us
 
-# (block_n, block_k, split_k (None: the product's rule), num_warps, num_stages); warps 8 and
+# (block_n, block_k, split_k, num_warps, num_stages, ahead; None: the product's rule); warps 8 and
 # stages 1-3 were swept on 2026-12-06 (H100): 8 warps lost everywhere, the stages tied
-CONFIGS = ((None, None, None, None, None),) + tuple(
-    (bn, bk, split, 4, 3) for bn in (4, 8, 16) for bk in (512, 1024) for split in (None, 1, 2, 4))
+CONFIGS = ((None,) * 6, (None,) * 5 + (True,)) + tuple(
+    (bn, bk, split, 4, 3, None) for bn in (4, 8, 16) for bk in (512, 1024)
+    for split in (None, 1, 2, 4)) + tuple(
+    (bn, bk, None, 4, 3, True) for bn in (4, 8, 16) for bk in (512, 1024))
 # the merged projections the layers call (wq_a | wkv: one GEMM) besides GEMM_SHAPES'
 MERGED = {"flash wq_a|wkv": (1, 1536, 4096), "pro wq_a|wkv": (1, 2048, 7168)}
 
@@ -108,7 +110,7 @@ def _sweep(dev, name: str, m: int) -> dict:
     want = call(ws[0], torch.float32, gemv=False)
     for cfg in CONFIGS:
         kw = {kk: v for kk, v in zip(("block_n", "block_k", "split_k", "num_warps",
-                                      "num_stages"), cfg) if v is not None}
+                                      "num_stages", "ahead"), cfg) if v is not None}
         key = "gemv " + (" ".join(f"{kk}={v}" for kk, v in kw.items()) or "default")
         try:
             got = call(ws[0], torch.float32, gemv=kw)

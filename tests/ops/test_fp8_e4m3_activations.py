@@ -211,7 +211,7 @@ def test_prequantized_x_errors(gen):
 
 @pytest.mark.parametrize("g,n,k", [(None, 200, 1000), (3, 64, 300), (None, 24, 128)])
 @pytest.mark.parametrize("knobs", [dict(), dict(split_k=3, block_k=128),
-                                   dict(split_k=2, block_k=256, block_n=16)])
+                                   dict(split_k=2, block_k=256, block_n=16, ahead=True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_triton_gemv_one_row(g, n, k, knobs, dtype, gen):
     """The one-row GEMV (``fp8_gemv``, the decode row's W8A8 path; interpreter): within the
@@ -231,6 +231,8 @@ def test_triton_gemv_one_row(g, n, k, knobs, dtype, gen):
     assert got.shape == ((1, g, n) if g else (1, n))
     assert_close(got, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
     assert torch.equal(fp8_gemv.launch(a, serial=False, **knobs), got)
+    # the weight tiles read a step ahead: the same sums
+    assert torch.equal(fp8_gemv.launch(a, **dict(knobs, ahead=not knobs.get("ahead"))), got)
     if not knobs:
         assert torch.equal(fp8_block_linear(x, wq, sc, block, torch.float32, True, gemv=True),
                            got)
@@ -238,7 +240,8 @@ def test_triton_gemv_one_row(g, n, k, knobs, dtype, gen):
         assert_close(tiles, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
 
 
-@pytest.mark.parametrize("m,g,n,k,knobs", [(2, None, 200, 1000, dict(split_k=3, block_k=128)),
+@pytest.mark.parametrize("m,g,n,k,knobs", [(2, None, 200, 1000, dict(split_k=3, block_k=128,
+                                                                    ahead=True)),
                                              (3, 3, 64, 300, dict()),
                                              (5, None, 24, 384, dict(block_n=16, block_k=256))])
 def test_triton_gemv_rows_and_codes(m, g, n, k, knobs, gen):

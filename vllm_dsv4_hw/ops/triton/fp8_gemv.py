@@ -57,11 +57,13 @@ LIMIT_ROWS = 8
 #   ways 4.1 -> 4 ways 3.9; V4-Pro wo_b 3 ways 47.8 -> 4 ways 42.6), never over <= 2 steps
 #   (indexer wq_b 2 ways 6.9 -> 1 way 4.6; wo_a's 1,024 tiles 2 ways 15.5 -> 1 way 12.6).
 # The rule reads the shape only: x given as codes sums in the order of x quantized here (the
-# same bits, ``fp8_block_linear``'s contract).
+# same bits, ``fp8_block_linear``'s contract). ``ahead`` (the weight tiles loaded one step
+# ahead, the first before the PDL wait): built 2026-12-06 without a GPU, off until
+# ``gemv_probe`` times it (the same bits either way).
 TILE = {"block_k": 512, "long_k": 4096, "narrow_n": 8192, "block_k_long": 1024,
         "wide_n": 16384, "deep_k": 8192, "block_n_wide": 16, "block_n": 8,
         "num_warps": 4, "num_stages": 3, "split_below_per_sm": 4, "programs_per_sm": 12,
-        "max_split": 4, "min_split_steps": 3}
+        "max_split": 4, "min_split_steps": 3, "ahead": False}
 
 
 def tile(n_out: int, k: int) -> tuple[int, int]:
@@ -95,15 +97,26 @@ def _x_codes(x_ptr, xs_ptr, k0, K, KB, EMU: tl.constexpr, CODES: tl.constexpr,
     return q.to(tl.float32), sx
 
 
+@triton.jit
+def _w_tile(w_rows, r_ok, k0, k_hi, BK: tl.constexpr):
+    """The weight bytes [BN, BK] of columns k0 + [0, BK) (0 past this split's end ``k_hi``)."""
+    cols = k0 + tl.arange(0, BK)
+    return tl.load(w_rows[:, None] + cols[None, :], mask=r_ok[:, None] & (cols < k_hi)[None, :],
+                   other=0)
+
+
 @triton.jit(do_not_specialize=["sos"])
 def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, KB,
                  k_per_split, n_nblk, sxm, sxg, sxsm, sxsg, swg, swn, ssg, ssn, sos, som, sog,
                  SBN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, M: tl.constexpr,
                  RP: tl.constexpr, CODES: tl.constexpr, EMU: tl.constexpr, OUT_BF16: tl.constexpr,
                  SERIAL: tl.constexpr, SPLITS: tl.constexpr, RED_BF16: tl.constexpr,
-                 PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False):
+                 PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False,
+                 AHEAD: tl.constexpr = False):
     # M rows (RP: M's power of two), each multiplied with the tile's weight bytes converted
-    # once; a row's sums are those of a one-row launch (the same ops in the same order)
+    # once; a row's sums are those of a one-row launch (the same ops in the same order).
+    # AHEAD: each step's weight tile is loaded one step ahead (register double buffer: two
+    # tiles in flight a program), the first before the PDL wait (no kernel writes a weight)
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_n = pid % n_nblk
@@ -111,16 +124,20 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, K
     rows = pid_n * BN + tl.arange(0, BN)
     r_ok = rows < N
     k_lo = pid_s * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
     w_rows = w_ptr + g * swg + rows.to(tl.int64) * swn
+    if AHEAD:
+        wq = _w_tile(w_rows, r_ok, k_lo, k_hi, BK)
     # the weight's first bytes of this split ask L2 before the wait (rows past N: none)
     pdl_start_prefetching(PDL, PF_BYTES, w_rows + k_lo, tl.where(r_ok, K - k_lo, 0))
     s_rows = s_ptr + g * ssg + (rows // SBN).to(tl.int64) * ssn
     xm = tl.arange(0, RP)
     acc = tl.zeros([RP, BN], dtype=tl.float32)
-    for k0 in range(k_lo, tl.minimum(K, k_lo + k_per_split), BK):
-        cols = k0 + tl.arange(0, BK)
-        wq = tl.load(w_rows[:, None] + cols[None, :], mask=r_ok[:, None] & (cols < K)[None, :],
-                     other=0)
+    for k0 in range(k_lo, k_hi, BK):
+        if AHEAD:
+            w_next = _w_tile(w_rows, r_ok, k0 + BK, k_hi, BK)
+        else:
+            wq = _w_tile(w_rows, r_ok, k0, k_hi, BK)
         if EMU:
             wf = e4m3_bits_to_f32(wq)
         else:
@@ -134,6 +151,8 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, K
             blk = tl.sum(wf * q[None, :, :], axis=2)
             part = tl.sum(blk * sw * sx[None, :], axis=1)
             acc = tl.where(xm[:, None] == r, acc + part[None, :], acc)
+        if AHEAD:
+            wq = w_next
     rel = g * sog + xm[:, None].to(tl.int64) * som + rows[None, :]
     sk.store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc,
                   (xm < M)[:, None] & r_ok[None, :], sos, OUT_BF16, SERIAL, SPLITS, RED_BF16)
@@ -154,6 +173,14 @@ def takes(a: Fp8LinearArgs, max_rows: int | None = None, codes: bool = False) ->
     return dev.type == "cuda" and capabilities(dev).fp8_dot
 
 
+def _ahead(device: torch.device, ahead: bool, prefetch: int | None) -> dict:
+    """The read-ahead knobs: ``AHEAD`` (the weight tiles one step ahead, the first before the PDL
+    wait, which makes the L2 read-ahead of ``PF_BYTES`` moot: 0), else ``PF_BYTES``."""
+    if ahead:
+        return {"AHEAD": True, **weight_prefetch(device, 0)}
+    return weight_prefetch(device, prefetch)
+
+
 def _split(n_tiles: int, k_steps: int, device: torch.device) -> int:
     """K splits where the tiles alone leave SMs short (fewer than ``split_below_per_sm`` a SM):
     enough for ~``programs_per_sm`` programs per SM, at most ``max_split`` and one BK step each;
@@ -171,7 +198,7 @@ def launch(a: Fp8LinearArgs, *, x_scales: torch.Tensor | None = None,
            block_n: int | None = None, block_k: int | None = None,
            split_k: int | None = None, num_warps: int | None = None,
            num_stages: int | None = None, serial: bool | None = None,
-           prefetch: int | None = None) -> torch.Tensor:
+           prefetch: int | None = None, ahead: bool | None = None) -> torch.Tensor:
     """One GEMV of checked arguments (``takes(a)``); ``x_scales`` [M, G, ceil(K/128)]: ``a.x``
     holds e4m3 codes with these scales (a producer's quantization), read as they lie. The
     keywords after it are launch knobs for benchmarks and tests."""
@@ -213,5 +240,5 @@ def launch(a: Fp8LinearArgs, *, x_scales: torch.Tensor | None = None,
         EMU=interp, OUT_BF16=o.direct_bf16, SERIAL=o.serial, SPLITS=o.splits,
         RED_BF16=o.bf16_mode, num_warps=num_warps or TILE["num_warps"],
         num_stages=num_stages or TILE["num_stages"], **pdl_launch(dev),
-        **weight_prefetch(dev, prefetch))
+        **_ahead(dev, TILE["ahead"] if ahead is None else ahead, prefetch))
     return o.finish(a)
