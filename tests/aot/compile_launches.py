@@ -130,7 +130,8 @@ def with_new_defaults(record: dict, fn) -> dict:
 # knobs built and off by default: each target also compiles one recorded launch of the kernel
 # with the knob on (``PF_BYTES`` only where the target has PDL: it is dead code elsewhere). The
 # GEMMs' read-ahead (``PF_BYTES``) is on by default since 2026-12-05: the native records carry it.
-OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True}, "_gemv_kernel": {"AHEAD": True}}
+OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True},
+                  "_gemv_kernel": {"AHEAD": True, "LANES": True, "EVEN": True}}
 
 # Kernels added since the launches were recorded (no GPU lent to record them): their product
 # launches written out here as records (with ``needs``: the declared capability that takes
