@@ -206,17 +206,56 @@ def _index_math(stmt) -> bool:
     for node in ast.walk(stmt.value):
         if isinstance(node, ast.Call):
             f = node.func
-            if not (isinstance(f, ast.Attribute) and f.attr in ("program_id", "arange", "to")):
+            if not (isinstance(f, ast.Attribute)
+                    and f.attr in ("program_id", "arange", "to", "minimum", "maximum")):
                 return False
     return True
+
+
+def _weight_read_ahead(stmt):
+    """``if KNOB: t = _w_tile(w_rows, ...)``: a GEMM's first weight tile, read before the wait
+    (no kernel writes a weight), behind a constexpr knob."""
+    import ast
+
+    return (isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Name) and not stmt.orelse
+            and all(isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
+                    and getattr(s.value.func, "id", "") == "_w_tile"
+                    and getattr(s.value.args[0], "id", "") == "w_rows" for s in stmt.body))
+
+
+def _first_after_preamble(src: str) -> str:
+    """A kernel's first statement after its docstring, index math and weight read-ahead."""
+    import ast
+
+    body = ast.parse(src).body[0].body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]                                # the docstring
+    while _index_math(body[0]) or _weight_read_ahead(body[0]):
+        body = body[1:]                                # indices, pointers, the weight's tile
+    return ast.unparse(body[0])
+
+
+def test_pdl_preamble_check_catches_a_read_before_the_wait():
+    """The check above is not vacuous: an activation load, a store or an unguarded tile read
+    before the wait is what it reports."""
+    head = "def k(x_ptr, w_ptr, PDL: tl.constexpr):\n    pid = tl.program_id(0)\n"
+    wait = "    pdl_start(PDL)\n"
+    assert _first_after_preamble(head + wait) == "pdl_start(PDL)"
+    ahead = "    if AHEAD:\n        wq = _w_tile(w_rows, r_ok, 0, K, BK)\n"
+    assert _first_after_preamble(head + ahead + wait) == "pdl_start(PDL)"
+    for bad in ("    x = tl.load(x_ptr + pid)\n", "    tl.store(w_ptr, 0)\n",
+                "    if AHEAD:\n        xq = _w_tile(x_ptr, r_ok, 0, K, BK)\n",
+                "    wq = _w_tile(w_rows, r_ok, 0, K, BK)\n"):
+        assert _first_after_preamble(head + bad + wait) != "pdl_start(PDL)", bad
 
 
 def test_every_kernel_launched_with_pdl_waits_first():
     """A kernel launched with PDL may start while its predecessor still runs: every launch site
     of ops/triton passes ``**pdl_launch(...)`` and every kernel so launched has the ``PDL``
     constexpr and begins with ``pdl_start(PDL)`` (after its docstring), before any memory op;
-    a GEMM may first compute its indices and ask L2 for its weight rows
-    (``pdl_start_prefetching``: the weight is no earlier kernel's output)."""
+    a GEMM may first compute its indices, read its first weight tile (behind a constexpr knob)
+    and ask L2 for its weight rows (``pdl_start_prefetching``): no earlier kernel writes a
+    weight."""
     import ast
     import importlib
     import inspect
@@ -242,12 +281,7 @@ def test_every_kernel_launched_with_pdl_waits_first():
                 continue
             assert all(sites), f"{path.stem}.{name}: a launch without **pdl_launch(...)"
             assert "PDL" in fn.arg_names, f"{path.stem}.{name} has no PDL constexpr"
-            body = ast.parse(textwrap.dedent(inspect.getsource(fn.fn))).body[0].body
-            if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                body = body[1:]                        # the docstring
-            while _index_math(body[0]):                # program ids and offsets, no memory op
-                body = body[1:]
-            first = ast.unparse(body[0])
+            first = _first_after_preamble(textwrap.dedent(inspect.getsource(fn.fn)))
             assert first == "pdl_start(PDL)" or first.startswith(
                 "pdl_start_prefetching(PDL, PF_BYTES, w_rows"), \
                 f"{path.stem}.{name} starts with {first!r}"
