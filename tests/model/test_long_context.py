@@ -132,10 +132,14 @@ def test_topk_512_with_more_entries_visible(ckpt_topk512):
     print(f"\ntop-k {TOPK}, {PROMPT} tokens ({PROMPT // 4} entries visible at the end): "
           f"max |dlogprob| vs transformers {err:.3g} over the first {upto} tokens")
     assert err <= PARITY_TOL, err
-    chunks = (1000, 1048, 1, 1, 1, 250, 1, 1, 1)  # decode steps at 2048-2050 and 2301-2303
+    # Chunked prefill + decode against our one shot, over the same tokens: past the first near-tie
+    # the chunked run's fp32 sums may swap that selection too (seed 578553: 0.032). Decode steps
+    # at 2,048-2,050 and at the last three tokens before the near-tie (or the prompt's end).
+    tail = PROMPT - upto
+    chunks = (1000, 1048, 1, 1, 1, upto - 2054, 1, 1, 1) + ((tail,) if tail else ())
     split = runner.logprobs(ids, chunks=chunks)
-    self_err = float((split - ours).abs().max())
-    print(f"chunked {chunks} vs one shot: {self_err:.3g}")
+    self_err = float((split - ours)[:upto].abs().max())
+    print(f"chunked {chunks} vs one shot: {self_err:.3g} over the first {upto} tokens")
     assert self_err <= SELF_TOL, self_err
 
 
