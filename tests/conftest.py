@@ -59,6 +59,33 @@ def _fresh_dispatch(monkeypatch):
 SESSION_SEED = int(os.environ.get("DSV4_TEST_SEED", int(time.time()) % 1_000_000))
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    # the ahead-of-time matrix's tests last: their compiles run meanwhile (tests/aot/background.py)
+    from tests.aot.background import uses_matrix
+
+    items[:] = [i for i in items if not uses_matrix(i)] + [i for i in items if uses_matrix(i)]
+
+
+def pytest_collection_finish(session):
+    """Start the matrix's compiles (niced, in the background) when a selected test needs them."""
+    from tests.aot import background
+
+    if not session.config.option.collectonly and any(
+            background.uses_matrix(i) for i in session.items):
+        from tests.aot.test_target_matrix import TARGETS
+        from tests.subprocess_scripts import HAS_PTXAS
+
+        if HAS_PTXAS:
+            session.config._dsv4_aot = background.Compiles(TARGETS)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    jobs = getattr(session.config, "_dsv4_aot", None)
+    if jobs is not None:
+        jobs.stop()
+
+
 def pytest_report_header(config):
     return f"dsv4 test seed: DSV4_TEST_SEED={SESSION_SEED}"
 

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from tests.aot.background import Compiles
 from tests.subprocess_scripts import HAS_PTXAS, ROOT
 
 pytest.importorskip("triton")
@@ -69,23 +67,15 @@ NOT_RECORDED = {
 }
 
 
-def _compile(target: str) -> list[dict]:
-    fields, launches, limit = TARGETS[target]
-    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "tests.aot.compile_launches", str(launches),
-                           *fields, str(limit)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=1500)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")]
-    assert line, f"{target}: compile worker failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(line[-1][len("RESULTS"):])
-
-
 @pytest.fixture(scope="module")
-def compiled():
-    """All targets, two compile workers at a time (the CI machine has two cores)."""
-    with ThreadPoolExecutor(2) as pool:
-        futures = {t: pool.submit(_compile, t) for t in TARGETS}
-        return {t: f.result() for t, f in futures.items()}
+def compiled(request):
+    """All targets' rows: from the compiles the session started in the background when its
+    collection ended (``tests/aot/background.py``; these tests run last), or started here."""
+    jobs = getattr(request.config, "_dsv4_aot", None)
+    if jobs is None:
+        jobs = Compiles(TARGETS)
+        request.addfinalizer(jobs.stop)
+    return {t: jobs.result(t) for t in TARGETS}
 
 
 @pytest.mark.skipif(not HAS_PTXAS, reason="Triton's bundled ptxas is not installed")
