@@ -256,6 +256,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gemv-ahead", default=None, choices=("on", "off"),
                     help="the GEMV's weight tiles read one step ahead (fp8_gemv.TILE['ahead']; "
                          "default: the product's, off until timed)")
+    ap.add_argument("--topk-lean", default=None, choices=("on", "off"),
+                    help="the radix top-k's 256-bin histograms (topk.LEAN_HIST; default: the "
+                         "product's, off until timed)")
     ap.add_argument("--indexer-q", default=None, choices=("auto", "e4m3", "model"),
                     help="the indexer's query: e4m3 codes on FP8 dots or the model dtype "
                          "(VLLM_DSV4_HW_INDEXER_Q; default: the setting's, model)")
@@ -349,6 +352,10 @@ def main(argv=None) -> int:
             from vllm_dsv4_hw.ops.triton import fp8_gemv
 
             fp8_gemv.TILE["ahead"] = args.gemv_ahead == "on"
+        if args.topk_lean is not None:
+            from vllm_dsv4_hw.ops.triton import topk
+
+            topk.LEAN_HIST = args.topk_lean == "on"
     try:
         import triton
 
@@ -378,7 +385,7 @@ def main(argv=None) -> int:
                      "bounded_select": args.bounded_select, "trim_walk": args.trim_walk,
                      "inv_rope_flat": args.inv_rope_flat,
                      "weight_prefetch": args.weight_prefetch, "gemv_rows": args.gemv_rows,
-                     "gemv_ahead": args.gemv_ahead,
+                     "gemv_ahead": args.gemv_ahead, "topk_lean": args.topk_lean,
                      "indexer_q": "e4m3 codes (FP8 dots)" if e4m3_query(dev) else "model dtype",
                      "left_out": ["MoE (routed + shared experts)", "mHC hyper-connections",
                                   "embedding / LM head", "MTP layer"]},

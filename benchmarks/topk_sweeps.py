@@ -4,10 +4,11 @@ as the indexer calls it (k = 512, each row's visible entries from its position).
 
 Why: at B=1 and 128K the one-launch select (32,768 scores) takes ~20 us in the decode graph, four
 times the score pass before it, and sits on the indexer branch, the longest path of a c4a layer.
-Its work is small; its five row barriers and the histogram atomics are what the knobs change:
-``topk.HIST_RELAXED`` (histogram atomics relaxed, released by the barrier's acq_rel arrival, or
-acq_rel) and the scores per program (which picks the form: one launch where every program fits on
-the SMs, else six; warps by ``topk.one_launch_warps``). Every config's output must equal the
+Its work is small; its five row barriers and its histograms are what the knobs change:
+``topk.LEAN_HIST`` (256-bin histograms, none in a program without a key in the pass's prefix, or
+512 bins) and the scores per program (which picks the form: one launch where every program fits
+on the SMs, else six; warps by ``topk.one_launch_warps``). ``topk.HIST_RELAXED`` (relaxed or
+acq_rel histogram atomics) was decided by this sweep on 2026-12-04 (relaxed) and stays as it is. Every config's output must equal the
 default's bit for bit (the same tie order): a config that differs is reported as such and never
 best. (2026-12-04 18:52 UTC the sweep also had volatile-load barrier polling, within 2% of the
 atomic polls, and 4 / 8 warps at every block: ``results/topk_sync-h200-2026-12-04.json``.)
@@ -27,49 +28,42 @@ K = 512
 CASES = (("128K", 32768, 32768), ("1M", 262144, 262144), ("128K in 1M table", 262144, 32768))
 
 
-def _cfg_label(relaxed, block):
-    return f"relaxed={int(relaxed)} block={block or 'auto'}"
+def _cfg_label(lean, block):
+    return f"lean={int(lean)} block={block or 'auto'}"
 
 
 def sweep_topk_sync(dev, batches):
     from vllm_dsv4_hw.ops.triton import topk as tk
 
-    saved = tk.HIST_RELAXED
+    default = _cfg_label(tk.LEAN_HIST, None)
     rows = []
-    try:
-        for (name, n, visible), b in itertools.product(CASES, batches):
-            if b * n > (1 << 20):  # the indexer takes torch.topk past 1M scores per call
+    for (name, n, visible), b in itertools.product(CASES, batches):
+        if b * n > (1 << 20):  # the indexer takes torch.topk past 1M scores per call
+            continue
+        gen = torch.Generator(device=dev).manual_seed(b * 7 + n)
+        sets = [torch.randn(b, n, device=dev, generator=gen) for _ in range(3)]
+        pos = torch.full((b,), visible * 4 - 1, dtype=torch.int64, device=dev)
+        req = torch.zeros(b, dtype=torch.int64, device=dev)
+        bound = dict(row_pos=pos, row_req=req, ratio=4)
+
+        def fresh():
+            return torch.full((b, K), -1, dtype=torch.int32, device=dev)
+
+        want = tk.radix_topk(sets[0], K, fresh(), **bound)
+        outs = [fresh() for _ in range(3)]
+        res = {}
+        for lean, block in itertools.product((False, True), (None, 512, 1024, 2048, 4096)):
+            label = _cfg_label(lean, block)
+            try:
+                got = tk.radix_topk(sets[0], K, fresh(), block=block, lean=lean, **bound)
+            except Exception as exc:  # out of resources at this block
+                res[label] = f"{type(exc).__name__}: {str(exc)[:100]}"
                 continue
-            gen = torch.Generator(device=dev).manual_seed(b * 7 + n)
-            sets = [torch.randn(b, n, device=dev, generator=gen) for _ in range(3)]
-            pos = torch.full((b,), visible * 4 - 1, dtype=torch.int64, device=dev)
-            req = torch.zeros(b, dtype=torch.int64, device=dev)
-            bound = dict(row_pos=pos, row_req=req, ratio=4)
-
-            def fresh():
-                return torch.full((b, K), -1, dtype=torch.int32, device=dev)
-
-            tk.HIST_RELAXED = saved
-            want = tk.radix_topk(sets[0], K, fresh(), **bound)
-            outs = [fresh() for _ in range(3)]
-            res = {}
-            for relaxed, block in itertools.product((False, True), (None, 512, 1024, 2048, 4096)):
-                tk.HIST_RELAXED = relaxed
-                label = _cfg_label(relaxed, block)
-                try:
-                    got = tk.radix_topk(sets[0], K, fresh(), block=block, **bound)
-                except Exception as exc:  # out of resources at this block
-                    res[label] = f"{type(exc).__name__}: {str(exc)[:100]}"
-                    continue
-                if not torch.equal(got, want):
-                    res[label] = "differs from the default's output"
-                    continue
-                res[label] = _try(lambda i, block=block: tk.radix_topk(
-                    sets[i], K, outs[i], block=block, **bound), 3)
-            tk.HIST_RELAXED = saved
-            default = _cfg_label(saved, None)
-            rows.append(_summary("topk_sync", f"{name} B={b}", res, default,
-                                 b * visible * 4 / HBM * 1e6))
-    finally:
-        tk.HIST_RELAXED = saved
+            if not torch.equal(got, want):
+                res[label] = "differs from the default's output"
+                continue
+            res[label] = _try(lambda i, block=block, lean=lean: tk.radix_topk(
+                sets[i], K, outs[i], block=block, lean=lean, **bound), 3)
+        rows.append(_summary("topk_sync", f"{name} B={b}", res, default,
+                             b * visible * 4 / HBM * 1e6))
     return rows

@@ -261,3 +261,25 @@ def test_writes_every_slot_below_k_and_none_past_it(gen, one_launch, block):
     assert (out[0, :k] == -1).all() and (out[2, :k] == -1).all()   # bound 0: no live block
     assert out[3, :k].tolist() == _deterministic_topk(scores[3, :30], k)
     assert (out[:, k:] == 77).all()
+
+
+@pytest.mark.parametrize("one_launch,block,n,k,levels", [
+    (True, None, 300, 40, None), (False, None, 300, 40, 7), (False, 128, 300, 40, None),
+    (False, 4, 24, 6, 7), (False, 8, 24, 6, None)])
+def test_lean_histogram_gives_the_same_output(gen, one_launch, block, n, k, levels):
+    """``LEAN_HIST`` (256 bins, the keys outside the prefix taken out of bin 0, no histogram in a
+    program without such keys) against the 512-bin form, bit for bit: bounded and unbounded rows,
+    heavy ties and distinct scores, rows with fewer finite scores than k (where bin 0 is
+    selected), blocks whose keys all miss the prefix (most blocks of the later passes)."""
+    scores, pos, req, lens = _bounded_rows(gen, n, k, 4, levels)
+    scores[1, : n // 2] = float("-inf")
+    for bound in (False, True):
+        kw = dict(row_pos=pos, row_req=req, ratio=4) if bound else {}
+        want = _unfilled(len(lens), k)
+        tk.radix_topk(scores, k, want, block=block, one_launch=one_launch, lean=False, **kw)
+        got = _unfilled(len(lens), k)
+        tk.radix_topk(scores, k, got, block=block, one_launch=one_launch, lean=True, **kw)
+        assert torch.equal(got, want), bound
+        if not bound:
+            for r in range(len(lens)):
+                assert got[r].tolist() == _deterministic_topk(scores[r], k), r

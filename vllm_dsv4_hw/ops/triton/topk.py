@@ -65,6 +65,14 @@ ONE_LAUNCH = True
 # 21.8 -> 17.6 us for the one-launch select of 1 x 32,768 scores (``decode_kernels --only
 # topk_sync``, H200 2026-12-04 18:52 UTC). The sweep flips it to compare.
 HIST_RELAXED = True
+# Each program's digit histogram over 256 bins, the keys outside the pass's prefix counted in
+# bin 0 (whose count the select never reads), and none at all in a program without a key inside
+# it (most programs of the last passes), instead of 512 bins with a "not counted" bin 256: the
+# same digits, so the same output bit for bit. Why: under Triton 3.6 (the GPUs' Triton)
+# tl.histogram is warp ballots, one VOTE per bin bit per key and, per lane's bins, masks and a
+# POPC, so its cost grows with the bins (docs/performance.md has the SASS counts). Off until
+# timed (``python -m benchmarks.decode_kernels --only topk_sync``).
+LEAN_HIST = False
 
 
 def auto_block(rows: int, n: int, one_launch_programs: int = 0) -> int:
@@ -157,9 +165,9 @@ def _digit(h, need, prefix, absent, P: tl.constexpr, BOUND: tl.constexpr):
 
 
 @triton.jit
-def _hist_atomics(hist, h, RELAXED: tl.constexpr):
-    """Add a program's histogram ``h`` [512] (bins >= 256: not counted) to the row's [256]."""
-    bins = tl.arange(0, 512)
+def _hist_atomics(hist, h, NBINS: tl.constexpr, RELAXED: tl.constexpr):
+    """Add a program's histogram ``h`` [NBINS] (bins >= 256: not counted) to the row's [256]."""
+    bins = tl.arange(0, NBINS)
     if RELAXED:
         tl.atomic_add(hist + bins, h, mask=(bins < 256) & (h > 0), sem="relaxed", scope="gpu")
     else:
@@ -167,23 +175,37 @@ def _hist_atomics(hist, h, RELAXED: tl.constexpr):
 
 
 @triton.jit
+def _add_digit_hist(hist, key, mp, P: tl.constexpr, HIST_RELAXED: tl.constexpr,
+                    LEAN: tl.constexpr):
+    """Add the histogram of pass ``P``'s digit over the keys where ``mp`` to the row's ``hist``.
+    LEAN (``LEAN_HIST``): 256 bins, the other keys counted in bin 0, and nothing where no key is
+    in ``mp``. Bin 0's count is never read: ``_digit`` sees it only in the count of keys with
+    digit >= 0, the total, which is >= need whatever bin 0 holds. Else 512 bins, the other keys
+    in bin 256 (not added)."""
+    digit = ((key >> (24 - 8 * P)) & 0xFF).to(tl.int32)
+    if LEAN:
+        if tl.sum(mp.to(tl.int32), axis=0) > 0:
+            _hist_atomics(hist, tl.histogram(tl.where(mp, digit, 0), 256), 256, HIST_RELAXED)
+    else:
+        _hist_atomics(hist, tl.histogram(tl.where(mp, digit, 256), 512), 512, HIST_RELAXED)
+
+
+@triton.jit
 def _hist_add(scores_ptr, st, n, stride, n_blk, PASS: tl.constexpr, BLOCK: tl.constexpr,
-              HIST_RELAXED: tl.constexpr):
+              HIST_RELAXED: tl.constexpr, LEAN: tl.constexpr):
     """Add this block's histogram of the pass's digit (keys matching the prefix) to the row's."""
     _, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
     if PASS > 0:
         prefix = tl.load(st + 1024).to(tl.uint32, bitcast=True)
         m = m & ((key >> (32 - 8 * PASS)) == prefix)
-    digit = ((key >> (24 - 8 * PASS)) & 0xFF).to(tl.int32)
-    digit = tl.where(m, digit, 256)                       # bins >= 256: not counted
-    _hist_atomics(st + PASS * 256, tl.histogram(digit, 512), HIST_RELAXED)
+    _add_digit_hist(st + PASS * 256, key, m, PASS, HIST_RELAXED, LEAN)
 
 
 @triton.jit
 def _hist_kernel(scores_ptr, state_ptr, pos_ptr, req_ptr, k, n, stride, n_blk,
                  PASS: tl.constexpr, BLOCK: tl.constexpr, RATIO: tl.constexpr,
                  BOUND: tl.constexpr, HIST_RELAXED: tl.constexpr = True,
-                 PDL: tl.constexpr = False):
+                 PDL: tl.constexpr = False, LEAN: tl.constexpr = False):
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
@@ -191,11 +213,11 @@ def _hist_kernel(scores_ptr, state_ptr, pos_ptr, req_ptr, k, n, stride, n_blk,
     if BOUND:
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:  # blocks past the bound: nothing to do (not counted either)
-            _hist_add(scores_ptr, st, lim, stride, n_blk, PASS, BLOCK, HIST_RELAXED)
+            _hist_add(scores_ptr, st, lim, stride, n_blk, PASS, BLOCK, HIST_RELAXED, LEAN)
             if _last_of_row(st, live):
                 _select(st, k, n - lim, PASS, BOUND)
     else:
-        _hist_add(scores_ptr, st, n, stride, n_blk, PASS, BLOCK, HIST_RELAXED)
+        _hist_add(scores_ptr, st, n, stride, n_blk, PASS, BLOCK, HIST_RELAXED, LEAN)
         if _last_of_row(st, n_blk):
             _select(st, k, 0, PASS, BOUND)
 
@@ -319,7 +341,7 @@ def _row_barrier(st, target):
 @triton.jit
 def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stride_out, n_blk,
                  live, BLOCK: tl.constexpr, NB: tl.constexpr, BOUND: tl.constexpr,
-                 HIST_RELAXED: tl.constexpr):
+                 HIST_RELAXED: tl.constexpr, LEAN: tl.constexpr):
     """One program's share of the one-launch selection (keys at columns < n; the barriers wait
     for the row's ``live`` programs)."""
     offs, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
@@ -333,9 +355,7 @@ def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stri
         mp = m
         if p > 0:
             mp = m & ((key >> (32 - 8 * p)) == prefix)
-        digit = tl.where(mp, ((key >> (24 - 8 * p)) & 0xFF).to(tl.int32), 256)
-        h = tl.histogram(digit, 512)
-        _hist_atomics(st + p * 256, h, HIST_RELAXED)
+        _add_digit_hist(st + p * 256, key, mp, p, HIST_RELAXED, LEAN)
         _row_barrier(st, live * (p + 1))
         hh = tl.load(st + p * 256 + b256, cache_modifier=".cg")
         need, prefix = _digit(hh, need, prefix, absent, p, BOUND)
@@ -366,7 +386,7 @@ def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stri
 def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, k, n, stride,
                   stride_out, n_blk, BLOCK: tl.constexpr, NB: tl.constexpr,
                   RATIO: tl.constexpr, BOUND: tl.constexpr, HIST_RELAXED: tl.constexpr = True,
-                  PDL: tl.constexpr = False):
+                  PDL: tl.constexpr = False, LEAN: tl.constexpr = False):
     """The whole selection in one launch: the passes above with a row barrier where a launch
     ended, the select computed by every program of the row from the same histogram (integer
     counts: the same digit everywhere), so the keys are read once and the output is the
@@ -379,12 +399,12 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, 
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:  # blocks past the bound end at once: no barrier waits for them
             _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, lim, n - lim, stride,
-                         stride_out, n_blk, live, BLOCK, NB, BOUND, HIST_RELAXED)
+                         stride_out, n_blk, live, BLOCK, NB, BOUND, HIST_RELAXED, LEAN)
         elif (live == 0) & (pid % n_blk == 0):  # nothing visible: every slot -1
             _fill_tail(out_ptr + row * stride_out, k, 0)
     else:
         _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, 0, stride, stride_out, n_blk,
-                     n_blk, BLOCK, NB, BOUND, HIST_RELAXED)
+                     n_blk, BLOCK, NB, BOUND, HIST_RELAXED, LEAN)
 
 
 def _one_launch_cap(device: torch.device) -> int:
@@ -404,11 +424,13 @@ def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
 
 def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | None = None,
                one_launch: bool | None = None, row_pos: torch.Tensor | None = None,
-               row_req: torch.Tensor | None = None, ratio: int = 1) -> torch.Tensor:
+               row_req: torch.Tensor | None = None, ratio: int = 1,
+               lean: bool | None = None) -> torch.Tensor:
     """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32, any contents:
     columns [0, k) get the selected entries first, -1 after (columns >= k are left as they
     are). ``block``: scores per program (a power of two), ``one_launch``: force the form (where
-    it may run); benchmarks and tests.
+    it may run), ``lean``: the histogram form (default ``LEAN_HIST``; same output either way);
+    benchmarks and tests.
 
     ``row_pos`` / ``row_req`` ([T] int32 or int64, given together): bound each row to its first
     row_len = 0 if req < 0 else min(n, (pos + 1) // ratio) scores (the indexer's visible
@@ -447,16 +469,17 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
     else:  # unread without BOUND: any pointers of the bounded launch's types
         pos, req = state.view(torch.int64), state
     bnd = dict(RATIO=ratio if bound else 1, BOUND=bound)
+    hist = dict(HIST_RELAXED=HIST_RELAXED, LEAN=LEAN_HIST if lean is None else bool(lean))
     if want_one and _one_launch(dev, t * n_blk, n_blk):
         _fused_kernel[(t * n_blk,)](scores, state, base, out, pos, req, k, n, scores.stride(0),
                                     out.stride(0), n_blk, BLOCK=blk,
-                                    NB=next_pow2(n_blk), **bnd,
-                                    HIST_RELAXED=HIST_RELAXED, num_warps=one_launch_warps(blk),
+                                    NB=next_pow2(n_blk), **bnd, **hist,
+                                    num_warps=one_launch_warps(blk),
                                     **pdl_launch(dev))
         return out
     for p in range(4):
         _hist_kernel[(t * n_blk,)](scores, state, pos, req, k, n, scores.stride(0), n_blk, PASS=p,
-                                   BLOCK=blk, **bnd, HIST_RELAXED=HIST_RELAXED, num_warps=8,
+                                   BLOCK=blk, **bnd, **hist, num_warps=8,
                                    **pdl_launch(dev))
     # counts, then (in place) each block's first slots
     _count_kernel[(t * n_blk,)](scores, state, base, pos, req, n, scores.stride(0), n_blk,
