@@ -31,11 +31,9 @@ import torch
 
 from benchmarks.sweep_common import HBM, _f, graph_us
 
-# (block_n, block_k, split_k, num_warps, num_stages, ahead[, lanes, even]; None: the rule's);
-# warps 8 and stages 1-3 were swept on 2026-12-06 (H100): 8 warps lost everywhere, the stages tied
+# (block_n, block_k, split_k, num_warps, num_stages, ahead; None: the rule's); warps 8 and
+# stages 1-3 were swept on 2026-12-06 (H100): 8 warps lost everywhere, the stages tied
 CONFIGS = ((None,) * 6, (None,) * 5 + (True,)) + tuple(
-    (bn, bk, None, 4, 3, None, lanes, True) for bn in (8, 16) for bk in (512, 1024)
-    for lanes in (None, True)) + tuple(
     (bn, bk, split, 4, 3, None) for bn in (4, 8, 16) for bk in (512, 1024)
     for split in (None, 1, 2, 4)) + tuple(
     (bn, bk, None, 4, 3, True) for bn in (4, 8, 16) for bk in (512, 1024))
@@ -112,7 +110,7 @@ def _sweep(dev, name: str, m: int) -> dict:
     want = call(ws[0], torch.float32, gemv=False)
     for cfg in CONFIGS:
         kw = {kk: v for kk, v in zip(("block_n", "block_k", "split_k", "num_warps",
-                                      "num_stages", "ahead", "lanes", "even"), cfg)
+                                      "num_stages", "ahead"), cfg)
               if v is not None}
         key = "gemv " + (" ".join(f"{kk}={v}" for kk, v in kw.items()) or "default")
         try:

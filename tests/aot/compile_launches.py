@@ -131,7 +131,7 @@ def with_new_defaults(record: dict, fn) -> dict:
 # with the knob on (``PF_BYTES`` only where the target has PDL: it is dead code elsewhere). The
 # GEMMs' read-ahead (``PF_BYTES``) is on by default since 2026-12-05: the native records carry it.
 OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True},
-                  "_gemv_kernel": {"AHEAD": True, "LANES": True, "EVEN": True},
+                  "_gemv_kernel": {"AHEAD": True},
                   "_fused_kernel": {"LEAN": True}, "_hist_kernel": {"LEAN": True}}
 
 # Kernels added since the launches were recorded (no GPU lent to record them): their product

@@ -58,16 +58,15 @@ LIMIT_ROWS = 8
 #   (indexer wq_b 2 ways 6.9 -> 1 way 4.6; wo_a's 1,024 tiles 2 ways 15.5 -> 1 way 12.6).
 # The rule reads the shape only: x given as codes sums in the order of x quantized here (the
 # same bits, ``fp8_block_linear``'s contract). Built 2026-12-06 without a GPU, off until
-# ``gemv_probe`` times them: ``ahead`` (the weight tiles loaded one step ahead, the first before
-# the PDL wait; the same bits) and ``lanes`` (per-lane sums over the steps, reduced once: the
-# sm_90 SASS of the default spends ~half its loop on per-step cross-thread sums, 504 SHFL and
-# 417 FADD of 1,970 instructions at 8 x 1,024 under Triton 3.9; other bits) and ``even`` (K a
-# multiple of the step: no column masks, so whole-vector loads; the same bits).
+# ``gemv_probe`` times it: ``ahead`` (the weight tiles loaded one step ahead, the first before
+# the PDL wait; the same bits). (Per-lane sums over the steps and unmasked whole-tile loads were
+# built too, and removed: with the recorded launches' divisibility attributes the default's loop
+# is 355 sm_90 instructions at 8 x 1,024 under Triton 3.6, those forms' 449 / 351;
+# ``tests/aot/sass_count.py``.)
 TILE = {"block_k": 512, "long_k": 4096, "narrow_n": 8192, "block_k_long": 1024,
         "wide_n": 16384, "deep_k": 8192, "block_n_wide": 16, "block_n": 8,
         "num_warps": 4, "num_stages": 3, "split_below_per_sm": 4, "programs_per_sm": 12,
-        "max_split": 4, "min_split_steps": 3, "ahead": False, "lanes": False,
-        "even": False}
+        "max_split": 4, "min_split_steps": 3, "ahead": False}
 
 
 def tile(n_out: int, k: int) -> tuple[int, int]:
@@ -81,18 +80,14 @@ def tile(n_out: int, k: int) -> tuple[int, int]:
 
 @triton.jit
 def _x_codes(x_ptr, xs_ptr, k0, K, KB, EMU: tl.constexpr, CODES: tl.constexpr,
-             BK: tl.constexpr, EVEN: tl.constexpr = False):
+             BK: tl.constexpr):
     """One row's columns ``k0 + [0, BK)`` as W8A8 operands: (codes as fp32 [BK/128, 128],
     scales [BK/128]); quantized per 128-column block by the W8A8 kernel's own
     ``_quantize_rows`` (each block a row), or with CODES read as the producer left them (e4m3
-    bytes at ``x_ptr``, fp32 scales at ``xs_ptr``). Columns past K: code 0 (EVEN: BK divides K,
-    no column past it, no column mask: whole-vector loads)."""
+    bytes at ``x_ptr``, fp32 scales at ``xs_ptr``). Columns past K: code 0."""
     cols = k0 + tl.arange(0, BK)
     if CODES:
-        if EVEN:
-            qb = tl.load(x_ptr + cols)
-        else:
-            qb = tl.load(x_ptr + cols, mask=cols < K, other=0)
+        qb = tl.load(x_ptr + cols, mask=cols < K, other=0)
         qb = tl.reshape(qb, (BK // 128, 128))
         if EMU:
             q = e4m3_bits_to_f32(qb)
@@ -100,22 +95,15 @@ def _x_codes(x_ptr, xs_ptr, k0, K, KB, EMU: tl.constexpr, CODES: tl.constexpr,
             q = qb.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         kb = k0 // 128 + tl.arange(0, BK // 128)
         return q, tl.load(xs_ptr + kb, mask=kb < KB, other=0.0)
-    if EVEN:
-        xv = widen(tl.load(x_ptr + cols))
-    else:
-        xv = widen(tl.load(x_ptr + cols, mask=cols < K, other=0.0))
+    xv = widen(tl.load(x_ptr + cols, mask=cols < K, other=0.0))
     q, sx = _quantize_rows(tl.reshape(xv, (BK // 128, 128)), EMU)
     return q.to(tl.float32), sx
 
 
 @triton.jit
-def _w_tile(w_rows, r_ok, k0, k_hi, BK: tl.constexpr, EVEN: tl.constexpr = False):
-    """The weight bytes [BN, BK] of columns k0 + [0, BK) (0 past this split's end ``k_hi``; EVEN:
-    BK divides the split, so a tile is all in or all out: a scalar mask, whole-vector loads)."""
+def _w_tile(w_rows, r_ok, k0, k_hi, BK: tl.constexpr):
+    """The weight bytes [BN, BK] of columns k0 + [0, BK) (0 past this split's end ``k_hi``)."""
     cols = k0 + tl.arange(0, BK)
-    if EVEN:  # (the tile's flag as a [1, 1] tensor: the interpreter mistypes bool & scalar)
-        live = (tl.zeros([1, 1], dtype=tl.int32) + k0) < k_hi
-        return tl.load(w_rows[:, None] + cols[None, :], mask=r_ok[:, None] & live, other=0)
     return tl.load(w_rows[:, None] + cols[None, :], mask=r_ok[:, None] & (cols < k_hi)[None, :],
                    other=0)
 
@@ -127,15 +115,11 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, K
                  RP: tl.constexpr, CODES: tl.constexpr, EMU: tl.constexpr, OUT_BF16: tl.constexpr,
                  SERIAL: tl.constexpr, SPLITS: tl.constexpr, RED_BF16: tl.constexpr,
                  PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False,
-                 AHEAD: tl.constexpr = False, LANES: tl.constexpr = False,
-                 EVEN: tl.constexpr = False):
+                 AHEAD: tl.constexpr = False):
     # M rows (RP: M's power of two), each multiplied with the tile's weight bytes converted
     # once; a row's sums are those of a one-row launch (the same ops in the same order).
     # AHEAD: each step's weight tile is loaded one step ahead (register double buffer: two
     # tiles in flight a program), the first before the PDL wait (no kernel writes a weight).
-    # LANES: each lane's exact products w * q * sx * sw summed over the steps in registers, the
-    # lanes reduced once at the end (no per-step cross-thread sums; other bits than the
-    # default, which sums each 128-column block per step, then scales it)
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_n = pid % n_nblk
@@ -146,52 +130,32 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, K
     k_hi = tl.minimum(K, k_lo + k_per_split)
     w_rows = w_ptr + g * swg + rows.to(tl.int64) * swn
     if AHEAD:
-        wq = _w_tile(w_rows, r_ok, k_lo, k_hi, BK, EVEN)
+        wq = _w_tile(w_rows, r_ok, k_lo, k_hi, BK)
     # the weight's first bytes of this split ask L2 before the wait (rows past N: none)
     pdl_start_prefetching(PDL, PF_BYTES, w_rows + k_lo, tl.where(r_ok, K - k_lo, 0))
     s_rows = s_ptr + g * ssg + (rows // SBN).to(tl.int64) * ssn
     xm = tl.arange(0, RP)
-    if LANES:
-        lanes = tl.zeros([RP, BN, BK], dtype=tl.float32)
-    else:
-        acc = tl.zeros([RP, BN], dtype=tl.float32)
+    acc = tl.zeros([RP, BN], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         if AHEAD:
-            w_next = _w_tile(w_rows, r_ok, k0 + BK, k_hi, BK, EVEN)
+            w_next = _w_tile(w_rows, r_ok, k0 + BK, k_hi, BK)
         else:
-            wq = _w_tile(w_rows, r_ok, k0, k_hi, BK, EVEN)
+            wq = _w_tile(w_rows, r_ok, k0, k_hi, BK)
         if EMU:
             wf = e4m3_bits_to_f32(wq)
         else:
             wf = wq.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         kb = tl.minimum(k0 // 128 + tl.arange(0, BK // 128), KB - 1)  # past K: w = 0, any scale
-        if LANES:
-            # the program's rows share their scale block (BN divides SBN): one scale per K block
-            swb = ue8m0_to_f32(tl.load(s_ptr + g * ssg + ((pid_n * BN) // SBN).to(tl.int64) * ssn
-                                       + kb))
-            for r in tl.static_range(M):
-                q, sx = _x_codes(x_ptr + r * sxm + g * sxg, xs_ptr + r * sxsm + g * sxsg, k0, K,
-                                 KB, EMU, CODES, BK, EVEN)
-                # q x 2^a x 2^b, then x w: every product exact (8 significant bits at most)
-                term = wf * tl.reshape(q * (sx * swb)[:, None], (BK,))[None, :]
-                if M == 1:
-                    lanes += term[None, :, :]
-                else:
-                    lanes = tl.where(xm[:, None, None] == r, lanes + term[None, :, :], lanes)
-        else:
-            wf = tl.reshape(wf, (BN, BK // 128, 128))
-            sw = ue8m0_to_f32(tl.load(s_rows[:, None] + kb[None, :], mask=r_ok[:, None],
-                                      other=127))
-            for r in tl.static_range(M):
-                q, sx = _x_codes(x_ptr + r * sxm + g * sxg, xs_ptr + r * sxsm + g * sxsg, k0, K,
-                                 KB, EMU, CODES, BK, EVEN)
-                blk = tl.sum(wf * q[None, :, :], axis=2)
-                part = tl.sum(blk * sw * sx[None, :], axis=1)
-                acc = tl.where(xm[:, None] == r, acc + part[None, :], acc)
+        wf = tl.reshape(wf, (BN, BK // 128, 128))
+        sw = ue8m0_to_f32(tl.load(s_rows[:, None] + kb[None, :], mask=r_ok[:, None], other=127))
+        for r in tl.static_range(M):
+            q, sx = _x_codes(x_ptr + r * sxm + g * sxg, xs_ptr + r * sxsm + g * sxsg, k0, K, KB,
+                             EMU, CODES, BK)
+            blk = tl.sum(wf * q[None, :, :], axis=2)
+            part = tl.sum(blk * sw * sx[None, :], axis=1)
+            acc = tl.where(xm[:, None] == r, acc + part[None, :], acc)
         if AHEAD:
             wq = w_next
-    if LANES:
-        acc = tl.sum(lanes, axis=2)
     rel = g * sog + xm[:, None].to(tl.int64) * som + rows[None, :]
     sk.store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc,
                   (xm < M)[:, None] & r_ok[None, :], sos, OUT_BF16, SERIAL, SPLITS, RED_BF16)
@@ -237,8 +201,7 @@ def launch(a: Fp8LinearArgs, *, x_scales: torch.Tensor | None = None,
            block_n: int | None = None, block_k: int | None = None,
            split_k: int | None = None, num_warps: int | None = None,
            num_stages: int | None = None, serial: bool | None = None,
-           prefetch: int | None = None, ahead: bool | None = None,
-           lanes: bool | None = None, even: bool | None = None) -> torch.Tensor:
+           prefetch: int | None = None, ahead: bool | None = None) -> torch.Tensor:
     """One GEMV of checked arguments (``takes(a)``); ``x_scales`` [M, G, ceil(K/128)]: ``a.x``
     holds e4m3 codes with these scales (a producer's quantization), read as they lie. The
     keywords after it are launch knobs for benchmarks and tests."""
@@ -280,7 +243,5 @@ def launch(a: Fp8LinearArgs, *, x_scales: torch.Tensor | None = None,
         EMU=interp, OUT_BF16=o.direct_bf16, SERIAL=o.serial, SPLITS=o.splits,
         RED_BF16=o.bf16_mode, num_warps=num_warps or TILE["num_warps"],
         num_stages=num_stages or TILE["num_stages"], **pdl_launch(dev),
-        LANES=bool(TILE["lanes"] if lanes is None else lanes) and a.bn % bn == 0,
-        EVEN=bool(TILE["even"] if even is None else even) and k % bk == 0,
         **_ahead(dev, TILE["ahead"] if ahead is None else ahead, prefetch))
     return o.finish(a)

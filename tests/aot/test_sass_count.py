@@ -1,0 +1,48 @@
+"""``tests/aot/sass_count.py``: its parsing of ``cuobjdump -sass`` listings and one real count."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.aot.sass_count import parse_args, summarize
+from tests.subprocess_scripts import HAS_PTXAS, ROOT
+
+LISTING = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/              @!P0 BRA 0x40 ;
+        /*0020*/                   FFMA R2, R3, R4, R2 ;
+        /*0030*/                   FFMA R2, R3, R4, R2 ;
+        /*0040*/                   ISETP.GE.AND P0, PT, R5, 0x10, PT ;
+        /*0050*/               @P0 BRA 0x20 ;
+        /*0060*/                   EXIT ;
+"""
+
+
+def test_summarize_counts_instructions_loops_and_opcodes():
+    s = summarize(LISTING)
+    assert s["instructions"] == 7
+    assert s["loops"] == [4]            # 0x20 .. 0x50: the backward branch only
+    assert dict(s["ops"]) == {"LDC": 1, "BRA": 2, "FFMA": 2, "ISETP": 1, "EXIT": 1}
+
+
+def test_parse_args_filters_and_knobs():
+    assert parse_args(["topk", "_fused_kernel", "BLOCK=512", "BOUND=True", "+LEAN=True"]) == (
+        "topk", "_fused_kernel", {"BLOCK": 512, "BOUND": True}, {"LEAN": True})
+    with pytest.raises(SystemExit):
+        parse_args(["topk", "_fused_kernel", "BLOCK"])
+
+
+@pytest.mark.skipif(not HAS_PTXAS, reason="Triton's bundled ptxas is not installed")
+def test_counts_a_recorded_launch_and_its_knob():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "tests.aot.sass_count", "topk", "_hist_kernel",
+                          "PASS=3", "+LEAN=True"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("_hist_kernel")]
+    assert lines and all("'LEAN': True" in ln and " instructions" in ln for ln in lines), out.stdout
