@@ -68,16 +68,23 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_collection_finish(session):
-    """Start the matrix's compiles (niced, in the background) when a selected test needs them."""
+    """Note whether a selected test needs the matrix's compiles (started by the first test that
+    does not time a process from its start: ``serve_first``)."""
     from tests.aot import background
 
-    if not session.config.option.collectonly and any(
-            background.uses_matrix(i) for i in session.items):
-        from tests.aot.test_target_matrix import TARGETS
+    session.config._dsv4_aot_wanted = not session.config.option.collectonly and any(
+        background.uses_matrix(i) for i in session.items)
+
+
+def pytest_runtest_setup(item):
+    config = item.config
+    if getattr(config, "_dsv4_aot_wanted", False) and not item.get_closest_marker("serve_first"):
+        config._dsv4_aot_wanted = False
+        from tests.aot import background
         from tests.subprocess_scripts import HAS_PTXAS
 
         if HAS_PTXAS:
-            session.config._dsv4_aot = background.Compiles(TARGETS)
+            background.start(config)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -1,5 +1,6 @@
-"""The target matrix's compiles (``test_target_matrix.py``) started when collection ends, at the
-lowest CPU priority, while the rest of the suite runs.
+"""The target matrix's compiles (``test_target_matrix.py``) run at the lowest CPU priority while
+the rest of the suite runs, from its first test not marked ``serve_first`` (those time a ``vllm
+serve`` process from its start and run first).
 
 Why: the matrix compiles ~230 launches for each of 8 targets (~700 CPU seconds: ~6 minutes of a
 2-core CI machine's wall time when it runs alone), while most of the suite keeps one core busy
@@ -63,6 +64,16 @@ class Compiles:
             if proc.poll() is None:
                 proc.kill()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def start(config) -> Compiles:
+    """The session's compiles (``config._dsv4_aot``), started on first call."""
+    jobs = getattr(config, "_dsv4_aot", None)
+    if jobs is None:
+        from tests.aot.test_target_matrix import TARGETS
+
+        jobs = config._dsv4_aot = Compiles(TARGETS)
+    return jobs
 
 
 def uses_matrix(item) -> bool:

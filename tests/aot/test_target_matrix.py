@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.aot.background import Compiles
+from tests.aot import background
 from tests.subprocess_scripts import HAS_PTXAS, ROOT
 
 pytest.importorskip("triton")
@@ -69,12 +69,9 @@ NOT_RECORDED = {
 
 @pytest.fixture(scope="module")
 def compiled(request):
-    """All targets' rows: from the compiles the session started in the background when its
-    collection ended (``tests/aot/background.py``; these tests run last), or started here."""
-    jobs = getattr(request.config, "_dsv4_aot", None)
-    if jobs is None:
-        jobs = Compiles(TARGETS)
-        request.addfinalizer(jobs.stop)
+    """All targets' rows, from the compiles the session started in the background
+    (``tests/aot/background.py``; these tests run last), or starts now."""
+    jobs = background.start(request.config)
     return {t: jobs.result(t) for t in TARGETS}
 
 
