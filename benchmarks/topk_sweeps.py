@@ -6,8 +6,9 @@ Why: at B=1 and 128K the one-launch select (32,768 scores) takes ~20 us in the d
 times the score pass before it, and sits on the indexer branch, the longest path of a c4a layer.
 Its work is small; its five row barriers and its histograms are what the knobs change:
 ``topk.LEAN_HIST`` (256-bin histograms, none in a program without a key in the pass's prefix, or
-512 bins) and the scores per program (which picks the form: one launch where every program fits
-on the SMs, else six; warps by ``topk.one_launch_warps``). ``topk.HIST_RELAXED`` (relaxed or
+512 bins), the scores per program (which picks the form: one launch where every program fits
+on the SMs, else six) and the warps (``topk.one_launch_warps`` or 8: fewer keys per thread,
+each histogram's per-key ballots spread over more warps). ``topk.HIST_RELAXED`` (relaxed or
 acq_rel histogram atomics) was decided by this sweep on 2026-12-04 (relaxed) and stays as it is. Every config's output must equal the
 default's bit for bit (the same tie order): a config that differs is reported as such and never
 best. (2026-12-04 18:52 UTC the sweep also had volatile-load barrier polling, within 2% of the
@@ -28,8 +29,8 @@ K = 512
 CASES = (("128K", 32768, 32768), ("1M", 262144, 262144), ("128K in 1M table", 262144, 32768))
 
 
-def _cfg_label(lean, block):
-    return f"lean={int(lean)} block={block or 'auto'}"
+def _cfg_label(lean, block, warps=None):
+    return f"lean={int(lean)} block={block or 'auto'}" + (f" warps={warps}" if warps else "")
 
 
 def sweep_topk_sync(dev, batches):
@@ -52,18 +53,20 @@ def sweep_topk_sync(dev, batches):
         want = tk.radix_topk(sets[0], K, fresh(), **bound)
         outs = [fresh() for _ in range(3)]
         res = {}
-        for lean, block in itertools.product((False, True), (None, 512, 1024, 2048, 4096)):
-            label = _cfg_label(lean, block)
+        for lean, block, warps in itertools.product((False, True), (None, 512, 1024, 2048, 4096),
+                                                    (None, 8)):
+            label = _cfg_label(lean, block, warps)
             try:
-                got = tk.radix_topk(sets[0], K, fresh(), block=block, lean=lean, **bound)
+                got = tk.radix_topk(sets[0], K, fresh(), block=block, lean=lean,
+                                    num_warps=warps, **bound)
             except Exception as exc:  # out of resources at this block
                 res[label] = f"{type(exc).__name__}: {str(exc)[:100]}"
                 continue
             if not torch.equal(got, want):
                 res[label] = "differs from the default's output"
                 continue
-            res[label] = _try(lambda i, block=block, lean=lean: tk.radix_topk(
-                sets[i], K, outs[i], block=block, lean=lean, **bound), 3)
+            res[label] = _try(lambda i, block=block, lean=lean, warps=warps: tk.radix_topk(
+                sets[i], K, outs[i], block=block, lean=lean, num_warps=warps, **bound), 3)
         rows.append(_summary("topk_sync", f"{name} B={b}", res, default,
                              b * visible * 4 / HBM * 1e6))
     return rows

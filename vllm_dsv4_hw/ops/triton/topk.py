@@ -425,12 +425,12 @@ def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
 def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | None = None,
                one_launch: bool | None = None, row_pos: torch.Tensor | None = None,
                row_req: torch.Tensor | None = None, ratio: int = 1,
-               lean: bool | None = None) -> torch.Tensor:
+               lean: bool | None = None, num_warps: int | None = None) -> torch.Tensor:
     """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32, any contents:
     columns [0, k) get the selected entries first, -1 after (columns >= k are left as they
     are). ``block``: scores per program (a power of two), ``one_launch``: force the form (where
-    it may run), ``lean``: the histogram form (default ``LEAN_HIST``; same output either way);
-    benchmarks and tests.
+    it may run), ``lean``: the histogram form (default ``LEAN_HIST``; same output either way),
+    ``num_warps`` (default ``one_launch_warps`` / 8); benchmarks and tests.
 
     ``row_pos`` / ``row_req`` ([T] int32 or int64, given together): bound each row to its first
     row_len = 0 if req < 0 else min(n, (pos + 1) // ratio) scores (the indexer's visible
@@ -474,12 +474,12 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
         _fused_kernel[(t * n_blk,)](scores, state, base, out, pos, req, k, n, scores.stride(0),
                                     out.stride(0), n_blk, BLOCK=blk,
                                     NB=next_pow2(n_blk), **bnd, **hist,
-                                    num_warps=one_launch_warps(blk),
+                                    num_warps=num_warps or one_launch_warps(blk),
                                     **pdl_launch(dev))
         return out
     for p in range(4):
         _hist_kernel[(t * n_blk,)](scores, state, pos, req, k, n, scores.stride(0), n_blk, PASS=p,
-                                   BLOCK=blk, **bnd, **hist, num_warps=8,
+                                   BLOCK=blk, **bnd, **hist, num_warps=num_warps or 8,
                                    **pdl_launch(dev))
     # counts, then (in place) each block's first slots
     _count_kernel[(t * n_blk,)](scores, state, base, pos, req, n, scores.stride(0), n_blk,
