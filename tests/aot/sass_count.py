@@ -34,8 +34,6 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)   # the kernels must be JIT functions, not interpreted
-
 RECORDS = Path(__file__).parent / "launches-h200-native.json"
 _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
@@ -119,4 +117,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    # the kernels must be JIT functions, not interpreted (set before any kernel module loads;
+    # never on import: the test suite imports this module and runs under the interpreter)
+    os.environ.pop("TRITON_INTERPRET", None)
     main(sys.argv[1:])

@@ -21,6 +21,20 @@ LISTING = """
 """
 
 
+def test_importing_it_leaves_the_interpreter_on():
+    """The suite imports this module under ``TRITON_INTERPRET``: importing it must not change
+    the environment (it once popped the variable at import, and every later kernel test of the
+    session tried to compile for a GPU)."""
+    import importlib
+    import os
+
+    import tests.aot.sass_count as sc
+
+    before = dict(os.environ)
+    importlib.reload(sc)
+    assert dict(os.environ) == before
+
+
 def test_summarize_counts_instructions_loops_and_opcodes():
     s = summarize(LISTING)
     assert s["instructions"] == 7
