@@ -63,7 +63,7 @@ ONE_LAUNCH = True
 # Histogram atomics relaxed (True) or acq_rel: relaxed is enough, since the arrival that follows
 # them (a block barrier, then one acq_rel atomic) releases them, as a grid sync does; measured
 # 21.8 -> 17.6 us for the one-launch select of 1 x 32,768 scores (``decode_kernels --only
-# topk_sync``, H200 2026-12-04 18:52 UTC). The sweep flips it to compare.
+# topk_sync``, H200 2026-12-04 18:52 UTC; that sweep flipped it; since 2026-12-06 it leaves it on).
 HIST_RELAXED = True
 # Each program's digit histogram over 256 bins, the keys outside the pass's prefix counted in
 # bin 0 (whose count the select never reads), and none at all in a program without a key inside
