@@ -166,10 +166,27 @@ def knobs_on(records: list[dict]) -> list[dict]:
     return out
 
 
-def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
+def compile_record(record: dict, target):
+    """``record`` compiled for ``target`` (a ``GPUTarget``) as Triton's own ``ASTSource``: the
+    kernel from its module, the recorded signature, constexprs (those added since at their
+    defaults) and divisibility attributes, ``num_warps`` / ``num_stages``. Raises on drift."""
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    fn = getattr(importlib.import_module(record["module"]), record["kernel"])
+    names = fn.arg_names
+    r = with_new_defaults(record, fn)
+    drift = sorted(set(names) ^ set(r["signature"]))
+    if drift:
+        raise KeyError(f"arguments changed since the launches were recorded: {drift}")
+    attrs = {(names.index(k),): [tuple(a) for a in v] for k, v in r["attrs"].items() if v}
+    return triton.compile(ASTSource(fn, r["signature"], constexprs=r["constexprs"], attrs=attrs),
+                          target=target, options={"num_warps": r["num_warps"],
+                                                  "num_stages": r["num_stages"]})
+
+
+def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
+    from triton.backends.compiler import GPUTarget
 
     target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, int(warp))
     results = []
@@ -183,17 +200,7 @@ def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
                "num_stages": r["num_stages"], "error": None, "shared": None, "pdl": None,
                "trap": None}
         try:
-            fn = getattr(importlib.import_module(r["module"]), r["kernel"])
-            names = fn.arg_names
-            r = with_new_defaults(r, fn)
-            drift = sorted(set(names) ^ set(r["signature"]))
-            if drift:
-                raise KeyError(f"arguments changed since the launches were recorded: {drift}")
-            attrs = {(names.index(k),): [tuple(a) for a in v] for k, v in r["attrs"].items() if v}
-            kernel = triton.compile(ASTSource(fn, r["signature"], constexprs=r["constexprs"],
-                                              attrs=attrs), target=target,
-                                    options={"num_warps": r["num_warps"],
-                                             "num_stages": r["num_stages"]})
+            kernel = compile_record(r, target)
             row["shared"] = int(kernel.metadata.shared)
             ptx = kernel.asm.get("ptx", "")
             row["pdl"] = "griddepcontrol.wait" in ptx

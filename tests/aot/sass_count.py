@@ -77,9 +77,8 @@ def summarize(sass: str, top: int = 12) -> dict:
 def main(argv: list[str]) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    from tests.aot.compile_launches import for_backend, with_new_defaults
+    from tests.aot.compile_launches import compile_record, for_backend, with_new_defaults
 
     module, kernel, filters, knobs = parse_args(argv)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -97,12 +96,7 @@ def main(argv: list[str]) -> None:
         if key in seen:
             continue
         seen.add(key)
-        names = fn.arg_names
-        attrs = {(names.index(k),): [tuple(a) for a in v] for k, v in r["attrs"].items() if v}
-        compiled = triton.compile(ASTSource(fn, r["signature"], constexprs=r["constexprs"],
-                                            attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": r["num_warps"],
-                                           "num_stages": r["num_stages"]})
+        compiled = compile_record(r, GPUTarget("cuda", 90, 32))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(compiled.asm["cubin"])
             f.flush()
