@@ -259,6 +259,9 @@ def main(argv=None) -> int:
     ap.add_argument("--topk-lean", default=None, choices=("on", "off"),
                     help="the radix top-k's 256-bin histograms (topk.LEAN_HIST; default: the "
                          "product's, off until timed)")
+    ap.add_argument("--topk-early", default=None, choices=("on", "off"),
+                    help="the radix top-k's passes stopped at a one-key bin (topk.EARLY_TAU; "
+                         "default: the product's, off until timed)")
     ap.add_argument("--indexer-q", default=None, choices=("auto", "e4m3", "model"),
                     help="the indexer's query: e4m3 codes on FP8 dots or the model dtype "
                          "(VLLM_DSV4_HW_INDEXER_Q; default: the setting's, model)")
@@ -356,6 +359,10 @@ def main(argv=None) -> int:
             from vllm_dsv4_hw.ops.triton import topk
 
             topk.LEAN_HIST = args.topk_lean == "on"
+        if args.topk_early is not None:
+            from vllm_dsv4_hw.ops.triton import topk
+
+            topk.EARLY_TAU = args.topk_early == "on"
     try:
         import triton
 

@@ -18,9 +18,10 @@
 #                                         # then its knob sweep (gemv_probe --rows 1,4)
 #   bash benchmarks/pending_ab.sh gemv-ahead  # the knob sweep with the GEMV's read-ahead, then
 #                                         # decode_stack 128K / 1M B=1 --gemv-ahead off / on
-#   bash benchmarks/pending_ab.sh topk-lean  # the radix top-k's sweep (lean histograms on / off x
-#                                         # blocks, outputs equal), then decode_stack 128K / 1M
-#                                         # B=1,4 --topk-lean off / on, interleaved
+#   bash benchmarks/pending_ab.sh topk-lean  # the radix top-k's sweep (lean histograms x early
+#                                         # stop x blocks x warps, outputs equal), then
+#                                         # decode_stack 128K / 1M B=1,4 with both off / on,
+#                                         # interleaved
 #   bash benchmarks/pending_ab.sh gemv-stack  # decode_stack 128K / 1M B=1,4: this checkout and
 #                                         # .gpuserve/base's package, interleaved (BATCHES=1,4)
 #   bash benchmarks/pending_ab.sh ncu     # Nsight Compute (full set) of the decode GEMMs at M=1
@@ -110,10 +111,10 @@ topk-lean)
     grep -E "^topk_sync" "$OUT/topk/log.txt" || true
     L="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4
         --no-prefill --graphs on --streams on --steps 8 --reps 3"
-    run lean-off-a $W $L --topk-lean off
-    run lean-on-a $W $L --topk-lean on
-    run lean-off-b $W $L --topk-lean off
-    run lean-on-b $W $L --topk-lean on
+    run lean-off-a $W $L --topk-lean off --topk-early off
+    run lean-on-a $W $L --topk-lean on --topk-early on
+    run lean-off-b $W $L --topk-lean off --topk-early off
+    run lean-on-b $W $L --topk-lean on --topk-early on
     ;;
 gemv-stack)
     test -f .gpuserve/base/COMMIT || { echo "no .gpuserve/base: pending_ab.sh base COMMIT"; exit 2; }

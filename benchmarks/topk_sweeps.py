@@ -6,7 +6,8 @@ Why: at B=1 and 128K the one-launch select (32,768 scores) takes ~20 us in the d
 times the score pass before it, and sits on the indexer branch, the longest path of a c4a layer.
 Its work is small; its five row barriers and its histograms are what the knobs change:
 ``topk.LEAN_HIST`` (256-bin histograms, none in a program without a key in the pass's prefix, or
-512 bins), the scores per program (which picks the form: one launch where every program fits
+512 bins), ``topk.EARLY_TAU`` (the passes stop at a boundary bin of one key: with random
+scores most rows skip the last pass and its barrier), the scores per program (which picks the form: one launch where every program fits
 on the SMs, else six) and the warps (``topk.one_launch_warps`` or 8: fewer keys per thread,
 each histogram's per-key ballots spread over more warps). ``topk.HIST_RELAXED`` (relaxed or
 acq_rel histogram atomics) was decided by this sweep on 2026-12-04 (relaxed) and stays as it
@@ -30,14 +31,15 @@ K = 512
 CASES = (("128K", 32768, 32768), ("1M", 262144, 262144), ("128K in 1M table", 262144, 32768))
 
 
-def _cfg_label(lean, block, warps=None):
-    return f"lean={int(lean)} block={block or 'auto'}" + (f" warps={warps}" if warps else "")
+def _cfg_label(lean, early, block, warps=None):
+    return (f"lean={int(lean)} early={int(early)} block={block or 'auto'}"
+            + (f" warps={warps}" if warps else ""))
 
 
 def sweep_topk_sync(dev, batches):
     from vllm_dsv4_hw.ops.triton import topk as tk
 
-    default = _cfg_label(tk.LEAN_HIST, None)
+    default = _cfg_label(tk.LEAN_HIST, tk.EARLY_TAU, None)
     rows = []
     for (name, n, visible), b in itertools.product(CASES, batches):
         if b * n > (1 << 20):  # the indexer takes torch.topk past 1M scores per call
@@ -54,11 +56,11 @@ def sweep_topk_sync(dev, batches):
         want = tk.radix_topk(sets[0], K, fresh(), **bound)
         outs = [fresh() for _ in range(3)]
         res = {}
-        for lean, block, warps in itertools.product((False, True), (None, 512, 1024, 2048, 4096),
-                                                    (None, 8)):
-            label = _cfg_label(lean, block, warps)
+        for lean, early, block, warps in itertools.product(
+                (False, True), (False, True), (None, 512, 1024, 2048, 4096), (None, 8)):
+            label = _cfg_label(lean, early, block, warps)
             try:
-                got = tk.radix_topk(sets[0], K, fresh(), block=block, lean=lean,
+                got = tk.radix_topk(sets[0], K, fresh(), block=block, lean=lean, early=early,
                                     num_warps=warps, **bound)
             except Exception as exc:  # out of resources at this block
                 res[label] = f"{type(exc).__name__}: {str(exc)[:100]}"
@@ -66,8 +68,9 @@ def sweep_topk_sync(dev, batches):
             if not torch.equal(got, want):
                 res[label] = "differs from the default's output"
                 continue
-            res[label] = _try(lambda i, block=block, lean=lean, warps=warps: tk.radix_topk(
-                sets[i], K, outs[i], block=block, lean=lean, num_warps=warps, **bound), 3)
+            res[label] = _try(lambda i, block=block, lean=lean, early=early, warps=warps:
+                              tk.radix_topk(sets[i], K, outs[i], block=block, lean=lean,
+                                            early=early, num_warps=warps, **bound), 3)
         rows.append(_summary("topk_sync", f"{name} B={b}", res, default,
                              b * visible * 4 / HBM * 1e6))
     return rows

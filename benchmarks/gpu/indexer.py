@@ -181,8 +181,8 @@ def _check_case(device, ref_fn, ref, ti, case, args, topk, tol=1e-4, q_scales=No
 def _radix_forms(torch, device, smoke):
     """The radix top-k's one-launch form (its row barriers across many programs) against the
     six-launch form, bit for bit, twice, on ties and distinct scores with -inf entries, each
-    with the default histograms and ``LEAN_HIST``'s (so the knob's output is checked where many
-    programs share a row); and the k-th score against torch.topk's."""
+    with the default histograms and ``LEAN_HIST``'s, the four passes and ``EARLY_TAU``'s stop
+    (so the knobs' output is checked where many programs share a row); and the k-th score against torch.topk's."""
     from vllm_dsv4_hw.ops.triton.topk import radix_topk
 
     gen = torch.Generator(device=device).manual_seed(3)
@@ -193,15 +193,18 @@ def _radix_forms(torch, device, smoke):
                  torch.randn(t, n, device=device, generator=gen))
             s[0, : n // 3] = float("-inf")
             outs = []
-            for one, lean in ((True, False), (False, False), (True, False), (True, True),
-                              (False, True)):
+            for one, lean, early in ((True, False, False), (False, False, False),
+                                     (True, False, False), (True, True, False),
+                                     (False, True, False), (True, False, True),
+                                     (False, False, True), (True, True, True)):
                 o = torch.full((t, 512), -1, dtype=torch.int32, device=device)
-                outs.append(radix_topk(s, 512, o, one_launch=one, lean=lean))
+                outs.append(radix_topk(s, 512, o, one_launch=one, lean=lean, early=early))
             kth = torch.topk(s, 512, dim=-1).values[:, -1:]
             picked = torch.gather(s, 1, outs[0].long().clamp_min(0))
             ok = all(torch.equal(outs[0], o) for o in outs[1:]) and \
                 bool((picked >= kth).all()) and bool((outs[0] >= 0).all())
-            rows.append(dict(op="radix_topk", case=f"one launch == six launches, lean == default "
+            rows.append(dict(op="radix_topk", case=f"one launch == six launches, lean / early "
+                             f"== default "
                              f"T={t} n={n} "
                              f"{'ties' if ties else 'distinct'}", ok=ok))
     return rows

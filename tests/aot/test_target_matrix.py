@@ -101,6 +101,9 @@ def test_every_launch_compiles_for(target, compiled):
     assert any(r["constexprs"].get("FLAT") is True for r in rows), "no FLAT launch compiled"
     lean = {r["kernel"] for r in rows if r["constexprs"].get("LEAN") is True}
     assert lean == {"topk._fused_kernel", "topk._hist_kernel"}, lean
+    early = {r["kernel"] for r in rows if r["constexprs"].get("EARLY") is True}
+    assert early == {f"topk.{k}" for k in ("_fused_kernel", "_hist_kernel", "_count_kernel",
+                                           "_gather_kernel")}, early
     # the one-row GEMV only where fp8_block_linear quantizes x (fp8_dot: sm_89+, not ROCm)
     gemv = any(r["kernel"] == "fp8_gemv._gemv_kernel" for r in rows)
     assert gemv == (target in ("sm_89", "sm_90", "sm_100", "sm_120")), (target, gemv)

@@ -283,3 +283,66 @@ def test_lean_histogram_gives_the_same_output(gen, one_launch, block, n, k, leve
         if not bound:
             for r in range(len(lens)):
                 assert got[r].tolist() == _deterministic_topk(scores[r], k), r
+
+
+def _near_ties(gen, n: int, k: int) -> torch.Tensor:
+    """Rows whose k-th largest key sits in a cluster of six distinct keys a few ulps apart (a
+    24-bit bin holding several keys: the passes may not stop there), around a random score,
+    around 0 and just below it; then a row whose k-th largest is -0.0 at column 0, alone in its
+    bin only after pass 2 (its 24-bit prefix is 0x7FFFFF, numerically the full -inf key: a stop
+    there must not read it as tau = -inf, whose tail is filled with -1)."""
+    rows = torch.randn(4, n, generator=gen) * 4
+    for r in range(3):
+        base = torch.tensor([(0.0, -3e-45, float(rows[r, 0]))[r]])
+        near = [base]
+        for _ in range(3):
+            near.append(torch.nextafter(near[-1], torch.tensor([float("inf")])))
+        for _ in range(2):
+            near.insert(0, torch.nextafter(near[0], torch.tensor([float("-inf")])))
+        near = torch.cat(near)
+        rows[r, torch.randperm(n, generator=gen)[:6]] = near
+        above = torch.nonzero(rows[r] > near.max()).flatten()
+        rows[r, above[k - 3:]] = float(near.min()) - 1e3            # at most k - 3 above it
+    rows[3] = -1.0 - rows[3].abs()
+    rows[3, torch.randperm(n - 1, generator=gen)[:k - 1] + 1] = 1.0 + torch.rand(k - 1,
+                                                                              generator=gen)
+    rows[3, 0] = -0.0
+    rows[3, -3:] = -1.4e-42   # 1,000 ulps below 0: the bins of -0.0's first 8 and 16 bits shared
+    return rows
+
+
+@pytest.mark.parametrize("one_launch,block,n,k,levels", [
+    (True, None, 300, 40, None), (False, None, 300, 40, None), (False, 128, 300, 40, None),
+    (False, 128, 300, 40, 7), (False, 8, 24, 6, None), (True, None, 520, 512, None)])
+def test_early_stop_gives_the_same_output(gen, one_launch, block, n, k, levels):
+    """``EARLY_TAU`` (the passes stop at a boundary bin holding one key) against the full four
+    passes, bit for bit: distinct scores (most rows stop after pass 1 or 2 at these widths),
+    heavy ties (bins of many equal keys: no stop), near ties (a bin of a few distinct keys a few
+    ulps apart: no stop), -0.0 and tiny negative scores at the boundary, bounded and unbounded
+    rows, rows with fewer finite scores than k; with the lean histograms and without. Each
+    condition of the stop is needed here: stopping at a bin of two keys, a shift off by one bit
+    (either form), a stop at the -inf bin and a -0.0 tau read as -inf (the multi-launch form;
+    the one-launch form stores its picks after its fill) each fail it."""
+    scores, pos, req, lens = _bounded_rows(gen, n, k, 4, levels)
+    scores[1, : n // 2] = float("-inf")
+    near = _near_ties(gen, n, k)
+    one_inf = torch.randn(1, k, generator=gen)   # tau = -inf, one key in its bin: no stop
+    one_inf[0, int(torch.randint(0, k, (1,), generator=gen))] = float("-inf")
+    for bound in (False, True):
+        kw = dict(row_pos=pos, row_req=req, ratio=4) if bound else {}
+        for lean in (False, True):
+            want = _unfilled(len(lens), k)
+            tk.radix_topk(scores, k, want, block=block, one_launch=one_launch, lean=lean,
+                          early=False, **kw)
+            got = _unfilled(len(lens), k)
+            tk.radix_topk(scores, k, got, block=block, one_launch=one_launch, lean=lean,
+                          early=True, **kw)
+            assert torch.equal(got, want), (bound, lean)
+    for r in range(near.shape[0]):
+        got = _unfilled(1, k)
+        tk.radix_topk(near[r:r + 1].contiguous(), k, got, block=block, one_launch=one_launch,
+                      early=True)
+        assert got[0].tolist() == _deterministic_topk(near[r], k), r
+    got = _unfilled(1, k)
+    tk.radix_topk(one_inf, k, got, block=block, one_launch=one_launch, early=True)
+    assert got[0].tolist() == _deterministic_topk(one_inf[0], k)

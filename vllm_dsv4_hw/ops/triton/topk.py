@@ -73,6 +73,12 @@ HIST_RELAXED = True
 # POPC, so its cost grows with the bins (docs/performance.md has the SASS counts). Off until
 # timed (``python -m benchmarks.decode_kernels --only topk_sync``).
 LEAN_HIST = False
+# Stop the digit passes early where a pass's boundary bin holds exactly one key (need = 1): that
+# key is tau, the only key sharing its prefix, so the keys above it are those with a greater prefix
+# and the last pass (with its barrier, or its histogram launch) is skipped. The selected keys and
+# their slots are the same bit for bit. Past 24 bits a bin of 32,768 normal scores holds ~0.1
+# keys, so most rows stop after 3 passes. Off until timed (``decode_kernels --only topk_sync``).
+EARLY_TAU = False
 
 
 def auto_block(rows: int, n: int, one_launch_programs: int = 0) -> int:
@@ -161,7 +167,15 @@ def _digit(h, need, prefix, absent, P: tl.constexpr, BOUND: tl.constexpr):
     ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h     # keys with digit >= b
     d = tl.max(tl.where(ge >= need, b, -1), axis=0)
     need = need - tl.sum(tl.where(b > d, h, 0), axis=0)
-    return need, (prefix << 8) | d.to(tl.uint32)
+    return need, (prefix << 8) | d.to(tl.uint32), tl.sum(tl.where(b == d, h, 0), axis=0)
+
+
+@triton.jit
+def _stops(bin_count, prefix, P: tl.constexpr):
+    """Whether the selection may stop after pass ``P`` (``EARLY_TAU``): its boundary bin holds one
+    key, so tau is that key (the -inf bin excluded: its keys include the absent columns, and a -inf
+    tau fills the output's tail)."""
+    return (bin_count == 1) & (prefix != (0x007FFFFF >> (24 - 8 * P)))
 
 
 @triton.jit
@@ -205,25 +219,31 @@ def _hist_add(scores_ptr, st, n, stride, n_blk, PASS: tl.constexpr, BLOCK: tl.co
 def _hist_kernel(scores_ptr, state_ptr, pos_ptr, req_ptr, k, n, stride, n_blk,
                  PASS: tl.constexpr, BLOCK: tl.constexpr, RATIO: tl.constexpr,
                  BOUND: tl.constexpr, HIST_RELAXED: tl.constexpr = True,
-                 PDL: tl.constexpr = False, LEAN: tl.constexpr = False):
+                 PDL: tl.constexpr = False, LEAN: tl.constexpr = False,
+                 EARLY: tl.constexpr = False):
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
     st = state_ptr + row * 1028
-    if BOUND:
-        lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
-        if pid % n_blk < live:  # blocks past the bound: nothing to do (not counted either)
-            _hist_add(scores_ptr, st, lim, stride, n_blk, PASS, BLOCK, HIST_RELAXED, LEAN)
-            if _last_of_row(st, live):
-                _select(st, k, n - lim, PASS, BOUND)
-    else:
-        _hist_add(scores_ptr, st, n, stride, n_blk, PASS, BLOCK, HIST_RELAXED, LEAN)
-        if _last_of_row(st, n_blk):
-            _select(st, k, 0, PASS, BOUND)
+    runs = True
+    if EARLY:
+        if PASS > 0:  # the row's selection stopped after an earlier pass: nothing left to do
+            runs = tl.load(st + 1027) == 0
+    if runs:
+        if BOUND:
+            lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
+            if pid % n_blk < live:  # blocks past the bound: nothing to do (not counted either)
+                _hist_add(scores_ptr, st, lim, stride, n_blk, PASS, BLOCK, HIST_RELAXED, LEAN)
+                if _last_of_row(st, live):
+                    _select(st, k, n - lim, PASS, BOUND, EARLY)
+        else:
+            _hist_add(scores_ptr, st, n, stride, n_blk, PASS, BLOCK, HIST_RELAXED, LEAN)
+            if _last_of_row(st, n_blk):
+                _select(st, k, 0, PASS, BOUND, EARLY)
 
 
 @triton.jit
-def _select(st, k, absent, PASS: tl.constexpr, BOUND: tl.constexpr):
+def _select(st, k, absent, PASS: tl.constexpr, BOUND: tl.constexpr, EARLY: tl.constexpr):
     h = tl.load(st + PASS * 256 + tl.arange(0, 256), cache_modifier=".cg")
     if PASS == 0:
         need = k
@@ -231,18 +251,25 @@ def _select(st, k, absent, PASS: tl.constexpr, BOUND: tl.constexpr):
     else:
         need = tl.load(st + 1025, cache_modifier=".cg")
         prefix = tl.load(st + 1024, cache_modifier=".cg").to(tl.uint32, bitcast=True)
-    need, prefix = _digit(h, need, prefix, absent, PASS, BOUND)
+    need, prefix, bin_count = _digit(h, need, prefix, absent, PASS, BOUND)
     tl.store(st + 1024, prefix.to(tl.int32, bitcast=True))
     tl.store(st + 1025, need)
+    if EARLY:
+        if PASS < 3:
+            if _stops(bin_count, prefix, PASS):  # the bits below the prefix: tau's compare shift
+                tl.store(st + 1027, 24 - 8 * PASS)
 
 
 @triton.jit
-def _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK: tl.constexpr):
+def _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK: tl.constexpr, EARLY: tl.constexpr):
     """This program's keys above tau (taken) and equal to tau (taken while need lasts)."""
     offs, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
     tau = tl.load(st + 1024).to(tl.uint32, bitcast=True)
-    gt = m & (key > tau)
-    eq = m & (key == tau) & (key != 0x007FFFFF)  # -inf entries are never selected
+    hi = key
+    if EARLY:  # tau's prefix, where the passes stopped early (st[1027]: the bits below it)
+        hi = key >> tl.load(st + 1027).to(tl.uint32)
+    gt = m & (hi > tau)
+    eq = m & (hi == tau) & (key != 0x007FFFFF)  # -inf entries are never selected
     return offs, gt, eq
 
 
@@ -260,8 +287,9 @@ def _block_starts(counts_ptr, row, n_blk, live, NB: tl.constexpr):
 
 
 @triton.jit
-def _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK: tl.constexpr):
-    _, gt, eq = _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK)
+def _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK: tl.constexpr,
+                 EARLY: tl.constexpr):
+    _, gt, eq = _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK, EARLY)
     tl.store(cnt, tl.sum(gt.to(tl.int32), axis=0))
     tl.store(cnt + 1, tl.sum(eq.to(tl.int32), axis=0))
 
@@ -269,7 +297,7 @@ def _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK: tl.constexpr):
 @triton.jit
 def _count_kernel(scores_ptr, state_ptr, counts_ptr, pos_ptr, req_ptr, n, stride, n_blk,
                   BLOCK: tl.constexpr, NB: tl.constexpr, RATIO: tl.constexpr,
-                  BOUND: tl.constexpr, PDL: tl.constexpr = False):
+                  BOUND: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
@@ -278,19 +306,19 @@ def _count_kernel(scores_ptr, state_ptr, counts_ptr, pos_ptr, req_ptr, n, stride
     if BOUND:
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:
-            _count_block(scores_ptr, st, cnt, lim, stride, n_blk, BLOCK)
+            _count_block(scores_ptr, st, cnt, lim, stride, n_blk, BLOCK, EARLY)
             if _last_of_row(st, live):
                 _block_starts(counts_ptr, row, n_blk, live, NB)
     else:
-        _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK)
+        _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK, EARLY)
         if _last_of_row(st, n_blk):
             _block_starts(counts_ptr, row, n_blk, n_blk, NB)
 
 
 @triton.jit
 def _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_blk, k,
-                  BLOCK: tl.constexpr):
-    offs, gt, eq = _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK)
+                  BLOCK: tl.constexpr, EARLY: tl.constexpr):
+    offs, gt, eq = _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK, EARLY)
     need = tl.load(st + 1025)
     pid = tl.program_id(0).to(tl.int64)
     g = gt.to(tl.int32)
@@ -302,15 +330,17 @@ def _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_bl
     orow = out_ptr + (pid // n_blk) * stride_out
     tl.store(orow + pos, offs.to(tl.int32), mask=gt & (pos < k))
     tl.store(orow + (k - need) + pe, offs.to(tl.int32), mask=eq & (pe < need))
-    tau = tl.load(st + 1024)
-    if (pid % n_blk == 0) & (tau == 0x007FFFFF):  # tau = -inf: the need left stays -1
+    tau_is_inf = tl.load(st + 1024) == 0x007FFFFF
+    if EARLY:  # a prefix (stopped early) is never the -inf one: _stops excludes it
+        tau_is_inf = tau_is_inf & (tl.load(st + 1027) == 0)
+    if (pid % n_blk == 0) & tau_is_inf:  # tau = -inf: the need left stays -1
         _fill_tail(orow, k, k - need)
 
 
 @triton.jit
 def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, pos_ptr, req_ptr, n, stride,
                    stride_out, n_blk, k, BLOCK: tl.constexpr, RATIO: tl.constexpr,
-                   BOUND: tl.constexpr, PDL: tl.constexpr = False):
+                   BOUND: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
@@ -319,11 +349,12 @@ def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, pos_ptr, req_ptr, n
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:
             _gather_block(scores_ptr, st, base_ptr, out_ptr, lim, stride, stride_out, n_blk, k,
-                          BLOCK)
+                          BLOCK, EARLY)
         elif (lim == 0) & (pid % n_blk == 0):  # nothing visible: every slot -1
             _fill_tail(out_ptr + row * stride_out, k, 0)
     else:
-        _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_blk, k, BLOCK)
+        _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_blk, k, BLOCK,
+                      EARLY)
 
 
 @triton.jit
@@ -341,7 +372,7 @@ def _row_barrier(st, target):
 @triton.jit
 def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stride_out, n_blk,
                  live, BLOCK: tl.constexpr, NB: tl.constexpr, BOUND: tl.constexpr,
-                 HIST_RELAXED: tl.constexpr, LEAN: tl.constexpr):
+                 HIST_RELAXED: tl.constexpr, LEAN: tl.constexpr, EARLY: tl.constexpr):
     """One program's share of the one-launch selection (keys at columns < n; the barriers wait
     for the row's ``live`` programs)."""
     offs, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
@@ -351,24 +382,32 @@ def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stri
     b256 = tl.arange(0, 256)
     prefix = tl.zeros([], dtype=tl.uint32)
     need = k + tl.zeros([], dtype=tl.int32)
+    passes = tl.zeros([], dtype=tl.int32)  # the passes run (every program of the row alike)
+    stopped = tl.zeros([], dtype=tl.int32)  # EARLY: tau found before the last pass
     for p in tl.static_range(4):
-        mp = m
-        if p > 0:
-            mp = m & ((key >> (32 - 8 * p)) == prefix)
-        _add_digit_hist(st + p * 256, key, mp, p, HIST_RELAXED, LEAN)
-        _row_barrier(st, live * (p + 1))
-        hh = tl.load(st + p * 256 + b256, cache_modifier=".cg")
-        need, prefix = _digit(hh, need, prefix, absent, p, BOUND)
-    gt = m & (key > prefix)
-    eq = m & (key == prefix) & (key != 0x007FFFFF)  # -inf entries are never selected
-    if (blk == 0) & (prefix == 0x007FFFFF):  # tau = -inf: the need left stays -1
+        if stopped == 0:
+            mp = m
+            if p > 0:
+                mp = m & ((key >> (32 - 8 * p)) == prefix)
+            _add_digit_hist(st + p * 256, key, mp, p, HIST_RELAXED, LEAN)
+            _row_barrier(st, live * (p + 1))
+            hh = tl.load(st + p * 256 + b256, cache_modifier=".cg")
+            need, prefix, bin_count = _digit(hh, need, prefix, absent, p, BOUND)
+            passes += 1
+            if EARLY:
+                if p < 3:
+                    stopped = _stops(bin_count, prefix, p).to(tl.int32)
+    hi = key >> (32 - 8 * passes).to(tl.uint32)  # tau's prefix (tau itself after 4 passes)
+    gt = m & (hi > prefix)
+    eq = m & (hi == prefix) & (key != 0x007FFFFF)  # -inf entries are never selected
+    if (blk == 0) & (passes == 4) & (prefix == 0x007FFFFF):  # tau = -inf: the need left stays -1
         _fill_tail(out_ptr + row * stride_out, k, k - need)
     g = gt.to(tl.int32)
     e = eq.to(tl.int32)
     cnt = counts_ptr + pid.to(tl.int64) * 2
     tl.store(cnt, tl.sum(g, axis=0))
     tl.store(cnt + 1, tl.sum(e, axis=0))
-    _row_barrier(st, live * 5)
+    _row_barrier(st, live * (passes + 1))
     # the picks of the row's earlier blocks: each block's first slots, in block order
     b = tl.arange(0, NB)
     before = b < blk
@@ -386,7 +425,8 @@ def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stri
 def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, k, n, stride,
                   stride_out, n_blk, BLOCK: tl.constexpr, NB: tl.constexpr,
                   RATIO: tl.constexpr, BOUND: tl.constexpr, HIST_RELAXED: tl.constexpr = True,
-                  PDL: tl.constexpr = False, LEAN: tl.constexpr = False):
+                  PDL: tl.constexpr = False, LEAN: tl.constexpr = False,
+                  EARLY: tl.constexpr = False):
     """The whole selection in one launch: the passes above with a row barrier where a launch
     ended, the select computed by every program of the row from the same histogram (integer
     counts: the same digit everywhere), so the keys are read once and the output is the
@@ -399,12 +439,12 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, 
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:  # blocks past the bound end at once: no barrier waits for them
             _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, lim, n - lim, stride,
-                         stride_out, n_blk, live, BLOCK, NB, BOUND, HIST_RELAXED, LEAN)
+                         stride_out, n_blk, live, BLOCK, NB, BOUND, HIST_RELAXED, LEAN, EARLY)
         elif (live == 0) & (pid % n_blk == 0):  # nothing visible: every slot -1
             _fill_tail(out_ptr + row * stride_out, k, 0)
     else:
         _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, 0, stride, stride_out, n_blk,
-                     n_blk, BLOCK, NB, BOUND, HIST_RELAXED, LEAN)
+                     n_blk, BLOCK, NB, BOUND, HIST_RELAXED, LEAN, EARLY)
 
 
 def _one_launch_cap(device: torch.device) -> int:
@@ -425,12 +465,14 @@ def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
 def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | None = None,
                one_launch: bool | None = None, row_pos: torch.Tensor | None = None,
                row_req: torch.Tensor | None = None, ratio: int = 1,
-               lean: bool | None = None, num_warps: int | None = None) -> torch.Tensor:
+               lean: bool | None = None, num_warps: int | None = None,
+               early: bool | None = None) -> torch.Tensor:
     """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32, any contents:
     columns [0, k) get the selected entries first, -1 after (columns >= k are left as they
     are). ``block``: scores per program (a power of two), ``one_launch``: force the form (where
-    it may run), ``lean``: the histogram form (default ``LEAN_HIST``; same output either way),
-    ``num_warps`` (default ``one_launch_warps`` / 8); benchmarks and tests.
+    it may run), ``lean``: the histogram form (default ``LEAN_HIST``), ``early``: stop the passes
+    at a one-key bin (default ``EARLY_TAU``; same output either way), ``num_warps`` (default
+    ``one_launch_warps`` / 8); benchmarks and tests.
 
     ``row_pos`` / ``row_req`` ([T] int32 or int64, given together): bound each row to its first
     row_len = 0 if req < 0 else min(n, (pos + 1) // ratio) scores (the indexer's visible
@@ -470,22 +512,23 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
         pos, req = state.view(torch.int64), state
     bnd = dict(RATIO=ratio if bound else 1, BOUND=bound)
     hist = dict(HIST_RELAXED=HIST_RELAXED, LEAN=LEAN_HIST if lean is None else bool(lean))
+    early = dict(EARLY=EARLY_TAU if early is None else bool(early))
     if want_one and _one_launch(dev, t * n_blk, n_blk):
         _fused_kernel[(t * n_blk,)](scores, state, base, out, pos, req, k, n, scores.stride(0),
                                     out.stride(0), n_blk, BLOCK=blk,
-                                    NB=next_pow2(n_blk), **bnd, **hist,
+                                    NB=next_pow2(n_blk), **bnd, **hist, **early,
                                     num_warps=num_warps or one_launch_warps(blk),
                                     **pdl_launch(dev))
         return out
     for p in range(4):
         _hist_kernel[(t * n_blk,)](scores, state, pos, req, k, n, scores.stride(0), n_blk, PASS=p,
-                                   BLOCK=blk, **bnd, **hist, num_warps=num_warps or 8,
+                                   BLOCK=blk, **bnd, **hist, **early, num_warps=num_warps or 8,
                                    **pdl_launch(dev))
     # counts, then (in place) each block's first slots
     _count_kernel[(t * n_blk,)](scores, state, base, pos, req, n, scores.stride(0), n_blk,
-                                BLOCK=blk, NB=next_pow2(n_blk), **bnd, num_warps=8,
+                                BLOCK=blk, NB=next_pow2(n_blk), **bnd, **early, num_warps=8,
                                 **pdl_launch(dev))
     _gather_kernel[(t * n_blk,)](scores, state, base, out, pos, req, n, scores.stride(0),
-                                 out.stride(0), n_blk, k, BLOCK=blk, **bnd, num_warps=8,
+                                 out.stride(0), n_blk, k, BLOCK=blk, **bnd, **early, num_warps=8,
                                  **pdl_launch(dev))
     return out
