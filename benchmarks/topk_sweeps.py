@@ -6,12 +6,12 @@ Why: at B=1 and 128K the one-launch select (32,768 scores) takes ~20 us in the d
 times the score pass before it, and sits on the indexer branch, the longest path of a c4a layer.
 Its work is small; its five row barriers and its histograms are what the knobs change:
 ``topk.LEAN_HIST`` (256-bin histograms, none in a program without a key in the pass's prefix, or
-512 bins), ``topk.EARLY_TAU`` (the passes stop at a boundary bin of one key: with random
-scores most rows skip the last pass and its barrier), the scores per program (which picks the form: one launch where every program fits
-on the SMs, else six) and the warps (``topk.one_launch_warps`` or 8: fewer keys per thread,
-each histogram's per-key ballots spread over more warps). ``topk.HIST_RELAXED`` (relaxed or
-acq_rel histogram atomics) was decided by this sweep on 2026-12-04 (relaxed) and stays as it
-is. Every config's output must equal the default's bit for bit (the same tie order): a config
+512 bins), ``topk.EARLY_TAU`` (the passes stop at a boundary bin of one key: with random scores
+most rows skip the last pass and its barrier), the scores per program (which picks the form: one
+launch where every program fits on the SMs, else six) and the warps (``WARPS``: besides
+``topk.one_launch_warps``; 8 spreads each histogram's per-key ballots over more warps).
+``topk.HIST_RELAXED`` (relaxed or acq_rel histogram atomics) was decided by this sweep on
+2026-12-04 (relaxed) and stays as it is. Every config's output must equal the default's bit for bit (the same tie order): a config
 that differs is reported as such and never best. (2026-12-04 18:52 UTC the sweep also had
 volatile-load barrier polling, within 2% of the atomic polls, and 4 / 8 warps at every block:
 ``results/topk_sync-h200-2026-12-04.json``.)
@@ -26,6 +26,11 @@ import torch
 from benchmarks.sweep_common import HBM, _summary, _try
 
 K = 512
+# warps swept besides each block's default (``one_launch_warps``): none since 2026-12-06 (8
+# warps lost at 512 / 1,024 scores a program on 2026-12-04; 2,048 takes 8 already), nor 4,096
+# scores a program (1M B=4: 68.3 against 57.4 us at 2,048), to keep the sweep within one device
+# call beside the decode_stack pairs
+WARPS = (None,)
 # (label, table width in scores, visible entries per row): 128K and 1M contexts under tables as
 # wide as the context, and 128K under a 1M model length
 CASES = (("128K", 32768, 32768), ("1M", 262144, 262144), ("128K in 1M table", 262144, 32768))
@@ -57,7 +62,7 @@ def sweep_topk_sync(dev, batches):
         outs = [fresh() for _ in range(3)]
         res = {}
         for lean, early, block, warps in itertools.product(
-                (False, True), (False, True), (None, 512, 1024, 2048, 4096), (None, 8)):
+                (False, True), (False, True), (None, 512, 1024, 2048), WARPS):
             label = _cfg_label(lean, early, block, warps)
             try:
                 got = tk.radix_topk(sets[0], K, fresh(), block=block, lean=lean, early=early,
