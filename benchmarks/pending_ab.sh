@@ -8,6 +8,8 @@
 #   bash benchmarks/pending_ab.sh ab      # the knobs on the H200: read-ahead 0 / 256 interleaved,
 #                                         # flat inv_rope; the kernel sweeps; the L2 probe
 #   bash benchmarks/pending_ab.sh final   # streams on / off, V4-Flash 128K / 1M; V4-Pro 1M B=1; peer
+#   bash benchmarks/pending_ab.sh targets # the rows "final" has that the topk / GEMV pairs do not:
+#                                         # V4-Flash 1M B=32, V4-Pro 1M B=1, the inv_rope peer row
 #   bash benchmarks/pending_ab.sh select  # 32 x 262,144 scores (1M B=32): radix blocks vs torch.topk,
 #                                         # decode_stack 1M B=32 --indexer-select auto / radix
 #   bash benchmarks/pending_ab.sh index-ab  # this checkout against .gpuserve/base, interleaved:
@@ -36,7 +38,7 @@
 #   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: off (slower on the H100).
 # Everything lands under $OUT (one folder per run, its log beside its JSON).
 set -u
-PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|select|index-ab|gemv|gemv-ahead|topk-lean|gemv-stack|ncu|base COMMIT}
+PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|targets|select|index-ab|gemv|gemv-ahead|topk-lean|gemv-stack|ncu|base COMMIT}
 OUT=${OUT:-out}
 W="bash benchmarks/with_vllm.sh"
 DS="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4,32
@@ -179,6 +181,13 @@ final)
     run pro $W python3 -m benchmarks.decode_stack --model v4-pro --contexts 1m --batches 1 \
         --no-prefill --graphs on --streams on --steps 8 --reps 3
     run peer $W python3 -m benchmarks.peer
+    ;;
+targets)
+    run b32 $W python3 -m benchmarks.decode_stack --model v4-flash --contexts 1m --batches 32 \
+        --no-prefill --graphs on --streams on --steps 8 --reps 3
+    run pro $W python3 -m benchmarks.decode_stack --model v4-pro --contexts 1m --batches 1 \
+        --no-prefill --graphs on --streams on --steps 8 --reps 3
+    run peer $W python3 -m benchmarks.peer --only inv_rope_fp8_quant
     ;;
 select)
     run topk32 $W python3 -m benchmarks.decode_kernels --only topk --batches 32
