@@ -1,0 +1,120 @@
+"""The radix top-k's device helpers (``topk``): order-preserving keys, each row's bound, the
+digit select from a row's histogram and its early stop, the per-program histograms and their
+atomics, the row's arrival count and barrier, the -1 tail. The state words they address are
+``topk``'s (histograms at 0..1023, prefix 1024, need 1025, the arrival count 1026, the early
+stop's shift 1027)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_bound(pos_ptr, req_ptr, row, n, RATIO: tl.constexpr, BLOCK: tl.constexpr):
+    """The row's bound: its token's visible entries (the indexer's ``visible``; 0 without a
+    request), and the blocks that hold any of them (the row's live programs)."""
+    pos = tl.load(pos_ptr + row)
+    req = tl.load(req_ptr + row)
+    lim = tl.where(req >= 0, tl.minimum((pos + 1) // RATIO, n), 0).to(tl.int32)
+    return lim, (lim + BLOCK - 1) // BLOCK
+
+
+@triton.jit
+def _block_keys(scores_ptr, n, stride, n_blk, BLOCK: tl.constexpr):
+    """This program's score offsets, order-preserving keys and mask (columns < n: the row's
+    width, or its bound)."""
+    pid = tl.program_id(0)
+    row = (pid // n_blk).to(tl.int64)
+    offs = (pid % n_blk) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    b = tl.load(scores_ptr + row * stride + offs, mask=m, other=float("-inf"))
+    u = b.to(tl.uint32, bitcast=True)
+    key = tl.where((u >> 31) != 0, ~u, u | 0x80000000)
+    return offs, key, m
+
+
+@triton.jit
+def _fill_tail(orow, k, first):
+    """Slots [first, k) of the row's output: -1 (no entry: fewer than k keys above -inf). Only
+    the row's first block writes it, so ``out`` needs no fill before the call."""
+    TB: tl.constexpr = 1024
+    for s in range(0, k, TB):
+        j = s + tl.arange(0, TB)
+        tl.store(orow + j, tl.full([TB], -1, tl.int32), mask=(j >= first) & (j < k))
+
+
+@triton.jit
+def _last_of_row(st, n_blk):
+    """True in the row's last program to arrive (after its own atomics); resets the count."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(st + 1026, 1, sem="acq_rel", scope="gpu")
+    last = arrived == n_blk - 1
+    if last:
+        tl.store(st + 1026, 0)
+    return last
+
+
+@triton.jit
+def _digit(h, need, prefix, absent, P: tl.constexpr, BOUND: tl.constexpr):
+    """The pass's select from the row's histogram ``h`` [256]: the digit d where the count of
+    keys with digit >= d first reaches ``need``; returns the need left and the grown prefix."""
+    b = tl.arange(0, 256)
+    if BOUND:
+        # the absent keys (columns >= row_len) counted as the -inf keys they stand for: the same
+        # digits, tau and need as the unbounded call on a row with a -inf tail (and a row with
+        # fewer than k keys still finds its digit: tau = -inf, every present key above it)
+        hit = b == ((0x007FFFFF >> (24 - 8 * P)) & 0xFF)
+        if P > 0:
+            hit = hit & (prefix == (0x007FFFFF >> (32 - 8 * P)))
+        h = h + tl.where(hit, absent, 0)
+    ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h     # keys with digit >= b
+    d = tl.max(tl.where(ge >= need, b, -1), axis=0)
+    need = need - tl.sum(tl.where(b > d, h, 0), axis=0)
+    return need, (prefix << 8) | d.to(tl.uint32), tl.sum(tl.where(b == d, h, 0), axis=0)
+
+
+@triton.jit
+def _stops(bin_count, prefix, P: tl.constexpr):
+    """Whether the selection may stop after pass ``P`` (``EARLY_TAU``): its boundary bin holds one
+    key, so tau is that key (the -inf bin excluded: its keys include the absent columns, and a -inf
+    tau fills the output's tail)."""
+    return (bin_count == 1) & (prefix != (0x007FFFFF >> (24 - 8 * P)))
+
+
+@triton.jit
+def _hist_atomics(hist, h, NBINS: tl.constexpr, RELAXED: tl.constexpr):
+    """Add a program's histogram ``h`` [NBINS] (bins >= 256: not counted) to the row's [256]."""
+    bins = tl.arange(0, NBINS)
+    if RELAXED:
+        tl.atomic_add(hist + bins, h, mask=(bins < 256) & (h > 0), sem="relaxed", scope="gpu")
+    else:
+        tl.atomic_add(hist + bins, h, mask=(bins < 256) & (h > 0), sem="acq_rel", scope="gpu")
+
+
+@triton.jit
+def _add_digit_hist(hist, key, mp, P: tl.constexpr, HIST_RELAXED: tl.constexpr,
+                    LEAN: tl.constexpr):
+    """Add the histogram of pass ``P``'s digit over the keys where ``mp`` to the row's ``hist``.
+    LEAN (``LEAN_HIST``): 256 bins, the other keys counted in bin 0, and nothing where no key is
+    in ``mp``. Bin 0's count is never read: ``_digit`` sees it only in the count of keys with
+    digit >= 0, the total, which is >= need whatever bin 0 holds. Else 512 bins, the other keys
+    in bin 256 (not added)."""
+    digit = ((key >> (24 - 8 * P)) & 0xFF).to(tl.int32)
+    if LEAN:
+        if tl.sum(mp.to(tl.int32), axis=0) > 0:
+            _hist_atomics(hist, tl.histogram(tl.where(mp, digit, 0), 256), 256, HIST_RELAXED)
+    else:
+        _hist_atomics(hist, tl.histogram(tl.where(mp, digit, 256), 512), 512, HIST_RELAXED)
+
+
+@triton.jit
+def _row_barrier(st, target):
+    """Wait until ``target`` arrivals of the row's programs (this one's included) have been
+    counted at st[1026] (``spin_sync`` devices only: every program of the row is resident).
+    (Polling with volatile loads instead of atomics measured the same, within 2%.)"""
+    tl.debug_barrier()
+    c = tl.atomic_add(st + 1026, 1, sem="acq_rel", scope="gpu") + 1
+    while c < target:
+        c = tl.atomic_add(st + 1026, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
