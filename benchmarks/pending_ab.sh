@@ -111,7 +111,7 @@ gemv-ahead)
 topk-lean)
     run topk $W python3 -m benchmarks.decode_kernels --only topk_sync --batches 1,4
     grep -E "^topk_sync" "$OUT/topk/log.txt" || true
-    L="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4
+    L="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches ${BATCHES:-1,4}
         --no-prefill --graphs on --streams on --steps 8 --reps 3"
     run lean-off-a $W $L --topk-lean off --topk-early off
     run lean-on-a $W $L --topk-lean on --topk-early on
