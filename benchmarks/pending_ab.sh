@@ -109,14 +109,14 @@ gemv-ahead)
     run ahead-on-b $W $A --gemv-ahead on
     ;;
 topk-lean)
-    run topk $W python3 -m benchmarks.decode_kernels --only topk_sync --batches 1,4
+    run topk $W python3 -m benchmarks.decode_kernels --only topk_sync --batches ${BATCHES:-1,4}
     grep -E "^topk_sync" "$OUT/topk/log.txt" || true
     L="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches ${BATCHES:-1,4}
         --no-prefill --graphs on --streams on --steps 8 --reps 3"
-    run lean-off-a $W $L --topk-lean off --topk-early off
-    run lean-on-a $W $L --topk-lean on --topk-early on
-    run lean-off-b $W $L --topk-lean off --topk-early off
-    run lean-on-b $W $L --topk-lean on --topk-early on
+    for pair in $(seq 1 ${PAIRS:-2}); do  # PAIRS=1: one off / on pair (short device time)
+        run lean-off-$pair $W $L --topk-lean off --topk-early off
+        run lean-on-$pair $W $L --topk-lean on --topk-early on
+    done
     ;;
 gemv-stack)
     test -f .gpuserve/base/COMMIT || { echo "no .gpuserve/base: pending_ab.sh base COMMIT"; exit 2; }
