@@ -262,6 +262,10 @@ def main(argv=None) -> int:
     ap.add_argument("--topk-early", default=None, choices=("on", "off"),
                     help="the radix top-k's passes stopped at a one-key bin (topk.EARLY_TAU; "
                          "default: the product's, off until timed)")
+    ap.add_argument("--topk-state-in-scores", default=None, choices=("on", "off"),
+                    help="the radix top-k's state zeroed by the score pass, past each score row "
+                         "(indexer.SELECT['state_in_scores']; default: the product's, off until "
+                         "timed)")
     ap.add_argument("--indexer-q", default=None, choices=("auto", "e4m3", "model"),
                     help="the indexer's query: e4m3 codes on FP8 dots or the model dtype "
                          "(VLLM_DSV4_HW_INDEXER_Q; default: the setting's, model)")
@@ -363,6 +367,8 @@ def main(argv=None) -> int:
             from vllm_dsv4_hw.ops.triton import topk
 
             topk.EARLY_TAU = args.topk_early == "on"
+        if args.topk_state_in_scores is not None:
+            triton_indexer.SELECT["state_in_scores"] = args.topk_state_in_scores == "on"
     try:
         import triton
 

@@ -22,7 +22,8 @@
 #                                         # decode_stack 128K / 1M B=1 --gemv-ahead off / on
 #   bash benchmarks/pending_ab.sh topk-lean  # the radix top-k's sweep (lean histograms x early
 #                                         # stop x blocks x warps, outputs equal), then
-#                                         # decode_stack 128K / 1M B=1,4 with both off / on,
+#                                         # decode_stack 128K / 1M B=1,4 with both off / on
+#                                         # (and the state zeroed by the score pass),
 #                                         # interleaved
 #   bash benchmarks/pending_ab.sh gemv-stack  # decode_stack 128K / 1M B=1,4: this checkout and
 #                                         # .gpuserve/base's package, interleaved (BATCHES=1,4)
@@ -114,8 +115,8 @@ topk-lean)
     L="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches ${BATCHES:-1,4}
         --no-prefill --graphs on --streams on --steps 8 --reps 3"
     for pair in $(seq 1 ${PAIRS:-2}); do  # PAIRS=1: one off / on pair (short device time)
-        run lean-off-$pair $W $L --topk-lean off --topk-early off
-        run lean-on-$pair $W $L --topk-lean on --topk-early on
+        run lean-off-$pair $W $L --topk-lean off --topk-early off --topk-state-in-scores off
+        run lean-on-$pair $W $L --topk-lean on --topk-early on --topk-state-in-scores on
     done
     ;;
 gemv-stack)

@@ -173,9 +173,20 @@ def _check_case(device, ref_fn, ref, ti, case, args, topk, tol=1e-4, q_scales=No
             low = min(float(want[t][s]) for s in extra)
             if low < kth - tol * scale:
                 sel_ok = False
-    ok = written and mask_ok and err <= tol and sel_ok and max_swaps <= 4
+    # the select's state in the score rows (SELECT["state_in_scores"], off by default): the
+    # same selection bit for bit, the state zeroed by the score pass at real sizes
+    saved = ti.SELECT["state_in_scores"]
+    ti.SELECT["state_in_scores"] = not saved
+    try:
+        other = ti.indexer_topk(q, w, cache, fmt, bt, token_req, token_pos, topk,
+                                q_scales=q_scales)
+    finally:
+        ti.SELECT["state_in_scores"] = saved
+    same_state_form = bool(torch.equal(other, ours))
+    ok = written and mask_ok and err <= tol and sel_ok and max_swaps <= 4 and same_state_form
     return dict(op="indexer_topk", case=case, max_err_rel=err, tol=tol, all_written=written,
-                mask_ok=mask_ok, max_swaps=max_swaps, selection_ok=sel_ok, ok=ok)
+                mask_ok=mask_ok, max_swaps=max_swaps, selection_ok=sel_ok,
+                state_in_scores_same=same_state_form, ok=ok)
 
 
 def _radix_forms(torch, device, smoke):

@@ -132,9 +132,11 @@ def with_new_defaults(record: dict, fn) -> dict:
 # GEMMs' read-ahead (``PF_BYTES``) is on by default since 2026-12-05: the native records carry it.
 OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True},
                   "_gemv_kernel": {"AHEAD": True},
-                  "_fused_kernel": {"LEAN": True, "EARLY": True},
-                  "_hist_kernel": {"LEAN": True, "EARLY": True},
-                  "_count_kernel": {"EARLY": True}, "_gather_kernel": {"EARLY": True}}
+                  "_fused_kernel": {"LEAN": True, "EARLY": True, "IN_ROW": True},
+                  "_hist_kernel": {"LEAN": True, "EARLY": True, "IN_ROW": True},
+                  "_count_kernel": {"EARLY": True, "IN_ROW": True},
+                  "_gather_kernel": {"EARLY": True, "IN_ROW": True},
+                  "_indexer_score_kernel": {"ZERO_STATE": 1028}}
 
 # Kernels added since the launches were recorded (no GPU lent to record them): their product
 # launches written out here as records (with ``needs``: the declared capability that takes

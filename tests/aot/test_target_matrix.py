@@ -104,6 +104,8 @@ def test_every_launch_compiles_for(target, compiled):
     early = {r["kernel"] for r in rows if r["constexprs"].get("EARLY") is True}
     assert early == {f"topk.{k}" for k in ("_fused_kernel", "_hist_kernel", "_count_kernel",
                                            "_gather_kernel")}, early
+    assert early == {r["kernel"] for r in rows if r["constexprs"].get("IN_ROW") is True}
+    assert any(r["constexprs"].get("ZERO_STATE") for r in rows), "no ZERO_STATE launch"
     # the one-row GEMV only where fp8_block_linear quantizes x (fp8_dot: sm_89+, not ROCm)
     gemv = any(r["kernel"] == "fp8_gemv._gemv_kernel" for r in rows)
     assert gemv == (target in ("sm_89", "sm_90", "sm_100", "sm_120")), (target, gemv)

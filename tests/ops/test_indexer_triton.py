@@ -266,3 +266,39 @@ def test_register_cap_rule(monkeypatch):
     assert ti._reg_cap(8192, 1, ti.quant.FMT_FP8_INDEXER, ti.DOT_BF16, cuda) == {}
     assert ti._reg_cap(8192, 1, mx, ti.DOT_FP8, cuda) == {}
     assert ti._reg_cap(8192, 1, mx, ti.DOT_BF16, torch.device("cpu")) == {}
+
+
+@pytest.mark.parametrize("tb,interp_block", [(1, None), (4, 256)])
+def test_select_state_in_the_score_rows(gen, monkeypatch, tb, interp_block):
+    """``SELECT["state_in_scores"]``: the radix select's state words past each score row, zeroed
+    by the score pass (poisoned first: the select counts from zero only if the pass zeroed every
+    word of every row), give the output of the select's own zeroed state bit for bit; bounded
+    and not, one program per row and the multi-launch form; a buffer without room for the
+    words is refused."""
+    from vllm_dsv4_hw.ops.triton import topk as tk
+
+    if interp_block:
+        monkeypatch.setattr(tk, "INTERP_BLOCK", interp_block)
+    q, w, cache, fmt, bt, _, token_req, token_pos = _wide_table(gen, 256)
+    req, pos = torch.tensor(token_req), torch.tensor(token_pos)
+    t, n_max, topk = len(token_req), bt.shape[1] * fmt.entries_per_page, 64
+    kw = dict(block_s=64, iters=2, tokens_per_program=tb)
+    width = -(-(n_max + tk.STATE_WORDS) // 16) * 16
+    for bounded in (True, False):
+        buf = torch.full((t, width), float("nan"))
+        bnd = dict(row_pos=pos, row_req=req, ratio=4) if bounded else {}
+        scores = ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4, out=buf[:, :n_max],
+                                   skip_tail=bounded, zero_state=True, **kw)
+        state = buf.view(torch.int32)[:, n_max:]
+        assert (state[:, :tk.STATE_WORDS] == 0).all()
+        got = tk.radix_topk(scores, topk, torch.full((t, topk), 7, dtype=torch.int32),
+                            state=state, **bnd)
+        want = tk.radix_topk(scores.contiguous(), topk, torch.full((t, topk), 7,
+                                                                   dtype=torch.int32), **bnd)
+        assert torch.equal(got, want), bounded
+    monkeypatch.setitem(ti.SELECT, "impl", "radix")
+    base = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, req, pos, topk)
+    monkeypatch.setitem(ti.SELECT, "state_in_scores", True)
+    assert torch.equal(impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, req, pos, topk), base)
+    with pytest.raises(ValueError, match="zero_state"):
+        ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4, zero_state=True)

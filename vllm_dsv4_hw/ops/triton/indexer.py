@@ -46,7 +46,7 @@ from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, load_entry_pairs
 from vllm_dsv4_hw.ops.triton.ptx_codecs import (C_CVT_PTX, CVT_INT, CVT_PTX, E2M1_E4M3_SHIFT,
                                                 e2m1_pairs_to_e4m3, e4m3_mode)
-from vllm_dsv4_hw.ops.triton.topk import radix_topk
+from vllm_dsv4_hw.ops.triton.topk import STATE_WORDS, radix_topk
 
 DOT_F32 = 0
 DOT_BF16 = 1
@@ -241,6 +241,18 @@ def _block_logits_fp8(qb0, qb1, qb2, qb3, cache_ptr, bt_ptr, req, stride_bt, s0,
 
 
 @triton.jit
+def _zero_state(out_ptr, t0, n_tokens, stride_out, n_max, TB: tl.constexpr,
+                WORDS: tl.constexpr):
+    """Zero ``WORDS`` (<= 2,048) fp32 words past the n_max scores of tokens [t0, t0 + TB)."""
+    w = tl.arange(0, 2048)
+    for z in tl.static_range(TB):
+        tok = t0 + z
+        lim = tl.where(tok < n_tokens, WORDS, 0)  # (one compare: the interpreter's bool & bool)
+        tl.store(out_ptr + tok.to(tl.int64) * stride_out + n_max + w,
+                 tl.zeros([2048], dtype=tl.float32), mask=w < lim)
+
+
+@triton.jit
 def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
                           stride_qt, stride_wt, stride_qs, stride_bt, stride_out, page_stride,
                           page_stride_units, n_max, n_split, bt_cols, n_programs, n_tokens,
@@ -250,7 +262,8 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
                           DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr,
                           KP: tl.constexpr, TB: tl.constexpr, KT: tl.constexpr,
                           CVT: tl.constexpr, SKIP_TAIL: tl.constexpr = False,
-                          PDL: tl.constexpr = False, QS: tl.constexpr = False):
+                          PDL: tl.constexpr = False, QS: tl.constexpr = False,
+                          ZERO_STATE: tl.constexpr = 0):
     """Program = (TB consecutive tokens, split of ITERS entry blocks). Keys are read as (even,
     odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per pair), so logits =
     q_even @ k_even + q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode), for the TB
@@ -261,7 +274,9 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
     past every token's visible entries store nothing (a bounded ``radix_topk`` never reads them).
     QS: q is e4m3 codes (values for ``DOT_F32`` / ``DOT_FP8_EMU``) whose per-(token, head) scales
     ``qs_ptr`` multiply the head weights (positive powers of two: exact, relu commutes).
-    ``DOT_FP8`` / ``DOT_FP8_EMU``: keys as the A operand (``_block_logits_fp8``)."""
+    ``DOT_FP8`` / ``DOT_FP8_EMU``: keys as the A operand (``_block_logits_fp8``). ZERO_STATE:
+    words past each token's n_max scores zeroed by its group's first split (the radix select's
+    state, ``radix_topk(state=...)``: no zeroing launch between the two kernels)."""
     pdl_start(PDL)
     r = tl.arange(0, TB * H)
     tok_of_row = r // H
@@ -271,6 +286,9 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
     for pid in range(tl.program_id(0), n_programs, tl.num_programs(0)):  # grid-stride (Ascend cap)
         t0 = (pid // n_split) * TB
         sp = pid % n_split
+        if ZERO_STATE > 0:
+            if sp == 0:
+                _zero_state(out_ptr, t0, n_tokens, stride_out, n_max, TB, ZERO_STATE)
         tok = t0 + i
         tok_ok = tok < n_tokens
         req0 = tl.load(req_ptr + t0)
@@ -458,7 +476,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
                    tokens_per_program: int | None = None,
                    keys_a: bool | None = None, cvt: int | None = None,
                    skip_tail: bool = False, q_scales: torch.Tensor | None = None,
-                   maxnreg: int | None = None) -> torch.Tensor:
+                   maxnreg: int | None = None, zero_state: bool = False) -> torch.Tensor:
     """The [T, n_max] fp32 score buffer (masked entries -inf) of step 1 (also used by benchmarks).
 
     ``q_scales`` [T, Hi]: q is e4m3 codes of q / q_scales (``ops.api.indexer_topk``); the scales
@@ -467,6 +485,8 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     ``skip_tail``: a block of ``block_s`` entries past the visible entries of every token scored
     with it is left unwritten; the columns below a token's visible count are always written (the
     bounded ``radix_topk`` of ``indexer_topk`` reads no others). Default: full -inf stores.
+    ``zero_state``: also zero the ``topk.STATE_WORDS`` words past each row's scores (``out``'s
+    rows must hold them), the radix select's state (``radix_topk(state=...)``).
     ``block_s`` / ``iters`` / ``num_warps`` / ``num_stages`` / ``tokens_per_program`` /
     ``maxnreg`` (NVIDIA register cap: more programs per SM; None: ``REG_CAP``'s rule, 0: no
     cap): launch knobs (benchmark sweeps)."""
@@ -494,6 +514,11 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         out = torch.empty(t, n_max, dtype=torch.float32, device=dev)
     elif out.shape != (t, n_max) or out.dtype != torch.float32 or out.stride(-1) != 1:
         raise ValueError(f"out must be fp32 [{t}, {n_max}] with unit inner stride")
+    if zero_state and ((t > 1 and out.stride(0) < n_max + STATE_WORDS) or 4 * (
+            out.storage_offset() + (t - 1) * out.stride(0) + n_max + STATE_WORDS)
+            > out.untyped_storage().nbytes()):
+        raise ValueError(f"zero_state: out's rows must hold {STATE_WORDS} words past the "
+                         f"{n_max} scores (row stride {out.stride(0)})")
     if t == 0 or n_max == 0:
         return out
     if q_scales is not None and (q.dtype != torch.float8_e4m3fn
@@ -548,8 +573,8 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         RATIO=ratio, FMT=fmt_code, DOT=dot, BLOCK_S=block_s, ITERS=iters,
         KP=dot_dim(di // 2, dev), TB=tb, KT=KEYS_A if keys_a is None else keys_a,
         CVT=_key_decode(fmt_code, dot, dev) if cvt is None else cvt, SKIP_TAIL=skip_tail,
-        QS=q_scales is not None, num_warps=num_warps, num_stages=num_stages, **regs,
-        **pdl_launch(dev))
+        QS=q_scales is not None, ZERO_STATE=STATE_WORDS if zero_state else 0,
+        num_warps=num_warps, num_stages=num_stages, **regs, **pdl_launch(dev))
     return out
 
 
@@ -558,10 +583,15 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
 # ``radix_max_scores`` scores per call, torch above. H200, 2026-11-29 (benchmarks/decode_kernels.py
 # topk, k = 512): radix 35 / 47 us vs torch 62 / 71 us at 1 / 4 rows of 262,144 scores, 38-53 us
 # vs 42-59 us at 32,768 scores x 1-32 rows, but 202 vs 145 us at 32 x 262,144 (atomics contend).
-SELECT = {"impl": "auto", "radix_max_scores": 1 << 20, "bounded": True}
+SELECT = {"impl": "auto", "radix_max_scores": 1 << 20, "bounded": True,
+          "state_in_scores": False}
 # "bounded": the radix selection reads each row only up to the token's visible entries and the
 # score pass stores nothing past them (tables wider than the context: a long --max-model-len;
 # B=4 128K decode under 1M-wide tables: c4a layer 197 -> 185 us, H200 2026-12-04 18:35 UTC).
+# "state_in_scores": the radix select's state words past each row of the score buffer, zeroed by
+# the score pass, instead of a zeroed buffer of their own (one memset fewer between the two
+# kernels on the indexer branch, so they stay adjacent for PDL); the same output. Off until timed
+# (``decode_stack --topk-state-in-scores on``).
 
 
 def _use_radix(rows: int, n: int) -> bool:
@@ -602,14 +632,22 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         dst = out[sl]
         radix = _use_radix(dst.shape[0], n_max)
         bounded = radix and SELECT["bounded"]
+        in_row = radix and SELECT["state_in_scores"]
+        buf = None
+        if in_row:  # the select's state past each row's scores, zeroed by the score pass (rows
+            # of a multiple of 16 words: the row stride keeps Triton's divisibility hint)
+            buf = torch.empty(dst.shape[0], cdiv(n_max + STATE_WORDS, 16) * 16,
+                              dtype=torch.float32, device=dev)
         scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
                                 token_req[sl], token_pos[sl], ratio, n_max=n_max,
                                 skip_tail=bounded,
-                                q_scales=None if q_scales is None else q_scales[sl])
+                                q_scales=None if q_scales is None else q_scales[sl],
+                                out=None if buf is None else buf[:, :n_max], zero_state=in_row)
         if radix:
             bound = dict(row_pos=token_pos[sl], row_req=token_req[sl], ratio=ratio) if bounded \
                 else {}
-            radix_topk(scores, k, dst, **bound)
+            state = None if buf is None else buf.view(torch.int32)[:, n_max:]
+            radix_topk(scores, k, dst, state=state, **bound)
             continue
         # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
         # H200), then one launch puts the selected entries first and -1 after, as int32

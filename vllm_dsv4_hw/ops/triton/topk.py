@@ -43,7 +43,8 @@ no live block reads their counts. The absent keys are added to the selects' hist
 -inf keys they stand for, so tau, need and the output are those of the unbounded call on a row
 with a -inf tail.
 
-The state is one zeroed int32 buffer of ``_STATE`` words per row: histograms at 0..1023, prefix
+The state is one zeroed int32 buffer of ``_STATE`` words per row (or the words past each row's
+scores in the score buffer, zeroed by the score pass: ``radix_topk(state=...)``, ``IN_ROW``): histograms at 0..1023, prefix
 1024, need 1025, the arrival count 1026, 1027 the early stop's shift (``EARLY_TAU``: the bits
 below tau's prefix where the passes stopped, 0 after all four; the kernels use these offsets as
 literals). Last-arrival selection: each program's atomics (relaxed: ``HIST_RELAXED``), a block barrier, then
@@ -110,6 +111,7 @@ def one_launch_warps(block: int) -> int:
 
 _NEG_INF_KEY = 0x007FFFFF
 _STATE = 4 * 256 + 4  # per row: 4 histograms, prefix, need, count above, count equal
+STATE_WORDS = _STATE
 
 
 @triton.jit
@@ -128,11 +130,11 @@ def _hist_kernel(scores_ptr, state_ptr, pos_ptr, req_ptr, k, n, stride, n_blk,
                  PASS: tl.constexpr, BLOCK: tl.constexpr, RATIO: tl.constexpr,
                  BOUND: tl.constexpr, HIST_RELAXED: tl.constexpr = True,
                  PDL: tl.constexpr = False, LEAN: tl.constexpr = False,
-                 EARLY: tl.constexpr = False):
+                 EARLY: tl.constexpr = False, IN_ROW: tl.constexpr = False):
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * 1028
+    st = state_ptr + row * (stride if IN_ROW else 1028)
     runs = True
     if EARLY:
         if PASS > 0:  # the row's selection stopped after an earlier pass: nothing left to do
@@ -205,11 +207,12 @@ def _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK: tl.constexpr,
 @triton.jit
 def _count_kernel(scores_ptr, state_ptr, counts_ptr, pos_ptr, req_ptr, n, stride, n_blk,
                   BLOCK: tl.constexpr, NB: tl.constexpr, RATIO: tl.constexpr,
-                  BOUND: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
+                  BOUND: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
+                  IN_ROW: tl.constexpr = False):
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * 1028
+    st = state_ptr + row * (stride if IN_ROW else 1028)
     cnt = counts_ptr + pid.to(tl.int64) * 2
     if BOUND:
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
@@ -248,11 +251,12 @@ def _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_bl
 @triton.jit
 def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, pos_ptr, req_ptr, n, stride,
                    stride_out, n_blk, k, BLOCK: tl.constexpr, RATIO: tl.constexpr,
-                   BOUND: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
+                   BOUND: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
+                  IN_ROW: tl.constexpr = False):
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * 1028
+    st = state_ptr + row * (stride if IN_ROW else 1028)
     if BOUND:
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:
@@ -322,7 +326,7 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, 
                   stride_out, n_blk, BLOCK: tl.constexpr, NB: tl.constexpr,
                   RATIO: tl.constexpr, BOUND: tl.constexpr, HIST_RELAXED: tl.constexpr = True,
                   PDL: tl.constexpr = False, LEAN: tl.constexpr = False,
-                  EARLY: tl.constexpr = False):
+                  EARLY: tl.constexpr = False, IN_ROW: tl.constexpr = False):
     """The whole selection in one launch: the passes above with a row barrier where a launch
     ended, the select computed by every program of the row from the same histogram (integer
     counts: the same digit everywhere), so the keys are read once and the output is the
@@ -330,7 +334,7 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, 
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * 1028
+    st = state_ptr + row * (stride if IN_ROW else 1028)
     if BOUND:
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:  # blocks past the bound end at once: no barrier waits for them
@@ -362,7 +366,7 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
                one_launch: bool | None = None, row_pos: torch.Tensor | None = None,
                row_req: torch.Tensor | None = None, ratio: int = 1,
                lean: bool | None = None, num_warps: int | None = None,
-               early: bool | None = None) -> torch.Tensor:
+               early: bool | None = None, state: torch.Tensor | None = None) -> torch.Tensor:
     """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32, any contents:
     columns [0, k) get the selected entries first, -1 after (columns >= k are left as they
     are). ``block``: scores per program (a power of two), ``one_launch``: force the form (where
@@ -375,7 +379,12 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
     entries), computed on the device; the scores at columns >= row_len are never read, counted or
     selected (they may hold anything), and a program whose block lies wholly past it does
     nothing (the row's counts and barriers wait for the others only). The output is the
-    unbounded call's, bit for bit, when those scores are -inf."""
+    unbounded call's, bit for bit, when those scores are -inf.
+
+    ``state``: the selection's zeroed state words [T, >= ``STATE_WORDS``] int32 in the score
+    buffer's rows, past the scores (unit inner stride, row stride = scores' in words), as
+    ``indexer_scores(zero_state=True)`` leaves them: no zeroing launch of its own (default: a
+    zeroed buffer of its own)."""
     t, n = scores.shape
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         raise ValueError("radix_topk: scores must be fp32 with unit inner stride")
@@ -396,7 +405,14 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
         blk = auto_block(t, n, _one_launch_cap(dev) if want_one else 0)
     blk = min(blk, next_pow2(n))
     n_blk = cdiv(n, blk)
-    state = torch.zeros(t, _STATE, dtype=torch.int32, device=dev)
+    in_row = state is not None
+    if in_row:
+        if (state.dtype != torch.int32 or state.shape[0] != t or state.shape[1] < _STATE
+                or state.stride(-1) != 1 or state.stride(0) != scores.stride(0)):
+            raise ValueError(f"radix_topk: state must be int32 [{t}, >= {_STATE}] with the "
+                             f"scores' row stride {scores.stride(0)} and unit inner stride")
+    else:
+        state = torch.zeros(t, _STATE, dtype=torch.int32, device=dev)
     base = torch.empty(t, n_blk, 2, dtype=torch.int32, device=dev)
     if bound:
         pos = row_pos.to(dev).contiguous()
@@ -405,10 +421,10 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
         if pos.shape != (t,) or req.shape != (t,) or pos.dtype not in ok or req.dtype not in ok:
             raise ValueError(f"radix_topk: row_pos / row_req must be int32 or int64 [{t}]")
     else:  # unread without BOUND: any pointers of the bounded launch's types
-        pos, req = state.view(torch.int64), state
+        pos, req = base.view(torch.int64), base
     bnd = dict(RATIO=ratio if bound else 1, BOUND=bound)
     hist = dict(HIST_RELAXED=HIST_RELAXED, LEAN=LEAN_HIST if lean is None else bool(lean))
-    early = dict(EARLY=EARLY_TAU if early is None else bool(early))
+    early = dict(EARLY=EARLY_TAU if early is None else bool(early), IN_ROW=in_row)
     if want_one and _one_launch(dev, t * n_blk, n_blk):
         _fused_kernel[(t * n_blk,)](scores, state, base, out, pos, req, k, n, scores.stride(0),
                                     out.stride(0), n_blk, BLOCK=blk,
