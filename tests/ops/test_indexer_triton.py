@@ -161,15 +161,16 @@ def test_tokens_scored_together(gen, tb, fmt_name, req_dtype):
 
 
 def test_select_policy(monkeypatch):
-    from vllm_dsv4_hw.ops.triton import indexer as ti
+    from vllm_dsv4_hw.ops.triton import indexer_select as sel
 
+    assert sel.SELECT is ti.SELECT  # the indexer module's name for the same policy
     monkeypatch.setitem(ti.SELECT, "impl", "auto")
-    assert ti._use_radix(4, 262144) and not ti._use_radix(32, 262144)
+    assert sel._use_radix(4, 262144) and not sel._use_radix(32, 262144)
     monkeypatch.setitem(ti.SELECT, "impl", "torch")
-    assert not ti._use_radix(1, 64)
+    assert not sel._use_radix(1, 64)
     monkeypatch.setitem(ti.SELECT, "impl", "bogus")
     with pytest.raises(ValueError, match="auto, radix or torch"):
-        ti._use_radix(1, 64)
+        sel._use_radix(1, 64)
 
 
 def _wide_table(gen, width: int):
@@ -256,7 +257,9 @@ def test_skipped_tail_stores_leave_visible_scores_as_full_stores(gen, tb):
 def test_register_cap_rule(monkeypatch):
     """The score pass's register cap (``REG_CAP``): the decode tile (one token per program, MXFP4
     keys on bf16 dots) on CUDA, from 32 programs per SM; nothing elsewhere."""
-    monkeypatch.setattr(ti, "sm_count", lambda dev: 132)
+    from vllm_dsv4_hw.ops.triton import indexer_launch
+
+    monkeypatch.setattr(indexer_launch, "sm_count", lambda dev: 132)
     cuda = torch.device("cuda", 0)
     cap = {"maxnreg": ti.REG_CAP["maxnreg"]}
     mx = ti.quant.FMT_MXFP4

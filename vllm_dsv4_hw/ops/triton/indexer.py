@@ -23,12 +23,12 @@ tensor cores with fp32 accumulation: q in bf16 as is (``DOT_BF16``), fp32 / fp16
 hi + lo pair (``DOT_BF16X2``, ~16 mantissa bits). fp32 keys (test format) and the CPU interpreter
 (where bf16 dots are wrong) use an fp32 ``ieee`` dot (``DOT_F32``).
 
-Step 2, selection of k = min(topk, n_max) entries per token: a radix select over the score rows
-(``ops.triton.topk.radix_topk``) or ``torch.topk`` (unsorted) then ``_select_compact_kernel``,
-whichever measured faster for the number of scores (``SELECT``). Either way the selected entries
-(score > -inf) come first, -1 after (also the columns beyond n_max), in no particular order:
-compare results as sets. Selecting inside the score kernel would remove the score round trip (4 B
-per entry written and read back).
+Step 2 (``indexer_select``), selection of k = min(topk, n_max) entries per token: a radix select
+over the score rows (``ops.triton.topk.radix_topk``) or ``torch.topk`` (unsorted) then
+``_select_compact_kernel``, whichever measured faster for the number of scores (``SELECT``). Either
+way the selected entries (score > -inf) come first, -1 after (also the columns beyond n_max), in no
+particular order: compare results as sets. Selecting inside the score kernel would remove the score
+round trip (4 B per entry written and read back).
 """
 
 from __future__ import annotations
@@ -37,22 +37,16 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops import api
-from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton import quant
-from vllm_dsv4_hw.ops.triton.launch import (capabilities, cdiv, dot_dim, next_pow2, program_cap,
-                                            sm_count)
+from vllm_dsv4_hw.ops.triton.launch import cdiv, dot_dim, next_pow2
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, load_entry_pairs
-from vllm_dsv4_hw.ops.triton.ptx_codecs import (C_CVT_PTX, CVT_INT, CVT_PTX, E2M1_E4M3_SHIFT,
-                                                e2m1_pairs_to_e4m3, e4m3_mode)
-from vllm_dsv4_hw.ops.triton.topk import STATE_WORDS, radix_topk
+from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_PTX, E2M1_E4M3_SHIFT, e2m1_pairs_to_e4m3
+from vllm_dsv4_hw.ops.triton.indexer_launch import (  # noqa: F401  (DOT_*: the dots' modes)
+    DOT_BF16, DOT_BF16X2, DOT_F32, DOT_FP8, DOT_FP8_EMU, GROUP_TOKENS, REG_CAP, _dot_mode, _grid,
+    _key_decode, _launch_config, _q_operand, _reg_cap, _tokens_per_program)
+from vllm_dsv4_hw.ops.triton.topk import STATE_WORDS
 
-DOT_F32 = 0
-DOT_BF16 = 1
-DOT_BF16X2 = 2
-DOT_FP8 = 3       # e4m3 q codes x e4m3 keys (MXFP4 placed exactly, fp8 as stored) on FP8 dots
-DOT_FP8_EMU = 4   # the same program with fp32 ``ieee`` dots and integer decodes (interpreter)
 _MX_BLOCK = tl.constexpr(32)        # MXFP4: dims per ue8m0 scale
 _MX_SHIFT = tl.constexpr(127 + E2M1_E4M3_SHIFT)   # placed codes are value * 2^-6
 
@@ -379,83 +373,6 @@ def _select_compact_kernel(vals_ptr, idx_ptr, out_ptr, k, n_rows, stride_v, stri
         tl.store(out_ptr + r * stride_o + dest, tl.where(sel, i, -1).to(tl.int32), mask=m)
 
 
-def _grid(n: int, device: torch.device, cube: bool = False) -> int:
-    """Programs for ``n`` units of work: one each, capped by the device (``launch.program_cap``)."""
-    return max(1, min(n, program_cap(device, cube)))
-
-
-def _key_decode(fmt_code: int, dot: int, device: torch.device) -> int:
-    """MXFP4 keys into bf16 dots: the packed PTX e2m1 decode where the device declares inline
-    PTX (``ptx_codecs``: exact, the same bf16 keys); else the integer decode (``CVT_INT``)."""
-    if fmt_code != quant.FMT_MXFP4 or dot in (DOT_F32, DOT_FP8_EMU):
-        return CVT_INT
-    return CVT_PTX if e4m3_mode(device) == CVT_PTX else CVT_INT
-
-
-def _dot_mode(q: torch.Tensor, fmt_code: int) -> int:
-    """The dots of a call. e4m3 q codes (``q_scales``) meet MXFP4 keys of head dim 128 or fp8
-    keys on FP8 dots where the device has them (``fp8_dot``), in the interpreter on the same
-    program with fp32 dots; any other e4m3 q is scored as its exact bf16 / fp32 values."""
-    cpu = q.device.type == "cpu"
-    if q.dtype == torch.float8_e4m3fn and (
-            fmt_code == quant.FMT_FP8_INDEXER
-            or (fmt_code == quant.FMT_MXFP4 and q.shape[-1] == 4 * _MX_BLOCK.value)):
-        if cpu:
-            return DOT_FP8_EMU
-        if capabilities(q.device).fp8_dot:
-            return DOT_FP8
-    if cpu or fmt_code == quant.FMT_FP32:
-        return DOT_F32  # interpreter (bf16 dots are wrong there) / fp32 keys
-    return DOT_BF16 if q.dtype in (torch.bfloat16, torch.float8_e4m3fn) else DOT_BF16X2
-
-
-def _q_operand(q: torch.Tensor, dot: int) -> torch.Tensor:
-    """q as the kernel reads it: e4m3 codes as they lie for FP8 dots, else their exact values
-    (bf16 on a GPU, fp32 in the interpreter, which has no fp8 loads)."""
-    if q.dtype != torch.float8_e4m3fn or dot == DOT_FP8:
-        return q
-    return q.to(torch.float32 if dot in (DOT_F32, DOT_FP8_EMU) else torch.bfloat16)
-
-
-# Register cap of the decode tile (one token per program, MXFP4 keys on bf16 dots) for grids of
-# at least ``from_programs_per_sm`` programs per SM: 114 registers hold 4 programs on an SM, 80
-# hold 6, which the instruction-issue-bound loop turns into speed where the grid is many waves
-# deep, and loses where it is not. NVIDIA H100, 2026-12-06 ~04:03 UTC (a one-off timing of
-# ``indexer_scores(..., maxnreg=)``, which ``decode_kernels --only index`` now repeats; CUDA-graph
-# medians, scores equal bit for bit), us, no cap / 96 / 80: 1M B=32 (8,192 programs) 489-493 /
-# 467 / 447; 1M B=4 (1,024) 66 / 71 / 72; 128K B=1 4.6 / 4.6 / 5.2. Not yet timed on an H200.
-REG_CAP = {"maxnreg": 80, "from_programs_per_sm": 32}
-
-
-def _reg_cap(programs: int, tb: int, fmt_code: int, dot: int, device: torch.device) -> dict:
-    """The decode tile's register cap for a grid of ``programs`` (``REG_CAP``), as launch
-    options."""
-    if (device.type != "cuda" or tb != 1 or fmt_code != quant.FMT_MXFP4 or dot != DOT_BF16
-            or programs < REG_CAP["from_programs_per_sm"] * sm_count(device)):
-        return {}
-    return {"maxnreg": REG_CAP["maxnreg"]}
-
-
-def _launch_config(num_tokens: int, n_blocks: int, device: torch.device) -> int:
-    """ITERS: entry blocks per program (amortizes the q load; keeps >= ~4 programs per SM)."""
-    if device.type != "cuda":
-        return 1
-    sms = sm_count(device)
-    want = max(1, (num_tokens * n_blocks) // (4 * sms))
-    iters = 1
-    while iters * 2 <= min(want, 16):
-        iters *= 2
-    return iters
-
-
-# Tokens scored together (one key tile read and dequantized for all of them) from this many tokens
-# in a call on (prefill chunks; decode batches keep one token per program). H200, 2026-12-02
-# (benchmarks.decode_kernels --only index_prefill, mxfp4 keys, 64-entry blocks, 4 warps): 8192
-# tokens at the end of a 128K request 38.7 -> 32.4 ms, 2048 at the end of 1M 79.5 -> 66.1 ms
-# (2 tokens: 37.5 / 76.3; 8 tokens, 8 warps: 35.2 / 72.0).
-GROUP_TOKENS = {"from_tokens": 512, "tokens": 4}
-
-
 # Keys as the dots' A operand (``_block_logits``'s KT): the logits come out as [BLOCK_S, TB * H],
 # the heads along the accumulator's columns, so the weighted head sum is mostly in-thread adds
 # (sm_90 SASS of the prefill program: 24 shuffles instead of 328). H200, 2026-12-02
@@ -463,10 +380,6 @@ GROUP_TOKENS = {"from_tokens": 512, "tokens": 4}
 # 128K 23.2 -> 11.7 ms (floor 5.4), 2048 at the end of 1M 47.9 -> 23.8 ms; decode at 1M, B = 1
 # 59.5 -> 35.8 us, B = 32 1396 -> 894 us. False keeps the [TB * H, BLOCK_S] form (a knob).
 KEYS_A = True
-
-
-def _tokens_per_program(t: int) -> int:
-    return GROUP_TOKENS["tokens"] if t >= GROUP_TOKENS["from_tokens"] else 1
 
 
 def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, ratio,
@@ -578,81 +491,6 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     return out
 
 
-# Selection after scoring: "radix" (``ops.triton.topk.radix_topk``: 10 launches spread over the
-# row), "torch" (``torch.topk`` unsorted + one compaction launch), or "auto": radix up to
-# ``radix_max_scores`` scores per call, torch above. H200, 2026-11-29 (benchmarks/decode_kernels.py
-# topk, k = 512): radix 35 / 47 us vs torch 62 / 71 us at 1 / 4 rows of 262,144 scores, 38-53 us
-# vs 42-59 us at 32,768 scores x 1-32 rows, but 202 vs 145 us at 32 x 262,144 (atomics contend).
-SELECT = {"impl": "auto", "radix_max_scores": 1 << 20, "bounded": True,
-          "state_in_scores": False}
-# "bounded": the radix selection reads each row only up to the token's visible entries and the
-# score pass stores nothing past them (tables wider than the context: a long --max-model-len;
-# B=4 128K decode under 1M-wide tables: c4a layer 197 -> 185 us, H200 2026-12-04 18:35 UTC).
-# "state_in_scores": the radix select's state words past each row of the score buffer, zeroed by
-# the score pass, instead of a zeroed buffer of their own (one memset fewer between the two
-# kernels on the indexer branch, so they stay adjacent for PDL); the same output. Off until timed
-# (``decode_stack --topk-state-in-scores on``).
-
-
-def _use_radix(rows: int, n: int) -> bool:
-    impl = SELECT["impl"]
-    if impl not in ("auto", "radix", "torch"):
-        raise ValueError(f"indexer SELECT impl {impl!r}; use auto, radix or torch")
-    return impl == "radix" or (impl == "auto" and rows * n <= SELECT["radix_max_scores"])
-
-
-@register_op(api.INDEXER_TOPK, "triton")
-def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4,
-                 q_scales=None):
-    """Triton scoring kernel + selection (radix select or ``torch.topk``, see ``SELECT``).
-
-    Returns [T, topk] int32: the top min(topk, visible) entry indices first (in no particular
-    order), -1 after.
-    No host synchronization: the score buffer spans the whole block table (n_max entries). With
-    ``SELECT["bounded"]`` the radix selection is bounded per row to the token's visible entries
-    (on the device), so neither kernel writes or reads the scores of the blocks past them (under a
-    1M model length the table spans 4,096 pages whatever the context); ``torch.topk`` reads every
-    column: full stores.
-    """
-    t = q.shape[0]
-    dev = q.device
-    e = key_fmt.entries_per_page
-    n_max = block_table.shape[1] * e
-    k = min(topk, n_max)
-    # both selections write every slot of [0, k): a fill only for the columns past the table
-    if k == topk > 0:
-        out = torch.empty(t, topk, dtype=torch.int32, device=dev)
-    else:
-        out = torch.full((t, topk), -1, dtype=torch.int32, device=dev)
-    if t == 0 or topk <= 0 or n_max == 0:
-        return out
-    chunk = max(1, _MAX_SCORE_ELEMS // n_max)
-    for c0 in range(0, t, chunk):
-        sl = slice(c0, min(t, c0 + chunk))
-        dst = out[sl]
-        radix = _use_radix(dst.shape[0], n_max)
-        bounded = radix and SELECT["bounded"]
-        in_row = radix and SELECT["state_in_scores"]
-        buf = None
-        if in_row:  # the select's state past each row's scores, zeroed by the score pass (rows
-            # of a multiple of 16 words: the row stride keeps Triton's divisibility hint)
-            buf = torch.empty(dst.shape[0], cdiv(n_max + STATE_WORDS, 16) * 16,
-                              dtype=torch.float32, device=dev)
-        scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
-                                token_req[sl], token_pos[sl], ratio, n_max=n_max,
-                                skip_tail=bounded,
-                                q_scales=None if q_scales is None else q_scales[sl],
-                                out=None if buf is None else buf[:, :n_max], zero_state=in_row)
-        if radix:
-            bound = dict(row_pos=token_pos[sl], row_req=token_req[sl], ratio=ratio) if bounded \
-                else {}
-            state = None if buf is None else buf.view(torch.int32)[:, n_max:]
-            radix_topk(scores, k, dst, state=state, **bound)
-            continue
-        # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
-        # H200), then one launch puts the selected entries first and -1 after, as int32
-        vals, idx = torch.topk(scores, k, dim=-1, largest=True, sorted=False)
-        _select_compact_kernel[(_grid(dst.shape[0], dev),)](
-            vals, idx, dst, k, dst.shape[0], vals.stride(0), idx.stride(0), dst.stride(0),
-            BLOCK_K=next_pow2(k), num_warps=4, **pdl_launch(dev))
-    return out
+# Step 2, the op itself (``indexer_select``: the selection after this module's scores), imported
+# last: it imports the score pass from here; callers of this module keep its names.
+from vllm_dsv4_hw.ops.triton.indexer_select import SELECT, indexer_topk  # noqa: E402,F401

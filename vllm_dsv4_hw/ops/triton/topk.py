@@ -44,12 +44,12 @@ no live block reads their counts. The absent keys are added to the selects' hist
 with a -inf tail.
 
 The state is one zeroed int32 buffer of ``_STATE`` words per row (or the words past each row's
-scores in the score buffer, zeroed by the score pass: ``radix_topk(state=...)``, ``IN_ROW``): histograms at 0..1023, prefix
-1024, need 1025, the arrival count 1026, 1027 the early stop's shift (``EARLY_TAU``: the bits
-below tau's prefix where the passes stopped, 0 after all four; the kernels use these offsets as
-literals). Last-arrival selection: each program's atomics (relaxed: ``HIST_RELAXED``), a block barrier, then
-one acq_rel count that releases them; the last program reads the table from L2 (``.cg``), where
-the atomics landed.
+scores in the score buffer, zeroed by the score pass: ``radix_topk(state=...)``, ``IN_ROW``):
+histograms at 0..1023, prefix 1024, need 1025, the arrival count 1026, 1027 the early stop's shift
+(``EARLY_TAU``: the bits below tau's prefix where the passes stopped, 0 after all four; the kernels
+use these offsets as literals). Last-arrival selection: each program's atomics (relaxed:
+``HIST_RELAXED``), a block barrier, then one acq_rel count that releases them; the last program
+reads the table from L2 (``.cg``), where the atomics landed.
 """
 
 from __future__ import annotations
