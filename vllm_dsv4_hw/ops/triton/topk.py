@@ -110,7 +110,7 @@ def one_launch_warps(block: int) -> int:
 
 
 _NEG_INF_KEY = 0x007FFFFF
-_STATE = 4 * 256 + 4  # per row: 4 histograms, prefix, need, count above, count equal
+_STATE = 4 * 256 + 4  # per row: 4 histograms, prefix, need, arrival count, early stop's shift
 STATE_WORDS = _STATE
 
 
