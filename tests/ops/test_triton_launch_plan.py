@@ -14,7 +14,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from tests.ops.test_moe_experts import make_case  # noqa: E402
-from vllm_dsv4_hw.ops.triton import fp8_linear, indexer, indexer_select, launch, moe  # noqa: E402
+from vllm_dsv4_hw.ops.triton import fp8_linear, indexer, launch, moe  # noqa: E402
 from vllm_dsv4_hw.platform.capabilities import CPU, NPU_A2_A3  # noqa: E402
 from vllm_dsv4_hw.quant.formats import quantize_fp8_block  # noqa: E402
 
@@ -88,7 +88,7 @@ def test_indexer_on_few_programs_matches_one_per_unit(caps, monkeypatch, gen, se
     for cap in (None, 3):
         caps() if cap is None else caps(max_grid=cap)
         rec = Recorder(indexer._select_compact_kernel)
-        monkeypatch.setattr(indexer_select, "_select_compact_kernel", rec)  # the op's name for it
+        monkeypatch.setattr(indexer, "_select_compact_kernel", rec)
         scores = indexer.indexer_scores(q, w, cache, fmt, bt, req, pos, 4)
         outs[cap] = (scores, indexer.indexer_topk(q, w, cache, fmt, bt, req, pos, 5, 4))
         assert all(g <= (cap or 6) for g in rec.grids)

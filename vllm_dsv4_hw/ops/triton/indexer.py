@@ -43,8 +43,8 @@ from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, load_entry_pairs
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_PTX, E2M1_E4M3_SHIFT, e2m1_pairs_to_e4m3
 from vllm_dsv4_hw.ops.triton.indexer_launch import (  # noqa: F401  (DOT_*: the dots' modes)
-    DOT_BF16, DOT_BF16X2, DOT_F32, DOT_FP8, DOT_FP8_EMU, GROUP_TOKENS, REG_CAP, _dot_mode, _grid,
-    _key_decode, _launch_config, _q_operand, _reg_cap, _tokens_per_program)
+    DOT_BF16, DOT_BF16X2, DOT_F32, DOT_FP8, DOT_FP8_EMU, GROUP_TOKENS, KEYS_A, REG_CAP, _dot_mode,
+    _grid, _key_decode, _launch_config, _q_operand, _reg_cap, _tokens_per_program)
 from vllm_dsv4_hw.ops.triton.topk import STATE_WORDS
 
 _MX_BLOCK = tl.constexpr(32)        # MXFP4: dims per ue8m0 scale
@@ -373,13 +373,13 @@ def _select_compact_kernel(vals_ptr, idx_ptr, out_ptr, k, n_rows, stride_v, stri
         tl.store(out_ptr + r * stride_o + dest, tl.where(sel, i, -1).to(tl.int32), mask=m)
 
 
-# Keys as the dots' A operand (``_block_logits``'s KT): the logits come out as [BLOCK_S, TB * H],
-# the heads along the accumulator's columns, so the weighted head sum is mostly in-thread adds
-# (sm_90 SASS of the prefill program: 24 shuffles instead of 328). H200, 2026-12-02
-# (benchmarks.decode_kernels --only index_prefill,index, mxfp4 keys): 8192 tokens at the end of
-# 128K 23.2 -> 11.7 ms (floor 5.4), 2048 at the end of 1M 47.9 -> 23.8 ms; decode at 1M, B = 1
-# 59.5 -> 35.8 us, B = 32 1396 -> 894 us. False keeps the [TB * H, BLOCK_S] form (a knob).
-KEYS_A = True
+def compact_selected(vals: torch.Tensor, idx: torch.Tensor, dst: torch.Tensor) -> None:
+    """``torch.topk``'s unsorted rows (``vals``, ``idx`` [T, k]) into ``dst`` [T, >= k] int32:
+    the selected entries (score > -inf) first, -1 after (``_select_compact_kernel``)."""
+    k = idx.shape[1]
+    _select_compact_kernel[(_grid(dst.shape[0], dst.device),)](
+        vals, idx, dst, k, dst.shape[0], vals.stride(0), idx.stride(0), dst.stride(0),
+        BLOCK_K=next_pow2(k), num_warps=4, **pdl_launch(dst.device))
 
 
 def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, ratio,

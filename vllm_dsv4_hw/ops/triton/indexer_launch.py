@@ -1,7 +1,7 @@
 """Host-side launch rules of the Triton indexer (``indexer``): the dots' mode of a call and q as
-the kernel reads it, the key decode, programs per call, entry blocks per program, tokens scored
-together, the decode tile's register cap. Plain Python: what the score kernel is launched with,
-not the kernel."""
+the kernel reads it, the key decode, the keys as the dots' A operand, programs per call, entry
+blocks per program, tokens scored together, the decode tile's register cap. Plain Python: what
+the score kernel is launched with, not the kernel."""
 
 from __future__ import annotations
 
@@ -94,6 +94,15 @@ def _launch_config(num_tokens: int, n_blocks: int, device: torch.device) -> int:
 # tokens at the end of a 128K request 38.7 -> 32.4 ms, 2048 at the end of 1M 79.5 -> 66.1 ms
 # (2 tokens: 37.5 / 76.3; 8 tokens, 8 warps: 35.2 / 72.0).
 GROUP_TOKENS = {"from_tokens": 512, "tokens": 4}
+
+
+# Keys as the dots' A operand (``_block_logits``'s KT): the logits come out as [BLOCK_S, TB * H],
+# the heads along the accumulator's columns, so the weighted head sum is mostly in-thread adds
+# (sm_90 SASS of the prefill program: 24 shuffles instead of 328). H200, 2026-12-02
+# (benchmarks.decode_kernels --only index_prefill,index, mxfp4 keys): 8192 tokens at the end of
+# 128K 23.2 -> 11.7 ms (floor 5.4), 2048 at the end of 1M 47.9 -> 23.8 ms; decode at 1M, B = 1
+# 59.5 -> 35.8 us, B = 32 1396 -> 894 us. False keeps the [TB * H, BLOCK_S] form (a knob).
+KEYS_A = True
 
 
 def _tokens_per_program(t: int) -> int:

@@ -1,7 +1,7 @@
 """The Triton ``indexer_topk`` op: the score pass of ``indexer`` (step 1), then the selection of
 k = min(topk, n_max) entries per token (step 2, ``SELECT``): the radix select over the score rows
 (``topk.radix_topk``, bounded to each token's visible entries) or ``torch.topk`` then
-``indexer._select_compact_kernel``."""
+``indexer.compact_selected``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ import torch
 
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.indexer import (_MAX_SCORE_ELEMS, _grid, _select_compact_kernel,
-                                             indexer_scores)
-from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2
-from vllm_dsv4_hw.ops.triton.pdl import pdl_launch
+from vllm_dsv4_hw.ops.triton.indexer import _MAX_SCORE_ELEMS, compact_selected, indexer_scores
+from vllm_dsv4_hw.ops.triton.launch import cdiv
 from vllm_dsv4_hw.ops.triton.topk import STATE_WORDS, radix_topk
 
 
@@ -90,7 +88,5 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
         # H200), then one launch puts the selected entries first and -1 after, as int32
         vals, idx = torch.topk(scores, k, dim=-1, largest=True, sorted=False)
-        _select_compact_kernel[(_grid(dst.shape[0], dev),)](
-            vals, idx, dst, k, dst.shape[0], vals.stride(0), idx.stride(0), dst.stride(0),
-            BLOCK_K=next_pow2(k), num_warps=4, **pdl_launch(dev))
+        compact_selected(vals, idx, dst)
     return out
