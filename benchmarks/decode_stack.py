@@ -359,13 +359,11 @@ def main(argv=None) -> int:
             from vllm_dsv4_hw.ops.triton import fp8_gemv
 
             fp8_gemv.TILE["ahead"] = args.gemv_ahead == "on"
-        if args.topk_lean is not None:
-            from vllm_dsv4_hw.ops.triton import topk
+        from vllm_dsv4_hw.ops.triton import topk
 
+        if args.topk_lean is not None:
             topk.LEAN_HIST = args.topk_lean == "on"
         if args.topk_early is not None:
-            from vllm_dsv4_hw.ops.triton import topk
-
             topk.EARLY_TAU = args.topk_early == "on"
         if args.topk_state_in_scores is not None:
             triton_indexer.SELECT["state_in_scores"] = args.topk_state_in_scores == "on"

@@ -11,10 +11,10 @@ most rows skip the last pass and its barrier), the scores per program (which pic
 launch where every program fits on the SMs, else six) and the warps (``WARPS``: besides
 ``topk.one_launch_warps``; 8 spreads each histogram's per-key ballots over more warps).
 ``topk.HIST_RELAXED`` (relaxed or acq_rel histogram atomics) was decided by this sweep on
-2026-12-04 (relaxed) and stays as it is. Every config's output must equal the default's bit for bit (the same tie order): a config
-that differs is reported as such and never best. (2026-12-04 18:52 UTC the sweep also had
-volatile-load barrier polling, within 2% of the atomic polls, and 4 / 8 warps at every block:
-``results/topk_sync-h200-2026-12-04.json``.)
+2026-12-04 (relaxed) and stays as it is. Every config's output must equal the default's bit for bit
+(the same tie order): a config that differs is reported as such and never best. (2026-12-04 18:52
+UTC the sweep also had volatile-load barrier polling, within 2% of the atomic polls, and 4 / 8
+warps at every block: ``results/topk_sync-h200-2026-12-04.json``.)
 """
 
 from __future__ import annotations

@@ -193,7 +193,8 @@ def _radix_forms(torch, device, smoke):
     """The radix top-k's one-launch form (its row barriers across many programs) against the
     six-launch form, bit for bit, twice, on ties and distinct scores with -inf entries, each
     with the default histograms and ``LEAN_HIST``'s, the four passes and ``EARLY_TAU``'s stop
-    (so the knobs' output is checked where many programs share a row); and the k-th score against torch.topk's."""
+    (so the knobs' output is checked where many programs share a row); and the k-th score
+    against torch.topk's."""
     from vllm_dsv4_hw.ops.triton.topk import radix_topk
 
     gen = torch.Generator(device=device).manual_seed(3)

@@ -238,6 +238,7 @@ def _block_logits_fp8(qb0, qb1, qb2, qb3, cache_ptr, bt_ptr, req, stride_bt, s0,
 def _zero_state(out_ptr, t0, n_tokens, stride_out, n_max, TB: tl.constexpr,
                 WORDS: tl.constexpr):
     """Zero ``WORDS`` (<= 2,048) fp32 words past the n_max scores of tokens [t0, t0 + TB)."""
+    tl.static_assert(WORDS <= 2048, "the state words fit one 2,048-word store")
     w = tl.arange(0, 2048)
     for z in tl.static_range(TB):
         tok = t0 + z

@@ -43,7 +43,7 @@ no live block reads their counts. The absent keys are added to the selects' hist
 -inf keys they stand for, so tau, need and the output are those of the unbounded call on a row
 with a -inf tail.
 
-The state is one zeroed int32 buffer of ``_STATE`` words per row (or the words past each row's
+The state is one zeroed int32 buffer of ``STATE_WORDS`` words per row (or the words past each row's
 scores in the score buffer, zeroed by the score pass: ``radix_topk(state=...)``, ``IN_ROW``):
 histograms at 0..1023, prefix 1024, need 1025, the arrival count 1026, 1027 the early stop's shift
 (``EARLY_TAU``: the bits below tau's prefix where the passes stopped, 0 after all four; the kernels
@@ -110,8 +110,8 @@ def one_launch_warps(block: int) -> int:
 
 
 _NEG_INF_KEY = 0x007FFFFF
-_STATE = 4 * 256 + 4  # per row: 4 histograms, prefix, need, arrival count, early stop's shift
-STATE_WORDS = _STATE
+# per row: 4 histograms, prefix, need, arrival count, early stop's shift
+STATE_WORDS = 4 * 256 + 4
 
 
 @triton.jit
@@ -407,12 +407,12 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
     n_blk = cdiv(n, blk)
     in_row = state is not None
     if in_row:
-        if (state.dtype != torch.int32 or state.shape[0] != t or state.shape[1] < _STATE
+        if (state.dtype != torch.int32 or state.shape[0] != t or state.shape[1] < STATE_WORDS
                 or state.stride(-1) != 1 or state.stride(0) != scores.stride(0)):
-            raise ValueError(f"radix_topk: state must be int32 [{t}, >= {_STATE}] with the "
+            raise ValueError(f"radix_topk: state must be int32 [{t}, >= {STATE_WORDS}] with the "
                              f"scores' row stride {scores.stride(0)} and unit inner stride")
     else:
-        state = torch.zeros(t, _STATE, dtype=torch.int32, device=dev)
+        state = torch.zeros(t, STATE_WORDS, dtype=torch.int32, device=dev)
     base = torch.empty(t, n_blk, 2, dtype=torch.int32, device=dev)
     if bound:
         pos = row_pos.to(dev).contiguous()
