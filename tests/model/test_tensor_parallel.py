@@ -3,8 +3,10 @@ two processes join one vLLM tensor-parallel group (gloo, as vLLM's CPU workers d
 its shard of the fp32 network and the whole network from the same checkpoint, and runs one prompt
 (crossing the 4 / 8 / 128 / 256 boundaries) in one shot and chunked. Logprobs agree to fp32 sum
 order (the split reorders the sums of wo_b, the shared expert and the MoE), for bf16 and FP8/FP4
-checkpoints, with the experts split by intermediate rows and by expert (EP). Through ``vllm serve``:
-``tests/serve/test_tensor_parallel.py``."""
+checkpoints, with the experts split by intermediate rows and by expert (EP). A reordered sum may
+flip a router or indexer top-k at a near-tie, which moves later logprobs by tenths of a nat: the
+prompt is drawn until every top-k decision of the whole model clears MIN_MARGIN. Through
+``vllm serve``: ``tests/serve/test_tensor_parallel.py``."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import socket
 import sys
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,8 @@ TP = 2
 LENGTH = 257           # test_network.MAX_LEN: positions 0..256
 CHUNKS = (100, 29, 124, 1, 1, 1, 1)
 TOL = 1e-4            # max |logprob diff| split vs whole, fp32 (sum order only; observed 1.4e-5)
+MIN_MARGIN = 2e-5     # smallest relative top-k gap of a drawn prompt (as tests/model/test_network)
+DRAWS = 10
 
 
 def _free_port() -> int:
@@ -46,6 +51,45 @@ def _join(rank: int, port: int) -> None:
     tensor_parallel_rank(TP, rank, f"tcp://127.0.0.1:{port}")
 
 
+@contextmanager
+def _topk_margins(gaps: list[float]):
+    """Records, for every ``torch.topk`` (the MoE router's and the reference indexer's), the
+    smallest gap between its k-th and (k+1)-th largest value relative to the largest; rows whose
+    (k+1)-th value is -inf (entries not yet visible) decide nothing."""
+    topk = torch.topk
+
+    def recording(x, k, dim=-1, *args, **kwargs):
+        if x.shape[dim] > k:
+            v = x.detach().movedim(dim, -1).sort(-1, descending=True).values
+            nxt = v[..., k]
+            gap = (v[..., k - 1] - nxt) / v[..., 0].abs().clamp_min(1e-30)
+            gap = gap[torch.isfinite(nxt)]
+            if gap.numel():
+                gaps.append(float(gap.min()))
+        return topk(x, k, dim, *args, **kwargs)
+
+    torch.topk = recording
+    try:
+        yield
+    finally:
+        torch.topk = topk
+
+
+def _prompt(whole, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(ids, whole's logprobs, its smallest top-k margin): the first of DRAWS prompts whose
+    margin clears MIN_MARGIN."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(DRAWS):
+        ids = torch.randint(0, vocab, (LENGTH,), generator=gen)
+        gaps: list[float] = []
+        with _topk_margins(gaps):
+            ref = whole.logprobs(ids)
+        assert gaps, "no top-k decision was recorded"
+        if min(gaps) >= MIN_MARGIN:
+            return ids, ref, min(gaps)
+    raise AssertionError(f"{DRAWS} prompts all had a top-k near-tie < {MIN_MARGIN} (seed {seed})")
+
+
 def _rank_main(rank: int, port: int, ckpt: str, out_dir: str, ep: bool, seed: int) -> None:
     try:
         _join(rank, port)
@@ -56,11 +100,9 @@ def _rank_main(rank: int, port: int, ckpt: str, out_dir: str, ep: bool, seed: in
         assert layout.tp_size == TP and layout.tp_rank == rank and layout.expert_parallel == ep
         path = Path(ckpt)
         vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-        ids = torch.randint(0, vocab, (LENGTH,),
-                            generator=torch.Generator().manual_seed(seed))
         whole = SingleSequenceRunner(path, torch.float32, "fp32", "fp32")
         split = SingleSequenceRunner(path, torch.float32, "fp32", "fp32", layout=layout)
-        ref = whole.logprobs(ids)
+        ids, ref, margin = _prompt(whole, vocab, seed)
         got = split.logprobs(ids)
         chunked = split.logprobs(ids, CHUNKS)
         nbytes = [sum(p.numel() * p.element_size() for p in r.net.parameters())
@@ -68,7 +110,7 @@ def _rank_main(rank: int, port: int, ckpt: str, out_dir: str, ep: bool, seed: in
         res = {"oneshot": float((got - ref).abs().max()),
                "chunked": float((chunked - ref).abs().max()),
                "greedy_equal": bool(torch.equal(got.argmax(-1), ref.argmax(-1))),
-               "bytes": nbytes}
+               "bytes": nbytes, "margin": margin}
     except BaseException:  # noqa: BLE001 (reported to the parent)
         res = {"error": traceback.format_exc()}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))

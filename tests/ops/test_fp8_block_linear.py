@@ -60,7 +60,8 @@ def oracle(x: torch.Tensor, wb: torch.Tensor, sb: torch.Tensor, block) -> torch.
     return y if grouped else y[:, 0]
 
 
-def assert_close(got: torch.Tensor, x, wb, sb, block, out_dtype=None):
+def error_ratio(got: torch.Tensor, x, wb, sb, block, out_dtype=None) -> tuple[float, torch.Tensor]:
+    """(largest error of ``got`` over its rigorous bound, the float64 oracle)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
     want = oracle(x, wb, sb, block)
     assert got.shape == want.shape and got.dtype == out_dtype, (got.shape, got.dtype)
@@ -73,7 +74,11 @@ def assert_close(got: torch.Tensor, x, wb, sb, block, out_dtype=None):
     bound = (_HALF_ULP[out_dtype] * want.abs() + (k + k // block[1] + 4) * u * a
              + torch.finfo(out_dtype).smallest_normal * _HALF_ULP[out_dtype] + 1e-300)
     err = (got.double() - want).abs()
-    worst = float((err / bound).max()) if err.numel() else 0.0
+    return (float((err / bound).max()) if err.numel() else 0.0), want
+
+
+def assert_close(got: torch.Tensor, x, wb, sb, block, out_dtype=None) -> torch.Tensor:
+    worst, want = error_ratio(got, x, wb, sb, block, out_dtype)
     assert worst <= 1.0, f"error {worst:.3g} x the bound"
     return want
 
