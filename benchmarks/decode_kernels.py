@@ -72,6 +72,7 @@ from benchmarks.gemm_sweeps import (sweep_dense, sweep_gemm, sweep_gemm_cvt, swe
 from benchmarks.index_sweeps import (decode_floor_us, prefill_floor_us, sweep_index_ab,
                                      sweep_index_e4m3)
 from benchmarks.sweep_common import HBM, _summary, _try
+from benchmarks import topk_sweeps
 from benchmarks.topk_sweeps import sweep_topk_sync
 
 
@@ -356,7 +357,13 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=",".join(SWEEPS))
     ap.add_argument("--batches", default="1,4,32")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    ap.add_argument("--topk-blocks", default=None,
+                    help="topk_sync: scores per program to sweep, comma-separated, 'auto' for "
+                         "the launch rule's (default: auto,512,1024,2048)")
     args = ap.parse_args(argv)
+    if args.topk_blocks:
+        topk_sweeps.BLOCKS = tuple(None if v == "auto" else int(v)
+                                   for v in args.topk_blocks.split(","))
     if not torch.cuda.is_available():
         raise SystemExit("decode_kernels needs a CUDA GPU (it times graph replays)")
     dev = torch.device("cuda", torch.cuda.current_device())

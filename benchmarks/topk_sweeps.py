@@ -23,7 +23,7 @@ import itertools
 
 import torch
 
-from benchmarks.sweep_common import HBM, _summary, _try
+from benchmarks.sweep_common import HBM, _f, _summary, _try
 
 K = 512
 # warps swept besides each block's default (``one_launch_warps``): none since 2026-12-06 (8
@@ -31,6 +31,9 @@ K = 512
 # scores a program (1M B=4: 68.3 against 57.4 us at 2,048), to keep the sweep within one device
 # call beside the decode_stack pairs
 WARPS = (None,)
+# scores per program swept (None: the launch rule's); ``decode_kernels --topk-blocks auto`` keeps
+# the rule's only, the four knob settings, for a short device call
+BLOCKS = (None, 512, 1024, 2048)
 # (label, table width in scores, visible entries per row): 128K and 1M contexts under tables as
 # wide as the context, and 128K under a 1M model length
 CASES = (("128K", 32768, 32768), ("1M", 262144, 262144), ("128K in 1M table", 262144, 32768))
@@ -62,7 +65,7 @@ def sweep_topk_sync(dev, batches):
         outs = [fresh() for _ in range(3)]
         res = {}
         for lean, early, block, warps in itertools.product(
-                (False, True), (False, True), (None, 512, 1024, 2048), WARPS):
+                (False, True), (False, True), BLOCKS, WARPS):
             label = _cfg_label(lean, early, block, warps)
             try:
                 got = tk.radix_topk(sets[0], K, fresh(), block=block, lean=lean, early=early,
@@ -78,4 +81,5 @@ def sweep_topk_sync(dev, batches):
                                             early=early, num_warps=warps, **bound), 3)
         rows.append(_summary("topk_sync", f"{name} B={b}", res, default,
                              b * visible * 4 / HBM * 1e6))
+        print("    " + "; ".join(f"{k}: {_f(v)}" for k, v in res.items()), flush=True)
     return rows
