@@ -8,7 +8,9 @@ then ``NAME=VALUE`` filters on the recorded constexprs and ``+NAME=VALUE`` knobs
 matching launch (Python literals). Launches come from ``launches-h200-native.json`` as the target
 matrix compiles them (``compile_launches.for_backend`` / ``with_new_defaults``); one line per
 distinct launch: total instructions, the length of each backward branch's loop, the most
-frequent opcodes (``TOP``, default 12).
+frequent opcodes (``TOP``, default 12). ``SASS_DUMP=DIR`` also writes each launch's listing
+without its addresses to ``DIR/<kernel>-<n>.sass`` (numbered in record order): a refactor meant
+to change nothing diffs empty against the listings of the commit before it.
 
 The divisibility attributes matter: the FP8 GEMV at 8 x 1,024 compiled without the recorded ones
 has a 1,969-instruction loop (scalar loads, per-step shuffles), with them 378. The Triton that
@@ -103,6 +105,12 @@ def main(argv: list[str]) -> None:
             sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True,
                                   text=True, check=True).stdout
         s = summarize(sass, int(os.environ.get("TOP", "12")))
+        if os.environ.get("SASS_DUMP"):
+            dump = Path(os.environ["SASS_DUMP"])
+            dump.mkdir(parents=True, exist_ok=True)
+            body = "\n".join(m.group(2).strip() for m in map(_ADDR.search, sass.splitlines())
+                              if m)
+            (dump / f"{kernel}-{len(seen)}.sass").write_text(key + "\n" + body + "\n")
         shown = {n: v for n, v in r["constexprs"].items() if n not in ("PDL",)}
         print(f"{kernel} {shown} warps {r['num_warps']} (Triton {triton.__version__}): "
               f"{s['instructions']} instructions, loops {s['loops']}, {s['ops']}")

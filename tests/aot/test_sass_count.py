@@ -51,10 +51,11 @@ def test_parse_args_filters_and_knobs():
 
 
 @pytest.mark.skipif(not HAS_PTXAS, reason="Triton's bundled ptxas is not installed")
-def test_counts_a_recorded_launch_and_its_knob():
+def test_counts_a_recorded_launch_and_its_knob(tmp_path):
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["SASS_DUMP"] = str(tmp_path)
     out = subprocess.run([sys.executable, "-m", "tests.aot.sass_count", "topk", "_hist_kernel",
                           "+LEAN=True"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
@@ -63,4 +64,9 @@ def test_counts_a_recorded_launch_and_its_knob():
     assert len(lines) == 4, out.stdout                 # the four recorded passes, knob set
     for p, ln in enumerate(lines):
         assert "'LEAN': True" in ln and f"'PASS': {p}" in ln, ln
-        assert 100 < int(re.search(r"(\d+) instructions", ln).group(1)) < 10_000, ln
+        count = int(re.search(r"(\d+) instructions", ln).group(1))
+        assert 100 < count < 10_000, ln
+        # SASS_DUMP: the launch's key, then its instructions without addresses
+        dump = (tmp_path / f"_hist_kernel-{p + 1}.sass").read_text().splitlines()
+        assert f'"PASS": {p}' in dump[0] and len(dump) == count + 1, dump[:2]
+        assert not any(re.match(r"/\*[0-9a-f]+\*/", d) for d in dump[1:])

@@ -14,7 +14,8 @@ multi-block radix select in ~9 launches on few SMs: 62 us per row on the H200, m
 itself. Here every pass is spread over the whole row.
 
 Keys: fp32 bits mapped to uint32 so that unsigned order is float order (negative: all bits
-flipped; positive: sign bit set); -inf maps to 0x007FFFFF, below every finite score.
+flipped; positive: sign bit set); -inf maps to 0x007FFFFF (``NEG_INF_KEY``), below every finite
+score.
 
 Launches (8-bit digits, most significant first), 6 per call plus the state's zeroing:
 
@@ -45,9 +46,9 @@ with a -inf tail.
 
 The state is one zeroed int32 buffer of ``STATE_WORDS`` words per row (or the words past each row's
 scores in the score buffer, zeroed by the score pass: ``radix_topk(state=...)``, ``IN_ROW``):
-histograms at 0..1023, prefix 1024, need 1025, the arrival count 1026, 1027 the early stop's shift
-(``EARLY_TAU``: the bits below tau's prefix where the passes stopped, 0 after all four; the kernels
-use these offsets as literals). Last-arrival selection: each program's atomics (relaxed:
+the four passes' histograms, tau's prefix, the need left, the arrival count and the early stop's
+shift (``EARLY_TAU``: the bits below tau's prefix where the passes stopped, 0 after all four), at
+the offsets ``topk_digits`` names. Last-arrival selection: each program's atomics (relaxed:
 ``HIST_RELAXED``), a block barrier, then one acq_rel count that releases them; the last program
 reads the table from L2 (``.cg``), where the atomics landed.
 """
@@ -60,9 +61,10 @@ import triton.language as tl
 
 from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2, sm_count
 from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.topk_digits import (_add_digit_hist, _block_keys, _digit,
-                                                 _fill_tail, _last_of_row, _row_barrier,
-                                                 _row_bound, _stops)
+from vllm_dsv4_hw.ops.triton.topk_digits import (NEED_WORD, NEG_INF_KEY, PREFIX_WORD, ROW_WORDS,
+                                                 SHIFT_WORD, _add_digit_hist, _block_keys,
+                                                 _digit, _fill_tail, _last_of_row,
+                                                 _row_barrier, _row_bound, _stops)
 from vllm_dsv4_hw.platform.device import adaptor_for
 
 INTERP_BLOCK = 1 << 16
@@ -109,9 +111,8 @@ def one_launch_warps(block: int) -> int:
     return 4 if block <= 1024 else 8
 
 
-_NEG_INF_KEY = 0x007FFFFF
 # per row: 4 histograms, prefix, need, arrival count, early stop's shift
-STATE_WORDS = 4 * 256 + 4
+STATE_WORDS = ROW_WORDS.value
 
 
 @triton.jit
@@ -120,7 +121,7 @@ def _hist_add(scores_ptr, st, n, stride, n_blk, PASS: tl.constexpr, BLOCK: tl.co
     """Add this block's histogram of the pass's digit (keys matching the prefix) to the row's."""
     _, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
     if PASS > 0:
-        prefix = tl.load(st + 1024).to(tl.uint32, bitcast=True)
+        prefix = tl.load(st + PREFIX_WORD).to(tl.uint32, bitcast=True)
         m = m & ((key >> (32 - 8 * PASS)) == prefix)
     _add_digit_hist(st + PASS * 256, key, m, PASS, HIST_RELAXED, LEAN)
 
@@ -134,11 +135,11 @@ def _hist_kernel(scores_ptr, state_ptr, pos_ptr, req_ptr, k, n, stride, n_blk,
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * (stride if IN_ROW else 1028)
+    st = state_ptr + row * (stride if IN_ROW else ROW_WORDS)
     runs = True
     if EARLY:
         if PASS > 0:  # the row's selection stopped after an earlier pass: nothing left to do
-            runs = tl.load(st + 1027) == 0
+            runs = tl.load(st + SHIFT_WORD) == 0
     if runs:
         if BOUND:
             lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
@@ -159,27 +160,27 @@ def _select(st, k, absent, PASS: tl.constexpr, BOUND: tl.constexpr, EARLY: tl.co
         need = k
         prefix = tl.zeros([], dtype=tl.uint32)
     else:
-        need = tl.load(st + 1025, cache_modifier=".cg")
-        prefix = tl.load(st + 1024, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+        need = tl.load(st + NEED_WORD, cache_modifier=".cg")
+        prefix = tl.load(st + PREFIX_WORD, cache_modifier=".cg").to(tl.uint32, bitcast=True)
     need, prefix, bin_count = _digit(h, need, prefix, absent, PASS, BOUND)
-    tl.store(st + 1024, prefix.to(tl.int32, bitcast=True))
-    tl.store(st + 1025, need)
+    tl.store(st + PREFIX_WORD, prefix.to(tl.int32, bitcast=True))
+    tl.store(st + NEED_WORD, need)
     if EARLY:
         if PASS < 3:
             if _stops(bin_count, prefix, PASS):  # the bits below the prefix: tau's compare shift
-                tl.store(st + 1027, 24 - 8 * PASS)
+                tl.store(st + SHIFT_WORD, 24 - 8 * PASS)
 
 
 @triton.jit
 def _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK: tl.constexpr, EARLY: tl.constexpr):
     """This program's keys above tau (taken) and equal to tau (taken while need lasts)."""
     offs, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
-    tau = tl.load(st + 1024).to(tl.uint32, bitcast=True)
+    tau = tl.load(st + PREFIX_WORD).to(tl.uint32, bitcast=True)
     hi = key
-    if EARLY:  # tau's prefix, where the passes stopped early (st[1027]: the bits below it)
-        hi = key >> tl.load(st + 1027).to(tl.uint32)
+    if EARLY:  # tau's prefix, where the passes stopped early (SHIFT_WORD: the bits below it)
+        hi = key >> tl.load(st + SHIFT_WORD).to(tl.uint32)
     gt = m & (hi > tau)
-    eq = m & (hi == tau) & (key != 0x007FFFFF)  # -inf entries are never selected
+    eq = m & (hi == tau) & (key != NEG_INF_KEY)  # -inf entries are never selected
     return offs, gt, eq
 
 
@@ -212,7 +213,7 @@ def _count_kernel(scores_ptr, state_ptr, counts_ptr, pos_ptr, req_ptr, n, stride
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * (stride if IN_ROW else 1028)
+    st = state_ptr + row * (stride if IN_ROW else ROW_WORDS)
     cnt = counts_ptr + pid.to(tl.int64) * 2
     if BOUND:
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
@@ -230,7 +231,7 @@ def _count_kernel(scores_ptr, state_ptr, counts_ptr, pos_ptr, req_ptr, n, stride
 def _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_blk, k,
                   BLOCK: tl.constexpr, EARLY: tl.constexpr):
     offs, gt, eq = _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK, EARLY)
-    need = tl.load(st + 1025)
+    need = tl.load(st + NEED_WORD)
     pid = tl.program_id(0).to(tl.int64)
     g = gt.to(tl.int32)
     e = eq.to(tl.int32)
@@ -241,9 +242,9 @@ def _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_bl
     orow = out_ptr + (pid // n_blk) * stride_out
     tl.store(orow + pos, offs.to(tl.int32), mask=gt & (pos < k))
     tl.store(orow + (k - need) + pe, offs.to(tl.int32), mask=eq & (pe < need))
-    tau_is_inf = tl.load(st + 1024) == 0x007FFFFF
+    tau_is_inf = tl.load(st + PREFIX_WORD) == NEG_INF_KEY
     if EARLY:  # a prefix (stopped early) is never the -inf one: _stops excludes it
-        tau_is_inf = tau_is_inf & (tl.load(st + 1027) == 0)
+        tau_is_inf = tau_is_inf & (tl.load(st + SHIFT_WORD) == 0)
     if (pid % n_blk == 0) & tau_is_inf:  # tau = -inf: the need left stays -1
         _fill_tail(orow, k, k - need)
 
@@ -256,7 +257,7 @@ def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, pos_ptr, req_ptr, n
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * (stride if IN_ROW else 1028)
+    st = state_ptr + row * (stride if IN_ROW else ROW_WORDS)
     if BOUND:
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:
@@ -299,8 +300,8 @@ def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stri
                     stopped = _stops(bin_count, prefix, p).to(tl.int32)
     hi = key >> (32 - 8 * passes).to(tl.uint32)  # tau's prefix (tau itself after 4 passes)
     gt = m & (hi > prefix)
-    eq = m & (hi == prefix) & (key != 0x007FFFFF)  # -inf entries are never selected
-    if (blk == 0) & (passes == 4) & (prefix == 0x007FFFFF):  # tau = -inf: the need left stays -1
+    eq = m & (hi == prefix) & (key != NEG_INF_KEY)  # -inf entries are never selected
+    if (blk == 0) & (passes == 4) & (prefix == NEG_INF_KEY):  # tau = -inf: the need left stays -1
         _fill_tail(out_ptr + row * stride_out, k, k - need)
     g = gt.to(tl.int32)
     e = eq.to(tl.int32)
@@ -334,7 +335,7 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, 
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * (stride if IN_ROW else 1028)
+    st = state_ptr + row * (stride if IN_ROW else ROW_WORDS)
     if BOUND:
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:  # blocks past the bound end at once: no barrier waits for them

@@ -1,13 +1,19 @@
 """The radix top-k's device helpers (``topk``): order-preserving keys, each row's bound, the
 digit select from a row's histogram and its early stop, the per-program histograms and their
-atomics, the row's arrival count and barrier, the -1 tail. The state words they address are
-``topk``'s (histograms at 0..1023, prefix 1024, need 1025, the arrival count 1026, the early
-stop's shift 1027)."""
+atomics, the row's arrival count and barrier, the -1 tail; the layout of a row's state words
+(the four passes' 256-bin histograms at 0..1023, then the words named here)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+PREFIX_WORD = tl.constexpr(1024)   # tau's prefix as found so far (tau itself after four passes)
+NEED_WORD = tl.constexpr(1025)     # keys equal to tau still to take
+ARRIVED_WORD = tl.constexpr(1026)  # the row's arrival count (last-arrival select, row barriers)
+SHIFT_WORD = tl.constexpr(1027)    # EARLY_TAU: the bits below tau's prefix where the passes stopped
+ROW_WORDS = tl.constexpr(1028)     # one row's state (``topk.STATE_WORDS``)
+NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # the key of -inf, below every finite score's
 
 
 @triton.jit
@@ -48,10 +54,10 @@ def _fill_tail(orow, k, first):
 def _last_of_row(st, n_blk):
     """True in the row's last program to arrive (after its own atomics); resets the count."""
     tl.debug_barrier()
-    arrived = tl.atomic_add(st + 1026, 1, sem="acq_rel", scope="gpu")
+    arrived = tl.atomic_add(st + ARRIVED_WORD, 1, sem="acq_rel", scope="gpu")
     last = arrived == n_blk - 1
     if last:
-        tl.store(st + 1026, 0)
+        tl.store(st + ARRIVED_WORD, 0)
     return last
 
 
@@ -64,9 +70,9 @@ def _digit(h, need, prefix, absent, P: tl.constexpr, BOUND: tl.constexpr):
         # the absent keys (columns >= row_len) counted as the -inf keys they stand for: the same
         # digits, tau and need as the unbounded call on a row with a -inf tail (and a row with
         # fewer than k keys still finds its digit: tau = -inf, every present key above it)
-        hit = b == ((0x007FFFFF >> (24 - 8 * P)) & 0xFF)
+        hit = b == ((NEG_INF_KEY >> (24 - 8 * P)) & 0xFF)
         if P > 0:
-            hit = hit & (prefix == (0x007FFFFF >> (32 - 8 * P)))
+            hit = hit & (prefix == (NEG_INF_KEY >> (32 - 8 * P)))
         h = h + tl.where(hit, absent, 0)
     ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h     # keys with digit >= b
     d = tl.max(tl.where(ge >= need, b, -1), axis=0)
@@ -79,7 +85,7 @@ def _stops(bin_count, prefix, P: tl.constexpr):
     """Whether the selection may stop after pass ``P`` (``EARLY_TAU``): its boundary bin holds one
     key, so tau is that key (the -inf bin excluded: its keys include the absent columns, and a -inf
     tau fills the output's tail)."""
-    return (bin_count == 1) & (prefix != (0x007FFFFF >> (24 - 8 * P)))
+    return (bin_count == 1) & (prefix != (NEG_INF_KEY >> (24 - 8 * P)))
 
 
 @triton.jit
@@ -111,10 +117,10 @@ def _add_digit_hist(hist, key, mp, P: tl.constexpr, HIST_RELAXED: tl.constexpr,
 @triton.jit
 def _row_barrier(st, target):
     """Wait until ``target`` arrivals of the row's programs (this one's included) have been
-    counted at st[1026] (``spin_sync`` devices only: every program of the row is resident).
+    counted at its ARRIVED_WORD (``spin_sync`` devices only: every program of the row is resident).
     (Polling with volatile loads instead of atomics measured the same, within 2%.)"""
     tl.debug_barrier()
-    c = tl.atomic_add(st + 1026, 1, sem="acq_rel", scope="gpu") + 1
+    c = tl.atomic_add(st + ARRIVED_WORD, 1, sem="acq_rel", scope="gpu") + 1
     while c < target:
-        c = tl.atomic_add(st + 1026, 0, sem="acquire", scope="gpu")
+        c = tl.atomic_add(st + ARRIVED_WORD, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
