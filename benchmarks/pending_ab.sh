@@ -21,7 +21,7 @@
 #   bash benchmarks/pending_ab.sh gemv-ahead  # the knob sweep with the GEMV's read-ahead, then
 #                                         # decode_stack 128K / 1M B=1 --gemv-ahead off / on
 #   bash benchmarks/pending_ab.sh topk-lean  # the radix top-k's sweep (lean histograms x early
-#                                         # stop x blocks x warps, outputs equal), then
+#                                         # stop, outputs equal; TOPK_BLOCKS: blocks), then
 #                                         # decode_stack 128K / 1M B=1,4 with both off / on
 #                                         # (and the state zeroed by the score pass),
 #                                         # interleaved
@@ -110,7 +110,10 @@ gemv-ahead)
     run ahead-on-b $W $A --gemv-ahead on
     ;;
 topk-lean)
-    run topk $W python3 -m benchmarks.decode_kernels --only topk_sync --batches ${BATCHES:-1,4}
+    # the four knob settings at the launch rule's block (TOPK_BLOCKS=auto,512,1024,2048: the
+    # blocks too, as decided on 2026-12-04)
+    run topk $W python3 -m benchmarks.decode_kernels --only topk_sync --batches ${BATCHES:-1,4} \
+        --topk-blocks ${TOPK_BLOCKS:-auto}
     grep -E "^topk_sync" "$OUT/topk/log.txt" || true
     L="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches ${BATCHES:-1,4}
         --no-prefill --graphs on --streams on --steps 8 --reps 3"
