@@ -16,6 +16,8 @@ import json
 import re
 import sys
 
+from vllm_dsv4_hw.ops.triton.topk_digits import ROW_WORDS
+
 
 def unique(records: list[dict]) -> list[dict]:
     """One record per (kernel, signature, constexprs, launch options): the divisibility
@@ -136,7 +138,7 @@ OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True},
                   "_hist_kernel": {"LEAN": True, "EARLY": True, "IN_ROW": True},
                   "_count_kernel": {"EARLY": True, "IN_ROW": True},
                   "_gather_kernel": {"EARLY": True, "IN_ROW": True},
-                  "_indexer_score_kernel": {"ZERO_STATE": 1028}}  # topk.STATE_WORDS
+                  "_indexer_score_kernel": {"ZERO_STATE": ROW_WORDS.value}}  # = topk.STATE_WORDS
 
 # Kernels added since the launches were recorded (no GPU lent to record them): their product
 # launches written out here as records (with ``needs``: the declared capability that takes

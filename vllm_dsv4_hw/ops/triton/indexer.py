@@ -43,11 +43,11 @@ from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, load_entry_pairs
 from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_PTX, E2M1_E4M3_SHIFT, e2m1_pairs_to_e4m3
 from vllm_dsv4_hw.ops.triton.indexer_launch import (  # noqa: F401  (DOT_*: the dots' modes)
-    DOT_BF16, DOT_BF16X2, DOT_F32, DOT_FP8, DOT_FP8_EMU, GROUP_TOKENS, KEYS_A, REG_CAP, _dot_mode,
-    _grid, _key_decode, _launch_config, _q_operand, _reg_cap, _tokens_per_program)
+    DOT_BF16, DOT_BF16X2, DOT_F32, DOT_FP8, DOT_FP8_EMU, GROUP_TOKENS, KEYS_A, MX_DIMS, REG_CAP,
+    _dot_mode, _grid, _key_decode, _launch_config, _q_operand, _reg_cap, _tokens_per_program)
 from vllm_dsv4_hw.ops.triton.topk import STATE_WORDS
 
-_MX_BLOCK = tl.constexpr(32)        # MXFP4: dims per ue8m0 scale
+_MX_BLOCK = tl.constexpr(MX_DIMS)   # MXFP4: dims per ue8m0 scale
 _MX_SHIFT = tl.constexpr(127 + E2M1_E4M3_SHIFT)   # placed codes are value * 2^-6
 
 # Upper bound on the fp32 score buffer materialized at once (elements); tokens are chunked.

@@ -16,7 +16,7 @@ DOT_BF16 = 1
 DOT_BF16X2 = 2
 DOT_FP8 = 3       # e4m3 q codes x e4m3 keys (MXFP4 placed exactly, fp8 as stored) on FP8 dots
 DOT_FP8_EMU = 4   # the same program with fp32 ``ieee`` dots and integer decodes (interpreter)
-_MX_DIMS = 32  # MXFP4: dims per ue8m0 scale (``indexer._MX_BLOCK``)
+MX_DIMS = 32  # MXFP4: dims per ue8m0 scale (the score kernel's ``_MX_BLOCK``)
 
 
 def _grid(n: int, device: torch.device, cube: bool = False) -> int:
@@ -39,7 +39,7 @@ def _dot_mode(q: torch.Tensor, fmt_code: int) -> int:
     cpu = q.device.type == "cpu"
     if q.dtype == torch.float8_e4m3fn and (
             fmt_code == quant.FMT_FP8_INDEXER
-            or (fmt_code == quant.FMT_MXFP4 and q.shape[-1] == 4 * _MX_DIMS)):
+            or (fmt_code == quant.FMT_MXFP4 and q.shape[-1] == 4 * MX_DIMS)):
         if cpu:
             return DOT_FP8_EMU
         if capabilities(q.device).fp8_dot:
