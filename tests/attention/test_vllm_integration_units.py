@@ -12,8 +12,8 @@ import torch
 from vllm_dsv4_hw.config import V4_FLASH, V4_PRO, DSV4Config
 from vllm_dsv4_hw.kv_cache.buckets import bucket_page_bytes
 from vllm_dsv4_hw.kv_cache.specs import INDEXER_ENTRY_BYTES, MAIN_ENTRY_BYTES
-from vllm_dsv4_hw.kv_cache.vllm_pool import plan_vllm_pool
-from vllm_dsv4_hw.kv_cache.vllm_specs import layer_kinds, vllm_spec
+from vllm_dsv4_hw.engine.kv_pool import plan_vllm_pool
+from vllm_dsv4_hw.engine.kv_specs import layer_kinds, vllm_spec
 
 FORMATS = [(m, i) for m in MAIN_ENTRY_BYTES for i in INDEXER_ENTRY_BYTES]
 
@@ -92,7 +92,7 @@ def test_builder_hands_over_vllms_buffers_and_marks_decode_steps(monkeypatch):
     the null block stays vLLM's 0 (the layer's derivations treat pages <= 0 as absent)."""
     from vllm.v1.attention.backend import AttentionCGSupport
 
-    from vllm_dsv4_hw.attention.vllm_backend import DSV4CacheMetadataBuilder
+    from vllm_dsv4_hw.engine.attention_backend import DSV4CacheMetadataBuilder
 
     spec = vllm_spec(layer_kinds(V4_FLASH, 0, "fp8", "mxfp4")[0])
     b = DSV4CacheMetadataBuilder(spec, ["layers.0.attn.window_kv"], None, torch.device("cpu"))
@@ -119,7 +119,7 @@ def test_builder_hands_over_vllms_buffers_and_marks_decode_steps(monkeypatch):
 
 # -- custom-op boundary ----------------------------------------------------------------------------
 def test_attention_custom_op_traces_opaquely():
-    import vllm_dsv4_hw.attention.vllm_layer as vl
+    import vllm_dsv4_hw.engine.attention_layer as vl
 
     class Fake:
         def run(self, x):
@@ -151,8 +151,8 @@ def _vllm_config(block_size=256, user_block=False, disable_hybrid=False):
 
 
 def test_platform_rejects_unworkable_settings(monkeypatch):
-    from vllm_dsv4_hw.model import launch_rules
-    from vllm_dsv4_hw.platform.vllm_cpu import DSV4HwCpuPlatform, PlatformConfigError
+    from vllm_dsv4_hw.engine import launch_rules
+    from vllm_dsv4_hw.engine.cpu_platform import DSV4HwCpuPlatform, PlatformConfigError
 
     # the launch checks have their own tests (tests/model/test_serve_checks.py)
     monkeypatch.setattr(launch_rules, "check_serve_settings", lambda vllm_config: None)
@@ -163,7 +163,7 @@ def test_platform_rejects_unworkable_settings(monkeypatch):
 
 
 def test_platform_plugin_choice(monkeypatch):
-    from vllm_dsv4_hw import vllm_plugin
+    from vllm_dsv4_hw.engine import plugin as vllm_plugin
 
     monkeypatch.setenv("VLLM_DSV4_HW_PLATFORM", "off")
     assert vllm_plugin.platform_plugin() is None
@@ -184,5 +184,5 @@ def test_entry_points_are_declared():
 
     general = {e.value for e in entry_points(group="vllm.general_plugins")}
     platforms = {e.value for e in entry_points(group="vllm.platform_plugins")}
-    assert "vllm_dsv4_hw.vllm_plugin:register" in general
-    assert "vllm_dsv4_hw.vllm_plugin:platform_plugin" in platforms
+    assert "vllm_dsv4_hw.engine.plugin:register" in general
+    assert "vllm_dsv4_hw.engine.plugin:platform_plugin" in platforms

@@ -1,4 +1,4 @@
-"""The launch checks (``model/serve_checks.py``) on stand-in vLLM configs: every refusal is one
+"""The launch checks (``engine/serve_checks.py``) on stand-in vLLM configs: every refusal is one
 line naming the field or flag and the fix; honoured flags map to our cache formats. (Through a real
 ``vllm serve`` and timed: ``tests/serve/test_dropin.py``.)"""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_dsv4_hw.model.serve_checks import (
+from vllm_dsv4_hw.engine.serve_checks import (
     UnsupportedSettingError,
     check_kv_capacity,
     check_serve_settings,

@@ -1,4 +1,4 @@
-"""The launch rules every platform gets (``model/launch_rules.py``), on stand-in configs."""
+"""The launch rules every platform gets (``engine/launch_rules.py``), on stand-in configs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_dsv4_hw.model import launch_rules
+from vllm_dsv4_hw.engine import launch_rules
 
 
 def _cfg(block=16, user_block=False, disable_hybrid=None):

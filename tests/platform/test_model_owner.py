@@ -16,7 +16,7 @@ from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 from vllm.model_executor.models.registry import _ModelRegistry
 
 from vllm_dsv4_hw import envs
-from vllm_dsv4_hw.registration import ARCHITECTURE, MODEL_CLASS, describe, install
+from vllm_dsv4_hw.engine.registration import ARCHITECTURE, MODEL_CLASS, describe, install
 
 ASCEND_MODEL = "vllm_ascend.models.deepseek_v4.model:AscendDeepseekV4ForCausalLM"
 ASCEND_MTP = ("DeepSeekV4MTPModel", "vllm_ascend.models.deepseek_v4.mtp:DeepSeekV4MTP")
@@ -104,7 +104,7 @@ def test_our_cpu_platform_leaves_a_vendor_model_alone(monkeypatch):
 
     from vllm.platforms.cpu import CpuPlatform
 
-    from vllm_dsv4_hw.platform.vllm_cpu import DSV4HwCpuPlatform, PlatformConfigError
+    from vllm_dsv4_hw.engine.cpu_platform import DSV4HwCpuPlatform, PlatformConfigError
 
     seen = []
     monkeypatch.setattr(CpuPlatform, "check_and_update_config",
@@ -113,7 +113,7 @@ def test_our_cpu_platform_leaves_a_vendor_model_alone(monkeypatch):
         model_config=SimpleNamespace(hf_config=SimpleNamespace(model_type="deepseek_v4")),
         cache_config=SimpleNamespace(block_size=128, user_specified_block_size=True),
         scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False))
-    monkeypatch.setattr("vllm_dsv4_hw.model.launch_rules.check_serve_settings", lambda c: None)
+    monkeypatch.setattr("vllm_dsv4_hw.engine.launch_rules.check_serve_settings", lambda c: None)
     with pytest.raises(PlatformConfigError, match="--block-size 256"):
         DSV4HwCpuPlatform.check_and_update_config(cfg)
     monkeypatch.setenv("VLLM_DSV4_HW_MODEL_OWNER", "vendor")

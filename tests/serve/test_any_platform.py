@@ -5,7 +5,7 @@ the plugin's platform off (``VLLM_DSV4_HW_PLATFORM=off``), each loaded through a
 * ``foreign``: a vendor's out-of-tree platform (``PlatformEnum.OOT``, its own worker, nothing about
   DeepSeek V4): completions, chat and 8 concurrent requests give the greedy tokens of the plugin's
   own platform (the ``api`` server of ``test_api``, shared: this module sorts before it), and the
-  launch rules the plugin registers (``model/launch_rules.py``: block size, hybrid KV cache manager,
+  launch rules the plugin registers (``engine/launch_rules.py``: block size, hybrid KV cache manager,
   the launch checks whose refusals ``test_dropin`` times) ran in the first process (the API
   server's), with no platform of ours;
 * ``stock-cpu``: vLLM's own ``CpuPlatform`` handed out by another package: the same tokens.

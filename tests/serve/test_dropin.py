@@ -13,7 +13,7 @@
   formats we do not have, and a KV cache too small for one request of ``--max-model-len`` each
   make ``vllm serve`` exit non-zero within ``EARLY_S`` seconds (20), the
   last line of its output naming the problem (checked in the first process by
-  ``model/serve_checks.py``). These run first in the serve suite (no other server starting),
+  ``engine/serve_checks.py``). These run first in the serve suite (no other server starting),
   after one untimed refusal that fills vLLM's cache (a machine's very first start also inspects
   the model class in a subprocess: about 25 s on 2 cores).
 """

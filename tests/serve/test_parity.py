@@ -34,7 +34,7 @@ import torch
 from tests import compact_bounds
 from tests.serve import hf_reference as hf
 from vllm_dsv4_hw.config import DSV4Config
-from vllm_dsv4_hw.kv_cache.vllm_pool import plan_vllm_pool
+from vllm_dsv4_hw.engine.kv_pool import plan_vllm_pool
 
 pytestmark = pytest.mark.slow
 

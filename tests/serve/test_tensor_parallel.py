@@ -20,7 +20,7 @@ import torch
 from tests.serve.server import ServerSpec
 from tests.serve.test_parity import KV_GIB, MAX_BATCHED, _logged_capacity, measure_parity
 from vllm_dsv4_hw.config import DSV4Config
-from vllm_dsv4_hw.kv_cache.vllm_pool import plan_vllm_pool
+from vllm_dsv4_hw.engine.kv_pool import plan_vllm_pool
 
 pytestmark = pytest.mark.slow
 

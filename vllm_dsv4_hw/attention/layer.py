@@ -72,7 +72,7 @@ _STEP: contextvars.ContextVar = contextvars.ContextVar("dsv4_hw_step", default=N
 def running_step(metas: dict, caches):
     """Run a network's attention layers on ``metas[ratio]`` (StepMetadata per layer kind) and
     ``caches[layer_id]`` (LayerCaches per layer) without vLLM: ``with running_step(m, c): net(ids)``.
-    Inside vLLM the layers read the engine's forward context instead (``vllm_layer.py``)."""
+    Inside vLLM the layers read the engine's forward context instead (``engine/attention_layer.py``)."""
     token = _STEP.set((metas, caches))
     try:
         yield

@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_num_batched_tokens is not None:
         if memory is None:
             raise CLIError("--max-num-batched-tokens needs --memory (the KV cache space)")
-        from vllm_dsv4_hw.kv_cache.vllm_pool import plan_vllm_pool
+        from vllm_dsv4_hw.engine.kv_pool import plan_vllm_pool
         try:
             pool = plan_vllm_pool(cfg, choice.main, choice.indexer, memory, args.context,
                                   args.max_num_batched_tokens)

@@ -1,7 +1,7 @@
 """The official DeepSeek V4 checkpoint layout: the name, shape and storage of every tensor of a
 config.json (``TensorSpec``), as the official ``DeepSeek-V4-Flash`` / ``-Pro`` checkpoints ship them.
 
-A fact of the model, used where it is served (``model.serve_checks``: a checkpoint missing a tensor
+A fact of the model, used where it is served (``engine.serve_checks``: a checkpoint missing a tensor
 is refused before start-up) and by the checkpoint generator (``tools/checkpoint*.py``, which also
 reads each spec's ``init``: how its random values are drawn).
 """

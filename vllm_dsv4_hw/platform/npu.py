@@ -19,7 +19,7 @@ and refuses to start when two out-of-tree plugins activate):
 * **none** -- no usable NPU: this plugin activates no platform (CUDA / CPU stay vLLM's built-ins).
 
 :func:`choose_npu_platform` makes that decision and says why; the vLLM platform-plugin entry point
-(``vllm_plugin.platform_plugin``) logs the reason on NPU hosts.
+(``engine.plugin.platform_plugin``) logs the reason on NPU hosts.
 """
 
 from __future__ import annotations

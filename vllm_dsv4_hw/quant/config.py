@@ -1,6 +1,6 @@
 """vLLM's quantization extension point for DeepSeek V4 checkpoints as shipped: ``dsv4_hw_fp8``.
 
-Registered by the plugin (``vllm_plugin.register``) with vLLM's ``register_quantization_config``.
+Registered by the plugin (``engine.plugin.register``) with vLLM's ``register_quantization_config``.
 Its ``override_quantization_method`` claims the official FP8 checkpoints of ``model_type``
 ``deepseek_v4`` (``quant_method: fp8``, ``deepseek_v4_fp8``), as plugins' custom methods are tried
 before vLLM's built-in ones, so vLLM never builds its CUDA-only FP8 methods for our model.

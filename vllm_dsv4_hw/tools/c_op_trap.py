@@ -89,7 +89,7 @@ def install(path: str) -> None:
         real = getattr(torch.ops, ns)
         if not isinstance(real, _TrappedNamespace):
             setattr(torch.ops, ns, _TrappedNamespace(ns, real))
-    from vllm_dsv4_hw.model.vllm_model import DSV4ForCausalLM
+    from vllm_dsv4_hw.engine.model import DSV4ForCausalLM
 
     for name in MODEL_METHODS:
         fn = getattr(DSV4ForCausalLM, name)

@@ -18,7 +18,7 @@ vLLM packs the pages of all layers of a KV cache group block by block (block-out
 one layer's consecutive pages are one pool block apart. A state page holds ``rows`` fp32 rows back to
 back, then padding up to its bucket page (``page_size_padded``); its spec asks for a block stride
 that is a multiple of the row size (``block_stride_alignment``), so the rows of every page are rows
-of one strided ``[rows, width]`` matrix (``vllm_layer.DSV4CacheLayer.pages``), which is what the
+of one strided ``[rows, width]`` matrix (``attention_layer.DSV4CacheLayer.pages``), which is what the
 compressor ops take.
 
 This module imports vLLM lazily (only :func:`vllm_spec` needs it), so planning code stays vLLM-free.

@@ -16,7 +16,7 @@ instead of inside a worker traceback:
   ``--kv-cache-dtype`` and ``--attention-config.indexer_kv_dtype`` against what the device holds;
 * the KV cache's size, where it is known before the engine starts (``--kv-cache-memory-bytes``;
   on CPU ``VLLM_CPU_KVCACHE_SPACE``): :func:`check_kv_capacity` asks whether one request of
-  ``--max-model-len`` fits by the accounting vLLM's engine applies (``kv_cache.vllm_pool``; vLLM's
+  ``--max-model-len`` fits by the accounting vLLM's engine applies (``engine.kv_pool``; vLLM's
   own helpers need the KV cache layout, which only the engine resolves), and says what would. Where the size comes from
   profiling (GPUs), vLLM's own check at KV cache allocation applies.
 """
@@ -196,7 +196,7 @@ def _kv_memory_source(vllm_config) -> str:
 
 def check_kv_capacity(vllm_config, settings: ServeSettings) -> None:
     """One request of ``--max-model-len`` must fit the KV cache, by the accounting vLLM's engine
-    applies when it allocates (``kv_cache.vllm_pool``: its KV cache groups of our layers' pages,
+    applies when it allocates (``engine.kv_pool``: its KV cache groups of our layers' pages,
     the null block held back; checked against vLLM's logged capacity by the serve tests), when the
     size is already known (``cache_config.kv_cache_memory_bytes``); else nothing to check. Called
     once the platform has settled that size (the plugin's platform after vLLM's CPU hook read
@@ -205,7 +205,7 @@ def check_kv_capacity(vllm_config, settings: ServeSettings) -> None:
     sched = getattr(vllm_config, "scheduler_config", None)
     if not available or sched is None:
         return
-    from vllm_dsv4_hw.kv_cache.vllm_pool import longest_fitting_len, one_request_bytes, \
+    from vllm_dsv4_hw.engine.kv_pool import longest_fitting_len, one_request_bytes, \
         plan_vllm_pool
 
     cfg, main, idx = settings.cfg, settings.main_format, settings.indexer_format

@@ -4,7 +4,7 @@ vLLM's own CPU platform would run DeepSeek V4 on its compiled CPU kernels (``_C`
 BF16 operators), which machines without those instructions, and vendor forks of vLLM, do not have.
 This platform keeps everything of vLLM's CPU platform (worker, memory, threads). What DeepSeek V4
 needs on any platform (the launch checks, 256-position blocks, the hybrid KV cache manager) is
-``model.launch_rules``, which vLLM applies through the config hook the plugin registers; this class
+``engine.launch_rules``, which vLLM applies through the config hook the plugin registers; this class
 applies them once more (idempotent) and changes only what vLLM's CPU platform does differently:
 
 * chunked prefill and prefix caching stay as the user set them: vLLM's CPU platform turns both off
@@ -21,8 +21,8 @@ from vllm.logger import init_logger
 from vllm.platforms.cpu import CpuPlatform
 
 from vllm_dsv4_hw import envs
-from vllm_dsv4_hw.model.launch_rules import BLOCK_SIZE, LaunchConfigError, settle_launch
-from vllm_dsv4_hw.model.serve_checks import check_kv_capacity
+from vllm_dsv4_hw.engine.launch_rules import BLOCK_SIZE, LaunchConfigError, settle_launch
+from vllm_dsv4_hw.engine.serve_checks import check_kv_capacity
 
 logger = init_logger(__name__)
 

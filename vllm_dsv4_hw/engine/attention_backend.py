@@ -4,7 +4,7 @@ vLLM's hybrid KV cache manager puts every cache kind of every layer into KV cach
 table per group) and calls each group's builder once per step. Our builder only hands over what the
 group knows: its block table, the positions per page and the step's request layout, as views of
 vLLM's persistent input buffers (no copies, no host synchronization). The attention layer
-(``vllm_layer.py``) combines the groups of its cache kinds into one
+(``engine/attention_layer.py``) combines the groups of its cache kinds into one
 :class:`~vllm_dsv4_hw.attention.metadata.StepMetadata` per layer kind and step: for decode batches
 with device ops only (``attention.decode_metadata``), which is what lets vLLM capture decode steps
 in CUDA graphs (``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``: vLLM replays them after

@@ -1,6 +1,6 @@
 """How vLLM's hybrid KV cache manager pools our cache kinds: capacity, without vLLM.
 
-Inside vLLM (block-outermost layout, ``attention/vllm_backend.py``) the caches form KV cache groups
+Inside vLLM (block-outermost layout, ``engine/attention_backend.py``) the caches form KV cache groups
 that share one block pool. This module predicts vLLM 0.32's arithmetic for our kinds, so that
 ``vllm-dsv4-hw kv-plan --memory ...`` states the capacity ``vllm serve`` will report:
 
@@ -13,7 +13,7 @@ that share one block pool. This module predicts vLLM 0.32's arithmetic for our k
   ``anchor // first page`` layers (at least one), so that no group's block exceeds the anchor
   (``_get_packed_kv_cache_groups`` in vLLM 0.32);
 * a pool block is the largest group's packed bytes, rounded up to the least common multiple of the
-  block-stride alignments (the state rows' sizes, ``vllm_specs.vllm_spec``);
+  block-stride alignments (the state rows' sizes, ``kv_specs.vllm_spec``);
 * admission reserves per request, per group: full ``ceil(L / 256)`` blocks; windowed
   ``ceil(min(W - 1 + C, L) / P) + 1`` blocks (W window, P positions per page, C the in-flight
   tokens = ``max_num_batched_tokens``: chunked prefill keeps a whole chunk's rows in flight);
@@ -29,7 +29,7 @@ from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.kv_cache.blocks import cdiv
 from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
-from vllm_dsv4_hw.kv_cache.vllm_specs import STATE_KINDS
+from vllm_dsv4_hw.engine.kv_specs import STATE_KINDS
 
 __all__ = ["PoolGroup", "VllmPoolPlan", "plan_vllm_pool"]
 
@@ -113,7 +113,7 @@ class _Bucket:
 
 
 def _buckets(cfg: DSV4Config, specs: dict) -> list[_Bucket]:
-    """Layer caches in vLLM's registration order (layer by layer, ``vllm_specs.layer_kinds``
+    """Layer caches in vLLM's registration order (layer by layer, ``kv_specs.layer_kinds``
     order), bucketed as ``_get_packed_kv_cache_groups`` does."""
     buckets: list[_Bucket] = []
     for layer, ratio in enumerate(cfg.compress_ratios):

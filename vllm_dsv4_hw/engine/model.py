@@ -1,7 +1,7 @@
 """``DeepseekV4ForCausalLM`` for vLLM, registered by the plugin in place of the built-in one.
 
 The network (embeddings, mHC, MoE, norm, head: ``network.py``) is plain PyTorch over our dispatch
-ops; its attention layers are :class:`~vllm_dsv4_hw.attention.vllm_layer.VllmDSV4Attention`, whose
+ops; its attention layers are :class:`~vllm_dsv4_hw.engine.attention_layer.VllmDSV4Attention`, whose
 caches vLLM's hybrid KV cache manager allocates. Nothing here calls vLLM's compiled operators
 (``torch.ops._C*``): a vendor fork of vLLM does not ship them, and the CPU builds of vLLM lack the
 DeepSeek V4 ones on machines without AMX / AVX-512 BF16.
@@ -25,12 +25,12 @@ from torch import nn
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 
-from vllm_dsv4_hw.attention.vllm_layer import VllmDSV4Attention
+from vllm_dsv4_hw.engine.attention_layer import VllmDSV4Attention
 from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
 from vllm_dsv4_hw.model.loader import load_weights
 from vllm_dsv4_hw.model.network import DSV4Network
 from vllm_dsv4_hw.model.resident import resident_summary
-from vllm_dsv4_hw.model.serve_checks import (UnsupportedSettingError, check_kv_capacity,
+from vllm_dsv4_hw.engine.serve_checks import (UnsupportedSettingError, check_kv_capacity,
                                              check_serve_settings)
 from vllm_dsv4_hw.parallel import current_layout
 from vllm_dsv4_hw.quant.config import model_quant_config

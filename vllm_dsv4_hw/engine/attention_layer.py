@@ -2,7 +2,7 @@
 
 * :class:`DSV4CacheLayer` is one cache of one layer (window, compressed KV, indexer keys, or a
   compressor state) as vLLM sees it: an ``AttentionLayerBase`` with a KV cache spec
-  (``kv_cache/vllm_specs.py``) and our backend (``vllm_backend.py``). vLLM's hybrid manager
+  (``engine/kv_specs.py``) and our backend (``attention_backend.py``). vLLM's hybrid manager
   allocates its pages and binds them here.
 * :class:`VllmDSV4Attention` is :class:`~vllm_dsv4_hw.attention.layer.DSV4Attention` fed from
   vLLM's forward context: it turns the groups' block tables into one ``StepMetadata`` per
@@ -33,10 +33,10 @@ from vllm_dsv4_hw.attention.metadata import (
     StepMetadata,
     build_step_metadata,
 )
-from vllm_dsv4_hw.attention.vllm_backend import DSV4CacheBackend, DSV4CacheMetadata
+from vllm_dsv4_hw.engine.attention_backend import DSV4CacheBackend, DSV4CacheMetadata
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kv_cache.formats import make_format
-from vllm_dsv4_hw.kv_cache.vllm_specs import LayerKind, layer_kinds, vllm_spec
+from vllm_dsv4_hw.engine.kv_specs import LayerKind, layer_kinds, vllm_spec
 from vllm_dsv4_hw.parallel import ParallelLayout
 
 logger = init_logger(__name__)

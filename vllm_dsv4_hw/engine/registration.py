@@ -9,7 +9,7 @@ vllm-ascend's ``ascend_model`` plugin registers its own ``DeepseekV4ForCausalLM`
 * ``ours``: our class is registered and pinned: the registry's table is wrapped so that a later
   ``register_model`` of this one architecture (e.g. vllm-ascend's) is logged and not taken, whatever
   the load order; every other architecture it registers stays. Our ``dsv4_hw_fp8`` quantization
-  config and our launch rules (``model.launch_rules``, vLLM's config hook for the architecture) are
+  config and our launch rules (``engine.launch_rules``, vLLM's config hook for the architecture) are
   registered; vLLM appends ``dsv4_hw_fp8`` to the platform's ``supported_quantization`` list itself.
 * ``vendor``: none of that is registered: the vendor's class (or vLLM's built-in one when no vendor
   plugin registers it) and its quantization config serve untouched.
@@ -25,7 +25,7 @@ from collections.abc import Callable, MutableMapping
 logger = logging.getLogger(__name__)
 
 ARCHITECTURE = "DeepseekV4ForCausalLM"
-MODEL_CLASS = "vllm_dsv4_hw.model.vllm_model:DSV4ForCausalLM"
+MODEL_CLASS = "vllm_dsv4_hw.engine.model:DSV4ForCausalLM"
 
 
 def describe(entry) -> str:
@@ -67,7 +67,7 @@ def install(owner: str, registry, config_map: MutableMapping | None,
                 f"launch rules and dsv4_hw_fp8 are not registered")
         logger.info(line)
         return line
-    from vllm_dsv4_hw.model.launch_rules import config_hook
+    from vllm_dsv4_hw.engine.launch_rules import config_hook
 
     registry.register_model(ARCHITECTURE, MODEL_CLASS)
     if not isinstance(registry.models, PinnedModels):

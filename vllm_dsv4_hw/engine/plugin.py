@@ -3,8 +3,8 @@
 * ``vllm.general_plugins`` -> :func:`register` (runs in every vLLM process): with
   ``VLLM_DSV4_HW_MODEL_OWNER=ours`` (default) registers our ``DeepseekV4ForCausalLM`` in vLLM's
   ``ModelRegistry`` (replacing the built-in architecture, which needs CUDA-only or AMX-only
-  kernels, and pinned against a vendor plugin loaded later: ``registration.py``), our launch rules
-  as vLLM's config hook for it (``model/launch_rules.py``: what any platform then gets) and our
+  kernels, and pinned against a vendor plugin loaded later: ``engine/registration.py``), our launch rules
+  as vLLM's config hook for it (``engine/launch_rules.py``: what any platform then gets) and our
   quantization config ``dsv4_hw_fp8`` (weights as shipped; it claims the DeepSeek V4 FP8
   checkpoints before vLLM's CUDA-only ``deepseek_v4_fp8``); with ``vendor`` none of these.
 * ``vllm.platform_plugins`` -> :func:`platform_plugin`: our CPU platform on machines without an
@@ -23,9 +23,9 @@ from vllm_dsv4_hw import envs
 
 logger = logging.getLogger(__name__)
 
-ARCHITECTURE = "DeepseekV4ForCausalLM"   # the names live in registration.py; kept here for callers
-MODEL_CLASS = "vllm_dsv4_hw.model.vllm_model:DSV4ForCausalLM"
-PLATFORM_CLASS = "vllm_dsv4_hw.platform.vllm_cpu.DSV4HwCpuPlatform"
+ARCHITECTURE = "DeepseekV4ForCausalLM"   # the names live in engine/registration.py; kept here for callers
+MODEL_CLASS = "vllm_dsv4_hw.engine.model:DSV4ForCausalLM"
+PLATFORM_CLASS = "vllm_dsv4_hw.engine.cpu_platform.DSV4HwCpuPlatform"
 
 _registered = False
 
@@ -78,7 +78,7 @@ def register() -> None:
     _registered = True
     from vllm import ModelRegistry
 
-    from vllm_dsv4_hw.registration import install
+    from vllm_dsv4_hw.engine.registration import install
 
     _route_logs_through_vllm()
     install(owner, ModelRegistry, _config_map() if owner == "ours" else None, _register_quant)
