@@ -74,8 +74,8 @@ def _sweep_case(tsa, launch, sets, outs, label, floor_us, t, n_cand):
 
 def sweep_attn_loop(dev, batches):
     from benchmarks.gpu.sparse_attention import make_inputs
-    from vllm_dsv4_hw.ops.triton import sparse_attention as tsa
-    from vllm_dsv4_hw.ops.triton import sparse_attention_launch as launch
+    from vllm_dsv4_hw.ops.triton.sparse_attention import kernel as tsa
+    from vllm_dsv4_hw.ops.triton.sparse_attention import launch as launch
 
     rows = []
     for k_comp in DECODE_K:

@@ -79,7 +79,7 @@ from benchmarks.topk_sweeps import sweep_topk_sync
 # -- sparse attention ---------------------------------------------------------------------------------
 def sweep_attn(dev, batches, k_comps=(512, 8192)):
     from benchmarks.gpu.sparse_attention import make_inputs
-    from vllm_dsv4_hw.ops.triton import sparse_attention as tsa
+    from vllm_dsv4_hw.ops.triton.sparse_attention import kernel as tsa
 
     rows = []
     for k_comp in k_comps:
@@ -118,8 +118,8 @@ def sweep_attn_prefill(dev, batches, t=8192):
     c4a top-k, 1024 = c128a at 128K): the e4m3 decode (``ptx_codecs``) x head block x tile x warps,
     no split; each config checked against the default's output (bf16 rounding)."""
     from benchmarks.gpu.sparse_attention import make_inputs
-    from vllm_dsv4_hw.ops.triton import sparse_attention as tsa
-    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_PTX
+    from vllm_dsv4_hw.ops.triton.sparse_attention import kernel as tsa
+    from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_HW, CVT_PTX
 
     rows = []
     for k_comp in (512, 1024):
@@ -160,7 +160,7 @@ def sweep_index_prefill(dev, batches, cases=((131072, 8192), (1048576, 2048))):
     chunk's causal tail included), tokens per program x warps x entry block, each checked
     against the one-token-per-program scores; the dot FLOPs / 790 TFLOP/s as the floor."""
     from benchmarks.gpu.indexer import make_inputs
-    from vllm_dsv4_hw.ops.triton import indexer as ti
+    from vllm_dsv4_hw.ops.triton.indexer import score as ti
 
     rows = []
     for ctx, t in cases:
@@ -199,7 +199,7 @@ def sweep_index_prefill(dev, batches, cases=((131072, 8192), (1048576, 2048))):
 
 def sweep_index(dev, batches):
     from benchmarks.gpu.indexer import _decode_reqs, make_inputs
-    from vllm_dsv4_hw.ops.triton import indexer as ti
+    from vllm_dsv4_hw.ops.triton.indexer import score as ti
 
     rows = []
     for ctx in (131072, 1048576):
@@ -241,7 +241,7 @@ def sweep_index(dev, batches):
 
 
 def sweep_topk(dev, batches):
-    from vllm_dsv4_hw.ops.triton.topk import radix_topk
+    from vllm_dsv4_hw.ops.triton.indexer.topk import radix_topk
 
     rows = []
     for n in (32768, 262144):
@@ -271,7 +271,8 @@ def sweep_inv_rope(dev, batches, prefill=(8192,)):
     (bf16) and the W8A8 GEMM's own quantizing launch of that."""
     from vllm_dsv4_hw import ops
     from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin
-    from vllm_dsv4_hw.ops.triton import fp8_dot_linear, inv_rope_quant as irq
+    from vllm_dsv4_hw.ops.triton.linear import w8a8 as fp8_dot_linear
+    from vllm_dsv4_hw.ops.triton import rope as irq
 
     cs = rope_cos_sin(10000.0, 64, 1 << 17).to(dev)
     rows = []

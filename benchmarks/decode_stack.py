@@ -336,9 +336,9 @@ def main(argv=None) -> int:
 
     single_rank()  # the product's linears are vLLM layers: vLLM's parallel state, world size 1
     if dev.type == "cuda":
-        from vllm_dsv4_hw.ops.triton import indexer as triton_indexer
+        from vllm_dsv4_hw.ops.triton.indexer import score as triton_indexer
 
-        from vllm_dsv4_hw.ops.triton import sparse_attention as triton_attention
+        from vllm_dsv4_hw.ops.triton.sparse_attention import kernel as triton_attention
 
         triton_indexer.SELECT["impl"] = args.indexer_select
         if args.bounded_select is not None:
@@ -346,20 +346,20 @@ def main(argv=None) -> int:
         if args.trim_walk is not None:
             triton_attention.TRIM_DEFAULT = args.trim_walk == "on"
         if args.inv_rope_flat is not None:
-            from vllm_dsv4_hw.ops.triton import inv_rope_quant
+            from vllm_dsv4_hw.ops.triton import rope
 
             inv_rope_quant.FLAT = args.inv_rope_flat == "on"
         if args.weight_prefetch is not None:  # read at a device's first GEMM launch
             os.environ["VLLM_DSV4_HW_WEIGHT_PREFETCH"] = str(args.weight_prefetch)
         if args.gemv_rows is not None:
-            from vllm_dsv4_hw.ops.triton import fp8_gemv
+            from vllm_dsv4_hw.ops.triton.linear import gemv as fp8_gemv
 
             fp8_gemv.MAX_ROWS = args.gemv_rows
         if args.gemv_ahead is not None:
-            from vllm_dsv4_hw.ops.triton import fp8_gemv
+            from vllm_dsv4_hw.ops.triton.linear import gemv as fp8_gemv
 
             fp8_gemv.TILE["ahead"] = args.gemv_ahead == "on"
-        from vllm_dsv4_hw.ops.triton import topk
+        from vllm_dsv4_hw.ops.triton.indexer import topk
 
         if args.topk_lean is not None:
             topk.LEAN_HIST = args.topk_lean == "on"

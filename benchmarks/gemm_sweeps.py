@@ -48,7 +48,7 @@ def _shape_cases(dev, batches, extra_ms=lambda name: ()):
 
 
 def sweep_gemm(dev, batches):
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     def w8a16_matmul(x, w8, s, **kw):
         return fp8_block_linear(x, w8, s, (128, 128), **kw)
@@ -74,7 +74,7 @@ def sweep_gemm_split(dev, batches):
     """Split-K partials summed inside the launch by each tile's last split (``serial``, the
     default) or by a second launch, at the default and forced splits; every result equal to the
     separate sum's bit for bit."""
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     rows = []
     for label, ws, n_sets, x, floor in _shape_cases(dev, batches):
@@ -97,7 +97,7 @@ def sweep_gemm_split(dev, batches):
 def sweep_gemm_fold(dev, batches):
     """Decode-sized M: the three ways of applying the block scale (``fp8_linear.FOLD``) at
     each column block and stage count, split-K as the default chooses, each checked."""
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     rows = []
     for label, ws, n_sets, x, floor in _shape_cases(dev, batches):
@@ -122,8 +122,8 @@ def sweep_gemm_cvt(dev, batches, prefill_ms=(4096,)):
     the default tiles (each result equal to the hardware cvt's bit for bit: the same values enter
     the same dots), and the packed decode at other column blocks / stage counts (within bf16
     rounding of it: the split-K, so the summation order, follows the column block)."""
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
-    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_INT, CVT_PTX
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_HW, CVT_INT, CVT_PTX
 
     def extra(name):
         return prefill_ms if name in ("flash wq_b", "flash wo_b", "flash wo_a") else ()
@@ -155,7 +155,7 @@ def sweep_gemm_prefill(dev, batches=None, ms=(4096, 8192)):
     """Prefill-sized M: row / column tiles, warps and stages of the product's FP8 GEMM against
     the dense bf16 matmul of the dequantized weight (cuBLAS: the unfused path), each config's
     result checked against that matmul."""
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     # (bm, bn, warps, stages, fold): fold 0 = a dot per K block then scaled into the accumulator,
     # 1 = scale folded into the weight tile, 2 = 1 with the weight tile as the dot's A (y^T)
@@ -225,8 +225,8 @@ def sweep_dense(dev, batches):
     """``ops.dense_linear``: the Triton decode kernel (default up to its row limit) against the
     reference's cuBLAS GEMM (what these projections ran on before), at column blocks and splits;
     each result within fp32 accumulation error of the float64 product."""
-    from vllm_dsv4_hw.ops.reference.dense_linear import dense_linear as ref
-    from vllm_dsv4_hw.ops.triton.dense_linear import dense_linear
+    from vllm_dsv4_hw.ops.reference.linear import dense_linear as ref
+    from vllm_dsv4_hw.ops.triton.linear.dense import dense_linear
 
     rows = []
     for name, (n, k, odt) in DENSE_SHAPES.items():
@@ -257,8 +257,8 @@ def sweep_gemm_w8a8(dev, batches, prefill_ms=(4096,)):
     projection, decode batches and a prefill chunk: its tiles, stages and splits, each result
     checked against the reference with the same activation quantization (within bf16 rounding);
     prefill rows also time cuBLAS on the dequantized weight."""
-    from vllm_dsv4_hw.ops.reference.fp8_linear import fp8_block_linear as ref
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.reference.linear import fp8_block_linear as ref
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     def extra(name):
         return prefill_ms if name in ("flash wq_a", "flash wq_b", "flash wo_b", "flash wo_a") else ()
@@ -311,8 +311,8 @@ def sweep_gemm_codes(dev, batches):
     that emits codes (the q norm for wq_b and the indexer's wq_b) would buy. Ahead-of-time sm_90
     SASS of the 16 x 64 tile's K loop: 224 instructions and 4 block barriers in-program, 149 and
     2 with codes (2026-12-05)."""
-    from vllm_dsv4_hw.ops.triton.fp8_dot_linear import quantize
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.w8a8 import quantize
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     rows = []
     for label, ws, n_sets, x, floor in _shape_cases(dev, batches):

@@ -59,7 +59,7 @@ def _checked(ti, b_args, e_args, qs, buf, want, **kw):
 
 def sweep_index_e4m3(dev, batches):
     from benchmarks.gpu.indexer import _decode_reqs
-    from vllm_dsv4_hw.ops.triton import indexer as ti
+    from vllm_dsv4_hw.ops.triton.indexer import score as ti
 
     rows = []
     for ctx in (131072, 1048576):
@@ -117,7 +117,7 @@ def sweep_index_ab(dev, batches):
     lean form for timing two versions of the package on one machine (``pending_ab.sh
     index-ab``). Inputs from fixed seeds, so both versions score the same keys."""
     from benchmarks.gpu.indexer import _decode_reqs, make_inputs
-    from vllm_dsv4_hw.ops.triton import indexer as ti
+    from vllm_dsv4_hw.ops.triton.indexer import score as ti
 
     rows = []
     cases = [(ctx, b, None) for ctx in (131072, 1048576) for b in batches]

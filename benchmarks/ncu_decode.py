@@ -38,7 +38,7 @@ def cases_gemm(dev, calls, batches):
     """The FP8 linears as the layers call them: e4m3 activations (W8A8) where the device takes
     them (``quant.linear.e4m3_activations``), the W8A16 kernel elsewhere."""
     from benchmarks.gemm_sweeps import _shape_cases
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
     from vllm_dsv4_hw.quant.linear import e4m3_activations
 
     w8a8 = e4m3_activations(dev)
@@ -49,7 +49,7 @@ def cases_gemm(dev, calls, batches):
 
 def cases_index(dev, calls, batches):
     from benchmarks.gpu.indexer import _decode_reqs, make_inputs
-    from vllm_dsv4_hw.ops.triton import indexer as ti
+    from vllm_dsv4_hw.ops.triton.indexer import score as ti
 
     for ctx in (131072, 1048576):
         for b in batches:
@@ -60,7 +60,7 @@ def cases_index(dev, calls, batches):
 
 
 def cases_topk(dev, calls, batches):
-    from vllm_dsv4_hw.ops.triton.topk import radix_topk
+    from vllm_dsv4_hw.ops.triton.indexer.topk import radix_topk
 
     for n in (32768, 262144):
         for b in batches:
@@ -71,7 +71,7 @@ def cases_topk(dev, calls, batches):
 
 def cases_attn(dev, calls, batches):
     from benchmarks.gpu.sparse_attention import make_inputs
-    from vllm_dsv4_hw.ops.triton import sparse_attention as tsa
+    from vllm_dsv4_hw.ops.triton.sparse_attention import kernel as tsa
 
     for k_comp in (512, 8192):
         for b in batches:

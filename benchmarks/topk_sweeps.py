@@ -45,7 +45,7 @@ def _cfg_label(lean, early, block, warps=None):
 
 
 def sweep_topk_sync(dev, batches):
-    from vllm_dsv4_hw.ops.triton import topk as tk
+    from vllm_dsv4_hw.ops.triton.indexer import topk as tk
 
     default = _cfg_label(tk.LEAN_HIST, tk.EARLY_TAU, None)
     rows = []

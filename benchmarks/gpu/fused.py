@@ -285,7 +285,7 @@ def bench(device, smoke: bool | None = None) -> list[dict]:
     table = _table(device)
     rows: list[dict] = []
 
-    from vllm_dsv4_hw.ops.triton import common
+    from vllm_dsv4_hw.ops.triton.common import rows as common
 
     def add(op, case, ref_fn, ours_fn, nbytes):
         ref_ms = time_ms(ref_fn, device)

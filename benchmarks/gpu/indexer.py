@@ -107,7 +107,7 @@ def _ops():
     import vllm_dsv4_hw.ops  # noqa: F401  (registers every backend)
     from vllm_dsv4_hw.ops.reference import indexer as ref
     from vllm_dsv4_hw.ops.registry import REGISTRY
-    from vllm_dsv4_hw.ops.triton import indexer as ti
+    from vllm_dsv4_hw.ops.triton.indexer import score as ti
 
     return REGISTRY.implementations("indexer_topk")["reference"].fn, ref, ti
 
@@ -195,7 +195,7 @@ def _radix_forms(torch, device, smoke):
     with the default histograms and ``LEAN_HIST``'s, the four passes and ``EARLY_TAU``'s stop
     (so the knobs' output is checked where many programs share a row); and the k-th score
     against torch.topk's."""
-    from vllm_dsv4_hw.ops.triton.topk import radix_topk
+    from vllm_dsv4_hw.ops.triton.indexer.topk import radix_topk
 
     gen = torch.Generator(device=device).manual_seed(3)
     rows = []

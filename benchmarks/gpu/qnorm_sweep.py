@@ -4,7 +4,8 @@ against the default. python -m benchmarks.gpu.qnorm_sweep (CUDA; writes $OUT/qno
 import json, os, torch
 from benchmarks.gpu.timing import time_ms
 from vllm_dsv4_hw import ops
-from vllm_dsv4_hw.ops.triton import common, fused_qkv
+from vllm_dsv4_hw.ops.triton.common import rows as common
+from vllm_dsv4_hw.ops.triton import fused_prologue as fused_qkv
 from vllm_dsv4_hw.kv_cache.formats import make_format
 from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin
 dev = torch.device("cuda")

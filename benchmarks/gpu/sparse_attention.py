@@ -86,7 +86,7 @@ def make_inputs(device, fmt_name, t, h=64, d=512, window=128, topk=512, cache_en
 def _ops():
     import vllm_dsv4_hw.ops  # noqa: F401  (registers every backend)
     from vllm_dsv4_hw.ops.registry import REGISTRY
-    from vllm_dsv4_hw.ops.triton import sparse_attention as tsa
+    from vllm_dsv4_hw.ops.triton.sparse_attention import kernel as tsa
 
     return REGISTRY.implementations("sparse_attention")["reference"].fn, tsa
 
@@ -100,7 +100,7 @@ def _variants(fmt_name, q_dtype, t, splits, smoke, device):
     prefetch."""
     import torch
 
-    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_INT, e4m3_modes
+    from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_HW, CVT_INT, e4m3_modes
 
     out = [{}]
     if fmt_name == "fp8_ds_mla" and q_dtype == torch.bfloat16 and splits is None:

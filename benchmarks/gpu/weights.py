@@ -59,8 +59,8 @@ def _all_codes_weight(torch, n, k, device, gen):
 def _decode_modes(torch, device, gen, smoke):
     """Every e4m3 decode the device can run (``ops.triton.ptx_codecs``) gives the auto choice's
     bits, at a decode and a prefill-tile M, on a weight of every finite code."""
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
-    from vllm_dsv4_hw.ops.triton.ptx_codecs import e4m3_mode, e4m3_modes
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.common.ptx_codecs import e4m3_mode, e4m3_modes
 
     n, k = (256, 256) if smoke else (1024, 1024)
     w8, s = _all_codes_weight(torch, n, k, device, gen)
@@ -113,7 +113,9 @@ def _serial_split(torch, device, gen, smoke):
     """The split-K partials summed inside the launch by each tile's last split give the separate
     sum launch's bits (auto and forced splits, a grouped weight), and leave the arrival counters
     zeroed, also after launches from two streams at once."""
-    from vllm_dsv4_hw.ops.triton import fp8_linear as tf, split_k
+    from vllm_dsv4_hw.ops.triton.linear import block as tf
+    from vllm_dsv4_hw.ops.triton.linear import fp8_block_linear as fp8_op
+    from vllm_dsv4_hw.ops.triton.linear import split_k
 
     rows = []
     shapes = ((256, 512, 1, 4), (128, 512, 2, 3)) if smoke else \
@@ -124,15 +126,15 @@ def _serial_split(torch, device, gen, smoke):
             x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device,
                             generator=gen).to(torch.bfloat16)
             kw = dict(split_k=split)
-            two = tf.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=False)
-            ser = tf.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=True)
+            two = fp8_op.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=False)
+            ser = fp8_op.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=True)
             side = torch.cuda.Stream(device) if device.type == "cuda" else None
             outs = []
             if side is not None:  # the same launch on two streams at once: their own counters
                 side.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(side):
-                    outs.append(tf.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=True))
-                outs.append(tf.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=True))
+                    outs.append(fp8_op.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=True))
+                outs.append(fp8_op.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=True))
                 torch.cuda.current_stream(device).wait_stream(side)
                 torch.cuda.synchronize(device)
             same = all(torch.equal(o, two) for o in [ser] + outs)
@@ -148,9 +150,9 @@ def _gemv(torch, device, gen, smoke):
     (e4m3 activations), every row the bits of its own one-row launch, and x given as the
     product's e4m3 codes + scales (``fp8_dot_linear.quantize``) the bits of x quantized in the
     launch; where the device takes it (FP8 dots, or the interpreter)."""
-    from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
-    from vllm_dsv4_hw.ops.triton import fp8_gemv
-    from vllm_dsv4_hw.ops.triton.fp8_dot_linear import quantize
+    from vllm_dsv4_hw.ops.reference.linear import check_fp8_block_linear_args
+    from vllm_dsv4_hw.ops.triton.linear import gemv as fp8_gemv
+    from vllm_dsv4_hw.ops.triton.linear.w8a8 import quantize
 
     lin, _ = _impls()
     rows = []
@@ -181,7 +183,7 @@ def _dense(torch, device, gen, smoke):
     """``dense_linear`` (Triton up to its row limit, cuBLAS past it) at the shapes of the
     projections shipped in bf16, against the float64 product; the split sum inside the launch
     gives the separate sum's bits."""
-    from vllm_dsv4_hw.ops.triton import dense_linear as td
+    from vllm_dsv4_hw.ops.triton.linear import dense as td
 
     rows = []
     shapes = ((256, 512, torch.float32),) if smoke else \

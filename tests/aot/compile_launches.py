@@ -16,7 +16,34 @@ import json
 import re
 import sys
 
-from vllm_dsv4_hw.ops.triton.topk_digits import ROW_WORDS
+from vllm_dsv4_hw.ops.triton.indexer.topk_digits import ROW_WORDS
+
+
+def kernel_fn(record: dict):
+    """The JIT function of a record, found by its op family (``ops.triton.<family>``: a module,
+    or a sub-package whose modules are searched) and kernel name, so that moving a kernel between
+    the files of its family changes no record."""
+    fam = importlib.import_module(f"vllm_dsv4_hw.ops.triton.{record['family']}")
+    if hasattr(fam, record["kernel"]):
+        return getattr(fam, record["kernel"])
+    found = [getattr(m, record["kernel"]) for m in _family_modules(fam)
+             if hasattr(m, record["kernel"])]
+    found = list({id(f): f for f in found}.values())
+    if len(found) != 1:
+        raise KeyError(f"{len(found)} kernels named {record['kernel']} in {record['family']}")
+    return found[0]
+
+
+def _family_modules(package) -> list:
+    import pkgutil
+
+    return [importlib.import_module(f"{package.__name__}.{m.name}")
+            for m in pkgutil.iter_modules(getattr(package, "__path__", []))]
+
+
+def family_of(module: str) -> str:
+    """``vllm_dsv4_hw.ops.triton.<family>[.<file>]`` -> ``<family>``."""
+    return module.split("vllm_dsv4_hw.ops.triton.", 1)[1].split(".")[0]
 
 
 def unique(records: list[dict]) -> list[dict]:
@@ -24,7 +51,7 @@ def unique(records: list[dict]) -> list[dict]:
     attributes of the runtime ints only change vectorization, not what a target accepts."""
     seen, out = set(), []
     for r in records:
-        key = json.dumps([r["module"], r["kernel"], r["signature"], r["constexprs"],
+        key = json.dumps([r["family"], r["kernel"], r["signature"], r["constexprs"],
                           r["num_warps"], r["num_stages"]], sort_keys=True)
         if key not in seen:
             seen.add(key)
@@ -38,7 +65,7 @@ def for_backend(record: dict, backend: str, arch: str = "90") -> dict:
     dependent launch (``PDL``) where the target's declared capabilities have it (sm_90+), so the
     griddepcontrol instructions are compiled for every target that takes them; the hardware e4m3
     encode (``HW_ENC``) where the target declares ``fp8_cvt`` (sm_89+, ROCm)."""
-    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_PTX
+    from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_HW, CVT_PTX
     from vllm_dsv4_hw.platform.capabilities import cuda_capabilities
 
     c = record["constexprs"]
@@ -59,8 +86,8 @@ def forced_decode(record: dict, backend: str) -> bool:
     """A launch with an e4m3 decode the target never selects: the GPU tier also runs the FP8
     GEMM and the fp8 sparse attention with the integer decode and the hardware cvt on purpose
     (to compare them bit for bit); a CUDA part launches the packed PTX decode, ROCm the cvt."""
-    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_PTX
-    from vllm_dsv4_hw.ops.triton.quant import FMT_FP8_DS_MLA
+    from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_HW, CVT_PTX
+    from vllm_dsv4_hw.ops.triton.common.quant import FMT_FP8_DS_MLA
 
     c = record["constexprs"]
     decodes = record["kernel"] == "_fp8_block_linear_kernel" or (
@@ -78,13 +105,13 @@ def needs_fp8_dot(record: dict) -> bool:
     (``ops.triton.fp8_gemv``: taken only where ``fp8_block_linear`` quantizes x) or of the
     indexer's score pass on FP8 dots (``DOT_FP8``, an e4m3 query): only devices declaring
     ``fp8_dot`` take it (CUDA sm_89+, not ROCm, whose gfx942 e4m3 is the fnuz variant)."""
-    from vllm_dsv4_hw.ops.triton.indexer import DOT_FP8
+    from vllm_dsv4_hw.ops.triton.indexer.score import DOT_FP8
 
     if record["kernel"] == "_indexer_score_kernel":
         return record["constexprs"].get("DOT") == DOT_FP8
-    if record["module"].endswith(".fp8_gemv"):
+    if record["kernel"] == "_gemv_kernel":
         return True
-    return record["module"].endswith(".fp8_dot_linear") and record["kernel"] in FP8_DOT_KERNELS
+    return record["family"] == "linear" and record["kernel"] in FP8_DOT_KERNELS
 
 
 def selected_on(record: dict, limit: int) -> bool:
@@ -92,8 +119,9 @@ def selected_on(record: dict, limit: int) -> bool:
     H200 launch: the tiles the product takes only where the declared shared memory holds them
     (the FP8 GEMM's prefill tile, sparse attention's full-device tiles) are not its launches, so
     they are not compiled for it."""
-    from vllm_dsv4_hw.ops.triton import fp8_linear, sparse_attention_launch as sal
-    from vllm_dsv4_hw.ops.triton.quant import FMT_BF16, FMT_FP8_DS_MLA
+    from vllm_dsv4_hw.ops.triton.linear import block as fp8_linear
+    from vllm_dsv4_hw.ops.triton.sparse_attention import launch as sal
+    from vllm_dsv4_hw.ops.triton.common.quant import FMT_BF16, FMT_FP8_DS_MLA
 
     c = record["constexprs"]
     if record["kernel"] == "_fp8_block_linear_kernel":
@@ -179,7 +207,7 @@ def compile_record(record: dict, target):
     import triton
     from triton.compiler import ASTSource
 
-    fn = getattr(importlib.import_module(record["module"]), record["kernel"])
+    fn = kernel_fn(record)
     names = fn.arg_names
     r = with_new_defaults(record, fn)
     drift = sorted(set(names) ^ set(r["signature"]))
@@ -201,7 +229,7 @@ def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
     chosen = [r for r in records if not forced_decode(r, backend) and selected_on(r, int(limit))
               and not (backend == "hip" and needs_fp8_dot(r))]
     for r in unique(chosen) + knobs_on(chosen):
-        name = f"{r['module'].rsplit('.', 1)[-1]}.{r['kernel']}"
+        name = f"{r['family']}.{r['kernel']}"
         row = {"kernel": name, "constexprs": r["constexprs"], "num_warps": r["num_warps"],
                "num_stages": r["num_stages"], "error": None, "shared": None, "pdl": None,
                "trap": None}

@@ -1,9 +1,9 @@
 """sm_90 SASS of recorded launches, counted without a GPU: a kernel change's instruction budget
 before device time is spent on it.
 
-    python -m tests.aot.sass_count topk _fused_kernel BLOCK=512 NB=64 BOUND=True +LEAN=True
+    python -m tests.aot.sass_count indexer _fused_kernel BLOCK=512 NB=64 BOUND=True +LEAN=True
 
-Arguments: the kernel's module (the last part of ``vllm_dsv4_hw.ops.triton.<module>``), its name,
+Arguments: the kernel's op family (``vllm_dsv4_hw.ops.triton.<family>``), its name,
 then ``NAME=VALUE`` filters on the recorded constexprs and ``+NAME=VALUE`` knobs set on every
 matching launch (Python literals). Launches come from ``launches-h200-native.json`` as the target
 matrix compiles them (``compile_launches.for_backend`` / ``with_new_defaults``); one line per
@@ -20,13 +20,12 @@ device's counts, put its wheel first on the path::
 
     pip download triton==3.6.0 --no-deps -d /tmp/t36
     pip install --no-deps --target /tmp/t36lib /tmp/t36/triton-3.6.0-*.whl
-    PYTHONPATH=/tmp/t36lib python -m tests.aot.sass_count fp8_gemv _gemv_kernel BN=16 BK=512
+    PYTHONPATH=/tmp/t36lib python -m tests.aot.sass_count linear _gemv_kernel BN=16 BK=512
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import json
 import os
 import re
@@ -80,17 +79,17 @@ def main(argv: list[str]) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from tests.aot.compile_launches import compile_record, for_backend, with_new_defaults
+    from tests.aot.compile_launches import compile_record, for_backend, kernel_fn, with_new_defaults
 
     module, kernel, filters, knobs = parse_args(argv)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     seen = set()
     for r in json.loads(RECORDS.read_text())["launches"]:
-        if r["module"].rsplit(".", 1)[-1] != module or r["kernel"] != kernel:
+        if r["family"] != module or r["kernel"] != kernel:
             continue
         if any(r["constexprs"].get(n) != v for n, v in filters.items()):
             continue
-        fn = getattr(importlib.import_module(r["module"]), r["kernel"])
+        fn = kernel_fn(r)
         r = with_new_defaults(for_backend(r, "cuda", "90"), fn)
         r = dict(r, constexprs=dict(r["constexprs"], **knobs),
                  signature=dict(r["signature"], **{k: "constexpr" for k in knobs}))

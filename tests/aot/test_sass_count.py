@@ -56,7 +56,7 @@ def test_counts_a_recorded_launch_and_its_knob(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["SASS_DUMP"] = str(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "tests.aot.sass_count", "topk", "_hist_kernel",
+    out = subprocess.run([sys.executable, "-m", "tests.aot.sass_count", "indexer", "_hist_kernel",
                           "+LEAN=True"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -62,7 +62,7 @@ def _known_trap(target: str, row: dict) -> bool:
 
 # Kernels the GPU tier does not launch (so nothing recorded them), with the reason.
 NOT_RECORDED = {
-    "kv_insert._kv_gather_kernel": "kv_gather serves the conformance kit and tests, not the "
+    "kv_cache._kv_gather_kernel": "kv_gather serves the conformance kit and tests, not the "
                                    "served layer; the GPU tier has no case for it",
 }
 
@@ -100,14 +100,14 @@ def test_every_launch_compiles_for(target, compiled):
     # read-ahead (on by default, in the native records) only where the target has PDL
     assert any(r["constexprs"].get("FLAT") is True for r in rows), "no FLAT launch compiled"
     lean = {r["kernel"] for r in rows if r["constexprs"].get("LEAN") is True}
-    assert lean == {"topk._fused_kernel", "topk._hist_kernel"}, lean
+    assert lean == {"indexer._fused_kernel", "indexer._hist_kernel"}, lean
     early = {r["kernel"] for r in rows if r["constexprs"].get("EARLY") is True}
-    assert early == {f"topk.{k}" for k in ("_fused_kernel", "_hist_kernel", "_count_kernel",
+    assert early == {f"indexer.{k}" for k in ("_fused_kernel", "_hist_kernel", "_count_kernel",
                                            "_gather_kernel")}, early
     assert early == {r["kernel"] for r in rows if r["constexprs"].get("IN_ROW") is True}
     assert any(r["constexprs"].get("ZERO_STATE") for r in rows), "no ZERO_STATE launch"
     # the one-row GEMV only where fp8_block_linear quantizes x (fp8_dot: sm_89+, not ROCm)
-    gemv = any(r["kernel"] == "fp8_gemv._gemv_kernel" for r in rows)
+    gemv = any(r["kernel"] == "linear._gemv_kernel" for r in rows)
     assert gemv == (target in ("sm_89", "sm_90", "sm_100", "sm_120")), (target, gemv)
     assert gemv == any(r["constexprs"].get("AHEAD") is True for r in rows), "no AHEAD launch"
     pf = [r for r in rows if r["constexprs"].get("PF_BYTES")]
@@ -121,7 +121,7 @@ def test_targets_without_e4m3_conversion_take_the_integer_paths():
     the packed PTX integer decode on every CUDA part (``ops.triton.ptx_codecs``), ROCm never
     (``compile_launches.for_backend``: the hardware cvt)."""
     from tests.aot.compile_launches import for_backend
-    from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_HW, CVT_PTX
+    from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_HW, CVT_PTX
 
     def modes(path, kernel, backend="cuda"):
         return {for_backend(r, backend)["constexprs"]["CVT"]
@@ -148,13 +148,16 @@ def test_programmatic_dependent_launch_only_where_declared(compiled):
 
 
 def _launched_kernels() -> set[str]:
-    """``module.kernel`` for every @triton.jit function of ops/triton launched as
-    ``kernel[grid](...)`` in its module (device helpers are called, not launched)."""
+    """``family.kernel`` for every @triton.jit function of ops/triton launched as
+    ``kernel[grid](...)`` in its module (device helpers are called, not launched); the family is
+    the module, or the sub-package that holds it."""
     out = set()
-    for path in sorted((ROOT / "vllm_dsv4_hw" / "ops" / "triton").glob("*.py")):
+    base = ROOT / "vllm_dsv4_hw" / "ops" / "triton"
+    for path in sorted(base.rglob("*.py")):
         src = path.read_text()
         jit = set(re.findall(r"@triton\.jit[^\n]*\ndef (\w+)", src))
-        out |= {f"{path.stem}.{k}" for k in jit if re.search(rf"\b{k}\[", src)}
+        family = path.relative_to(base).parts[0].removesuffix(".py")
+        out |= {f"{family}.{k}" for k in jit if re.search(rf"\b{k}\[", src)}
     return out
 
 
@@ -162,7 +165,7 @@ def test_every_launched_kernel_is_recorded():
     recorded = set()
     for path in (NATIVE, SM80):
         launches = json.loads(path.read_text())["launches"]
-        recorded |= {f"{r['module'].rsplit('.', 1)[-1]}.{r['kernel']}" for r in launches}
+        recorded |= {f"{r['family']}.{r['kernel']}" for r in launches}
     launched = _launched_kernels()
     assert len(launched) >= 20, launched
     missing = launched - recorded - set(NOT_RECORDED)

@@ -1,5 +1,5 @@
 """Triton compressor kernels against the reference op at real dims (d 512 main, d 128 indexer) with
-every cache entry format, plus bit-exactness of the shared ``ops/triton/quant.py`` codecs.
+every cache entry format, plus bit-exactness of the shared ``ops/triton/common/quant.py`` codecs.
 
 The conformance suite (test_compressor.py) covers the semantics with fp32 / bf16 entries; here:
 * the multi-entry store helper (``quant.store_entry_pairs`` with one tile row per quant block,
@@ -33,7 +33,7 @@ if "triton" not in REGISTRY.implementations(COMPRESSOR_STORE):
     pytest.skip("triton backend not registered", allow_module_level=True)
 
 from vllm_dsv4_hw.ops.triton import compressor as tc  # noqa: E402
-from vllm_dsv4_hw.ops.triton import quant  # noqa: E402
+from vllm_dsv4_hw.ops.triton.common import quant  # noqa: E402
 
 FORMATS = [("main", "bf16"), ("main", "fp8"), ("main", "fp32"),
            ("indexer", "bf16"), ("indexer", "fp8"), ("indexer", "mxfp4")]

@@ -60,7 +60,7 @@ def test_float32_weight_and_default_dtype(backend, gen):
 def test_triton_serial_split_k_same_bits(m, n, k, split, gen):
     """The split-K partials summed by each tile's last split inside the launch give the bits of
     the separate sum launch, and the oracle's values."""
-    from vllm_dsv4_hw.ops.triton import dense_linear as td
+    from vllm_dsv4_hw.ops.triton.linear import dense as td
 
     x, w = _inputs(gen, m, n, k)
     serial = td.dense_linear(x, w, torch.float32, split_k=split, block_n=32, serial=True)
@@ -72,8 +72,8 @@ def test_triton_serial_split_k_same_bits(m, n, k, split, gen):
 @triton_only
 def test_triton_takes_decode_rows_only(gen):
     """Past MAX_ROWS rows, or with an fp32 weight, the Triton op is the reference GEMM."""
-    from vllm_dsv4_hw.ops.reference import dense_linear as rd
-    from vllm_dsv4_hw.ops.triton import dense_linear as td
+    from vllm_dsv4_hw.ops.reference import linear as rd
+    from vllm_dsv4_hw.ops.triton.linear import dense as td
 
     x, w = _inputs(gen, td.MAX_ROWS + 1, 64, 256)
     assert not td.takes(x, w) and td.takes(x[: td.MAX_ROWS], w)

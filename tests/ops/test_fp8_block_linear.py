@@ -227,7 +227,7 @@ def test_bad_arguments(backend):
 # -- the reference's bounded memory ----------------------------------------------------------------
 _MEM_SCRIPT = r'''
 import torch
-from vllm_dsv4_hw.ops.reference.fp8_linear import fp8_block_linear
+from vllm_dsv4_hw.ops.reference.linear import fp8_block_linear
 
 def peak_mib():
     # VmHWM: this process's own peak (ru_maxrss keeps the parent's peak across fork + exec)
@@ -270,7 +270,7 @@ triton_only = pytest.mark.skipif("triton" not in BACKENDS, reason="no triton bac
 ])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_triton_split_k(m, n, k, g, split, dtype, gen):
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     block = (128, 128)
     wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
@@ -289,14 +289,16 @@ def test_triton_serial_split_k_same_bits(m, n, k, g, split, dtype, gen):
     """The split-K partials summed by each tile's last split inside the launch give the bits of
     the separate sum launch, against the oracle too, and leave the arrival counters zeroed (the
     next launch on the stream reuses them)."""
-    from vllm_dsv4_hw.ops.triton import fp8_linear as tf, split_k
+    from vllm_dsv4_hw.ops.triton.linear import block as tf
+    from vllm_dsv4_hw.ops.triton.linear import fp8_block_linear as fp8_op
+    from vllm_dsv4_hw.ops.triton.linear import split_k
 
     block = (128, 128)
     wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
     x = rand_x(gen, m, g, k, dtype)
-    serial = tf.fp8_block_linear(x, wq, sc, block, split_k=split, block_n=32, serial=True)
-    again = tf.fp8_block_linear(x, wq, sc, block, split_k=split, block_n=32, serial=True)
-    two = tf.fp8_block_linear(x, wq, sc, block, split_k=split, block_n=32, serial=False)
+    serial = fp8_op.fp8_block_linear(x, wq, sc, block, split_k=split, block_n=32, serial=True)
+    again = fp8_op.fp8_block_linear(x, wq, sc, block, split_k=split, block_n=32, serial=True)
+    two = fp8_op.fp8_block_linear(x, wq, sc, block, split_k=split, block_n=32, serial=False)
     assert torch.equal(serial.view(torch.uint8), two.view(torch.uint8))
     assert torch.equal(again.view(torch.uint8), two.view(torch.uint8))
     assert_close(serial, x, wq, sc, block)
@@ -316,7 +318,7 @@ def test_triton_folded_scale(fold, m, n, k, g, block, split, dtype, gen):
     """The scale folded into the weight tile (1) and the transposed product with the weight as
     the dot's A operand (2): same bound against the oracle (x * (e4m3 * 2^e) is the same exact
     product; only the summation order differs). Both ends of the scale range."""
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     wq, sc = rand_weight(gen, ((g,) if g else ()) + (n, k), block, lo=100, hi=150)
     x = rand_x(gen, m, g, k, dtype)
@@ -330,7 +332,7 @@ def test_triton_folded_scale(fold, m, n, k, g, block, split, dtype, gen):
 def test_triton_prefill_tile(g, gen):
     """From 2048 rows: the 128 x 256 tile with the scale folded (the interpreter takes it too),
     ragged N and K, a partial last row tile."""
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     m, n, k, block = 2100, 1100, 200, (128, 128)
     wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
@@ -339,7 +341,7 @@ def test_triton_prefill_tile(g, gen):
 
 
 def test_triton_launch_heuristics():
-    tf = pytest.importorskip("vllm_dsv4_hw.ops.triton.fp8_linear")
+    tf = pytest.importorskip("vllm_dsv4_hw.ops.triton.linear.block")
     sms = 132
     assert tf._auto_split_k(kb=32, base=32, sms=sms) == 8       # wq_a: few blocks, 8-way
     assert tf._auto_split_k(kb=8, base=512, sms=sms) == 1       # wq_b: the blocks fill the device
@@ -367,7 +369,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from vllm_dsv4_hw.ops.triton import fp8_linear as f, split_k
+from vllm_dsv4_hw.ops.triton.linear import block as f
+from vllm_dsv4_hw.ops.triton.linear import split_k
 
 DIV16 = {"x_ptr", "w_ptr", "s_ptr", "out_ptr", "part_ptr", "K", "sxg", "sxm", "swg", "swn"}
 results = []

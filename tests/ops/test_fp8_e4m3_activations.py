@@ -41,7 +41,7 @@ def _x(gen, m, g, k, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("bk", [32, 128])
 def test_quantization_matches_the_oracle(dtype, bk, gen):
-    from vllm_dsv4_hw.ops.reference.fp8_linear import quantize_activations
+    from vllm_dsv4_hw.ops.reference.linear import quantize_activations
 
     x = _x(gen, 7, None, 300, dtype)
     want = oracle_quantize(x, bk)
@@ -54,7 +54,7 @@ def test_triton_quantize_launch_is_bit_exact(bk, gen):
     """The x-quantizing launch of the W8A8 kernel (interpreter): codes and scales whose product is
     the oracle's value, bit for bit."""
     from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import e4m3_decode
-    from vllm_dsv4_hw.ops.triton import fp8_dot_linear
+    from vllm_dsv4_hw.ops.triton.linear import w8a8 as fp8_dot_linear
 
     x = _x(gen, 19, None, 300, torch.bfloat16)
     q, xs = fp8_dot_linear.quantize(x, bk)
@@ -121,7 +121,7 @@ def test_dtypes_and_fallbacks(backend, x_dtype, out_dtype, block, gen):
 def test_triton_w8a8_tiles(knobs, g, gen):
     """Every tile and mode of the W8A8 kernel (interpreter) within the bound, and bit-equal to
     each other where only the x path differs (the same codes enter the same dots)."""
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     block = (128, 128)
     m, n, k = 6, 200, 420
@@ -159,7 +159,7 @@ def test_fp8_dot_capability():
 
 def test_w8a8_tile_rule():
     """The measured launch rule (``fp8_dot_linear._tile``) at the shipped projections."""
-    from vllm_dsv4_hw.ops.triton.fp8_dot_linear import _tile
+    from vllm_dsv4_hw.ops.triton.linear.w8a8 import _tile
 
     dec = _tile(1, 32768, 1, 1024)                      # V4-Flash wq_b, decode
     assert (dec["block_m"], dec["block_n"], dec["pre"], dec["xpf"], dec["wt"]) == \
@@ -217,9 +217,9 @@ def test_triton_gemv_one_row(g, n, k, knobs, dtype, gen):
     oracle's bound for plain and grouped weights, ragged N and K (a K block past the last
     split), every x dtype; its splits summed by the last split or by the separate launch give
     the same bits; the tile kernels (gemv=False) agree within the bound."""
-    from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
-    from vllm_dsv4_hw.ops.triton import fp8_gemv
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.reference.linear import check_fp8_block_linear_args
+    from vllm_dsv4_hw.ops.triton.linear import gemv as fp8_gemv
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     block = (128, 128)
     wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
@@ -251,9 +251,9 @@ def test_triton_gemv_rows_and_codes(m, g, n, k, knobs, gen):
     bound, and each row the bits of a one-row launch of that row (batch-invariant); x given as
     the producer's e4m3 codes + scales: the bits of the launch that quantizes it, also through
     ``fp8_block_linear(x_scales=...)``."""
-    from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
-    from vllm_dsv4_hw.ops.triton import fp8_gemv
-    from vllm_dsv4_hw.ops.triton.fp8_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.reference.linear import check_fp8_block_linear_args
+    from vllm_dsv4_hw.ops.triton.linear import gemv as fp8_gemv
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     block = (128, 128)
     wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
@@ -278,8 +278,8 @@ def test_triton_gemv_rows_and_codes(m, g, n, k, knobs, gen):
 
 
 def test_gemv_takes_one_row_of_128_column_blocks(gen):
-    from vllm_dsv4_hw.ops.reference.fp8_linear import check_fp8_block_linear_args
-    from vllm_dsv4_hw.ops.triton import fp8_gemv
+    from vllm_dsv4_hw.ops.reference.linear import check_fp8_block_linear_args
+    from vllm_dsv4_hw.ops.triton.linear import gemv as fp8_gemv
 
     wq, sc = quantized_weight(gen, (64, 256), (128, 128))
     w32, s32 = quantized_weight(gen, (64, 256), (32, 32))

@@ -205,7 +205,7 @@ def test_inv_rope_fp8_quant_row_tiles(rows, warps, flat, inverse, table, gen):
     """The Triton kernel's tiles of several (token, head) rows per iteration (prefill), the last
     tile ragged, and its memory-order form (``flat``: contiguous rows, each rotated element's
     partner loaded again) give the one-row pairs program's codes and scales bit for bit."""
-    from vllm_dsv4_hw.ops.triton.inv_rope_quant import inv_rope_fp8_quant
+    from vllm_dsv4_hw.ops.triton.rope import inv_rope_fp8_quant
 
     t = len(POSITIONS)
     o = _rows(gen, (t, 3, D), torch.bfloat16, -20.0, 10.0)   # 42 rows
@@ -223,7 +223,7 @@ def test_inv_rope_fp8_quant_hardware_encode(table, gen):
     mantissa carry can drop the exponent: 31.5 -> 16), so bit equality of every code is checked
     on the GPU (``benchmarks/gpu/fused.py``); here a wrong operand, byte order or scale would
     still change most codes. Only GPUs that declare the cvt take it; CPU tensors never."""
-    from vllm_dsv4_hw.ops.triton.inv_rope_quant import hw_encode, inv_rope_fp8_quant
+    from vllm_dsv4_hw.ops.triton.rope import hw_encode, inv_rope_fp8_quant
 
     t = len(POSITIONS)
     o = _rows(gen, (t, 3, D), torch.bfloat16, -20.0, 10.0)
@@ -302,7 +302,7 @@ def test_new_ops_are_dispatched(monkeypatch, table, gen):
 # -- grid-stride loops of the triton kernels (capped grids: Ascend, large CUDA batches) ------------
 @pytest.mark.skipif("triton" not in cpu_backends(QNORM_ROPE_KV_INSERT), reason="triton not runnable")
 def test_triton_kernels_with_capped_grid(monkeypatch, table, gen):
-    from vllm_dsv4_hw.ops.triton import common
+    from vllm_dsv4_hw.ops.triton.common import rows as common
 
     monkeypatch.setattr(common, "MAX_PROGRAMS", 3)  # every program loops over several rows
     t, h = 7, 2
@@ -334,7 +334,7 @@ def test_triton_kernels_with_capped_grid(monkeypatch, table, gen):
 def test_triton_qnorm_separate_launches_equal_fused(monkeypatch, fmt_name, table, gen):
     """From SEPARATE_FROM_TOKENS tokens the query rows and the KV rows are two launches: the same
     bits as the one fused launch (which the oracle test above checks), with a -1 slot left alone."""
-    from vllm_dsv4_hw.ops.triton import fused_qkv
+    from vllm_dsv4_hw.ops.triton import fused_prologue as fused_qkv
 
     t, h, e = len(POSITIONS), 3, 8
     fmt = make_format(fmt_name, "main", e)

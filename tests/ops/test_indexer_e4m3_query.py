@@ -19,8 +19,8 @@ from vllm_dsv4_hw import ops  # noqa: E402
 from vllm_dsv4_hw.kv_cache.formats import make_format  # noqa: E402
 from vllm_dsv4_hw.ops.api import INDEXER_TOPK  # noqa: E402
 from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin  # noqa: E402
-from vllm_dsv4_hw.ops.triton import indexer as ti  # noqa: E402
-from vllm_dsv4_hw.ops.triton.quant import format_code  # noqa: E402
+from vllm_dsv4_hw.ops.triton.indexer import score as ti  # noqa: E402
+from vllm_dsv4_hw.ops.triton.common.quant import format_code  # noqa: E402
 
 
 def _query(gen, t, positions):

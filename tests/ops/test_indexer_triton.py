@@ -29,7 +29,7 @@ from vllm_dsv4_hw.ops.registry import REGISTRY  # noqa: E402
 if "triton" not in REGISTRY.implementations(INDEXER_TOPK):
     pytest.skip("triton backend not registered", allow_module_level=True)
 
-from vllm_dsv4_hw.ops.triton import indexer as ti  # noqa: E402
+from vllm_dsv4_hw.ops.triton.indexer import score as ti  # noqa: E402
 
 H, DI = 64, 128
 
@@ -74,7 +74,7 @@ def _scores64(q, w, keys, token_req, token_pos, n_max):
 @pytest.mark.parametrize("name,select", [("bf16", "radix"), ("fp8", "radix"), ("mxfp4", "radix"),
                                          ("fp32", "radix"), ("mxfp4", "torch")])
 def test_scores_and_topk_real_dims(gen, monkeypatch, name, select):
-    from vllm_dsv4_hw.ops.triton import indexer as ti
+    from vllm_dsv4_hw.ops.triton.indexer import score as ti
 
     monkeypatch.setitem(ti.SELECT, "impl", select)  # both selection paths behind the op
     fmt = make_format(name, "indexer", 64)
@@ -161,7 +161,7 @@ def test_tokens_scored_together(gen, tb, fmt_name, req_dtype):
 
 
 def test_select_policy(monkeypatch):
-    from vllm_dsv4_hw.ops.triton import indexer_select as sel
+    from vllm_dsv4_hw.ops.triton.indexer import select as sel
 
     assert sel.SELECT is ti.SELECT  # the indexer module's name for the same policy
     monkeypatch.setitem(ti.SELECT, "impl", "auto")
@@ -206,7 +206,7 @@ def test_topk_bounded_to_visible_entries_on_a_wide_table(gen, monkeypatch, inter
     radix_topk) bit for bit, the float64 oracle's top-k set, the torch.topk selection's set; one
     program per score row, and 8 (the multi-launch form)."""
     from tests.ops.test_indexer import check_all
-    from vllm_dsv4_hw.ops.triton import topk as tk
+    from vllm_dsv4_hw.ops.triton.indexer import topk as tk
 
     if interp_block:
         monkeypatch.setattr(tk, "INTERP_BLOCK", interp_block)
@@ -257,7 +257,7 @@ def test_skipped_tail_stores_leave_visible_scores_as_full_stores(gen, tb):
 def test_register_cap_rule(monkeypatch):
     """The score pass's register cap (``REG_CAP``): the decode tile (one token per program, MXFP4
     keys on bf16 dots) on CUDA, from 32 programs per SM; nothing elsewhere."""
-    from vllm_dsv4_hw.ops.triton import indexer_launch
+    from vllm_dsv4_hw.ops.triton.indexer import launch as indexer_launch
 
     monkeypatch.setattr(indexer_launch, "sm_count", lambda dev: 132)
     cuda = torch.device("cuda", 0)
@@ -278,7 +278,7 @@ def test_select_state_in_the_score_rows(gen, monkeypatch, tb, interp_block):
     word of every row), give the output of the select's own zeroed state bit for bit; bounded
     and not, one program per row and the multi-launch form; a buffer without room for the
     words is refused."""
-    from vllm_dsv4_hw.ops.triton import topk as tk
+    from vllm_dsv4_hw.ops.triton.indexer import topk as tk
 
     if interp_block:
         monkeypatch.setattr(tk, "INTERP_BLOCK", interp_block)

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from vllm_dsv4_hw.ops.triton import ptx_codecs  # noqa: E402
+from vllm_dsv4_hw.ops.triton.common import ptx_codecs  # noqa: E402
 from vllm_dsv4_hw.platform.capabilities import CPU, NPU_A2_A3, cuda_capabilities  # noqa: E402
 
 MASK32 = 0xFFFFFFFF

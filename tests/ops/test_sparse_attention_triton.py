@@ -19,8 +19,8 @@ from vllm_dsv4_hw.kv_cache.formats import FP32Format, make_format  # noqa: E402
 from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import e4m3_decode  # noqa: E402
 from vllm_dsv4_hw.kv_cache.paged import insert_rows  # noqa: E402
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION  # noqa: E402
-from vllm_dsv4_hw.ops.triton import sparse_attention as tsa  # noqa: E402
-from vllm_dsv4_hw.ops.triton import sparse_attention_tiles as tiles  # noqa: E402
+from vllm_dsv4_hw.ops.triton.sparse_attention import kernel as tsa  # noqa: E402
+from vllm_dsv4_hw.ops.triton.sparse_attention import tiles as tiles  # noqa: E402
 
 REF = impl(SPARSE_ATTENTION, "reference")
 
@@ -76,7 +76,7 @@ def test_long_decode_tiles(gen):
     per program, 64- or 32-entry tiles, no register prefetch) in splits of 256 over lists crossing
     256 and 512 (the last split partial), one token without candidates; poisoned workspace and
     output."""
-    from vllm_dsv4_hw.ops.triton import sparse_attention_launch as launch
+    from vllm_dsv4_hw.ops.triton.sparse_attention import launch as launch
 
     fmt = make_format("fp8_ds_mla", "main", 64)
     args = list(_case(gen, fmt, 3, 64, 128, 700, empty=(2,)))
@@ -259,7 +259,7 @@ def test_launch_config_by_regime(monkeypatch):
     # Which tunables a CUDA call gets (sparse_attention_launch): decode-sized calls the decode
     # tiles with split-K; a full device no 256-candidate splits; prefill chunks and bf16 batches
     # their larger tiles, but only where the declared shared memory holds them.
-    from vllm_dsv4_hw.ops.triton import sparse_attention_launch as launch
+    from vllm_dsv4_hw.ops.triton.sparse_attention import launch as launch
 
     monkeypatch.setattr(launch, "_interpreting", lambda: False)
     cuda = torch.device("cuda")

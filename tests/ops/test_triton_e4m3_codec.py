@@ -1,4 +1,4 @@
-"""The Triton kernels' integer e4m3 codec (``ops/triton/quant.py``: ``e4m3_bits_to_f32``,
+"""The Triton kernels' integer e4m3 codec (``ops/triton/common/quant.py``: ``e4m3_bits_to_f32``,
 ``f32_to_e4m3_bits``), the path every target without e4m3 conversion instructions (sm_80 / sm_86)
 takes and every cache encoder uses everywhere: bit-exact against torch's ``float8_e4m3fn`` over all
 256 codes, and over fresh random fp32 values across the whole range with the cases that decide
@@ -13,7 +13,7 @@ import torch
 triton = pytest.importorskip("triton")
 tl = triton.language
 
-from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, f32_to_e4m3_bits  # noqa: E402
+from vllm_dsv4_hw.ops.triton.common.quant import e4m3_bits_to_f32, f32_to_e4m3_bits  # noqa: E402
 
 
 @triton.jit

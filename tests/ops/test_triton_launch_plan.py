@@ -1,4 +1,4 @@
-"""The Triton launch plans follow the device's declared capabilities (``ops/triton/launch.py``):
+"""The Triton launch plans follow the device's declared capabilities (``ops/triton/common/launch.py``):
 on a device with Ascend's limits (grid bound to the physical cores, at most ``max_grid`` programs)
 no launch exceeds them and the results are the same bits as one unbounded launch; tl.dot
 dimensions are padded up to ``dot_min``. The capabilities are swapped on the CPU device (the
@@ -14,7 +14,11 @@ import torch
 triton = pytest.importorskip("triton")
 
 from tests.ops.test_moe_experts import make_case  # noqa: E402
-from vllm_dsv4_hw.ops.triton import fp8_linear, indexer, launch, moe  # noqa: E402
+from vllm_dsv4_hw.ops.triton.linear import block as fp8_linear  # noqa: E402
+from vllm_dsv4_hw.ops.triton.linear import fp8_block_linear as fp8_op  # noqa: E402
+from vllm_dsv4_hw.ops.triton.indexer import score as indexer  # noqa: E402
+from vllm_dsv4_hw.ops.triton.common import launch  # noqa: E402
+from vllm_dsv4_hw.ops.triton import moe  # noqa: E402
 from vllm_dsv4_hw.platform.capabilities import CPU, NPU_A2_A3  # noqa: E402
 from vllm_dsv4_hw.quant.formats import quantize_fp8_block  # noqa: E402
 
@@ -130,22 +134,22 @@ def test_fp8_linear_over_the_grid_bound_launches_by_rows(caps, monkeypatch, gen)
     m, n, k = 70, 96, 64
     w, s = quantize_fp8_block(torch.randn(n, k, generator=gen), 32)
     x = torch.randn(m, k, generator=gen)
-    want = fp8_linear.fp8_block_linear(x, w, s, (32, 32), block_n=32, block_m=16)
+    want = fp8_op.fp8_block_linear(x, w, s, (32, 32), block_n=32, block_m=16)
     caps(max_grid=7)  # 3 column tiles: 2 row blocks of 16 per launch
     rec = Recorder(fp8_linear._fp8_block_linear_kernel)
     monkeypatch.setattr(fp8_linear, "_fp8_block_linear_kernel", rec)
-    got = fp8_linear.fp8_block_linear(x, w, s, (32, 32), block_n=32, block_m=16)
+    got = fp8_op.fp8_block_linear(x, w, s, (32, 32), block_n=32, block_m=16)
     assert len(rec.grids) == 3 and max(rec.grids) <= 7
     assert torch.equal(got, want)
     caps(max_grid=2)
     with pytest.raises(ValueError, match="exceed the device's grid bound 2"):
-        fp8_linear.fp8_block_linear(x, w, s, (32, 32), block_n=32)
+        fp8_op.fp8_block_linear(x, w, s, (32, 32), block_n=32)
 
 
 def test_programmatic_dependent_launch_where_declared(monkeypatch):
     """``pdl_launch`` turns PDL on only for CUDA devices whose declared capabilities have it
     (sm_90+; not sm_80 / 89 nor ROCm) and while ``VLLM_DSV4_HW_PDL`` is on."""
-    from vllm_dsv4_hw.ops.triton import pdl
+    from vllm_dsv4_hw.ops.triton.common import pdl
     from vllm_dsv4_hw.platform.capabilities import cuda_capabilities
 
     cuda = torch.device("cuda", 0)
@@ -167,7 +171,7 @@ def test_programmatic_dependent_launch_where_declared(monkeypatch):
 def test_weight_prefetch_only_before_a_pdl_wait(monkeypatch):
     """A GEMM asks L2 for its weight rows before the wait only where it waits (PDL on): the
     setting's bytes there, 0 on devices without PDL, with PDL off and in the interpreter."""
-    from vllm_dsv4_hw.ops.triton import pdl
+    from vllm_dsv4_hw.ops.triton.common import pdl
     from vllm_dsv4_hw.platform.capabilities import cuda_capabilities
 
     cuda = torch.device("cuda", 0)
@@ -294,7 +298,7 @@ def test_host_integer_helpers_match_triton():
     2-3 us a host call) give Triton's values."""
     import triton
 
-    from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2
+    from vllm_dsv4_hw.ops.triton.common.launch import cdiv, next_pow2
 
     for a in [0, 1, 2, 3, 7, 8, 9, 63, 64, 65, 1000, 2 ** 20 + 1, 2 ** 31 + 5]:
         assert next_pow2(a) == triton.next_power_of_2(a), a

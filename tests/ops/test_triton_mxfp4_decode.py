@@ -18,7 +18,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from vllm_dsv4_hw.kv_cache.formats.mxfp4 import e2m1_decode  # noqa: E402
-from vllm_dsv4_hw.ops.triton import quant  # noqa: E402
+from vllm_dsv4_hw.ops.triton.common import quant  # noqa: E402
 
 PAIRS = 16          # one 32-dim scale block per key
 KEYS = 4096         # 255 scale bytes x 16 keys (all 256 data bytes each), padded with scale 127

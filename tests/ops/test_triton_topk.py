@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from vllm_dsv4_hw.ops.triton import topk as tk  # noqa: E402
+from vllm_dsv4_hw.ops.triton.indexer import topk as tk  # noqa: E402
 
 
 def _unfilled(t: int, k: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ from vllm_dsv4_hw.conformance.cases import (
 from vllm_dsv4_hw.conformance.tolerances import dense_bound, ratio
 from vllm_dsv4_hw.kv_cache.formats import make_format
 from vllm_dsv4_hw.ops import api
-from vllm_dsv4_hw.ops.reference import rms_norm as ref_norm
+from vllm_dsv4_hw.ops.reference import norm as ref_norm
 from vllm_dsv4_hw.ops.reference import rope as ref_rope
 
 

@@ -18,7 +18,7 @@ class DeviceCapabilities:
     max_grid: int  # largest 1-D launch grid the backend should use
     # shared memory one kernel block may use (bytes, opt-in maximum); 0 = unknown (small tiles)
     shared_mem: int = 0
-    # Launch-plan limits of the device's Triton (ops/triton/launch.py reads them):
+    # Launch-plan limits of the device's Triton (ops/triton/common/launch.py reads them):
     # the smallest M, N and K of a tl.dot (NVIDIA 16-bit operands need K >= 16; triton-ascend 3.2
     # asserts M, N, K >= 16, and so does its interpreter, which runs the kernels for CPU tensors)
     dot_min: int = 16
@@ -26,19 +26,19 @@ class DeviceCapabilities:
     # grid-stride loops cover the rest; False = the hardware schedules any grid up to max_grid
     grid_cores: bool = False
     # the Triton backend emits NVIDIA PTX and takes inline PTX (tl.inline_asm_elementwise): the
-    # packed e4m3 decode of ops/triton/ptx_codecs.py (CUDA sm_80+, not ROCm)
+    # packed e4m3 decode of ops/triton/common/ptx_codecs.py (CUDA sm_80+, not ROCm)
     ptx_inline: bool = False
     # the programs of one launch that fit the device at once all run concurrently, so they may
-    # wait on each other through global atomics (the one-launch radix top-k, ops/triton/topk.py);
+    # wait on each other through global atomics (the one-launch radix top-k, ops/triton/indexer/topk.py);
     # False where programs may run one after another (Ascend's core-bound grid, the interpreter)
     spin_sync: bool = False
     # tensor-core dots of two e4m3 operands with fp32 accumulation (CUDA sm_89+: Ada's mma, Hopper's
-    # wgmma, Blackwell's): the FP8 linears' W8A8 kernel (ops/triton/fp8_dot_linear.py). ROCm's
+    # wgmma, Blackwell's): the FP8 linears' W8A8 kernel (ops/triton/linear/w8a8.py). ROCm's
     # gfx942 e4m3 is the fnuz variant, not the checkpoint's bytes: no.
     fp8_dot: bool = False
     # programmatic dependent launch (CUDA sm_90+, griddepcontrol): a kernel may be launched while
     # its predecessor in the stream finishes, and waits for it in its first instruction
-    # (ops/triton/pdl.py); saves part of the launch gap between the decode step's ~1,300 kernels
+    # (ops/triton/common/pdl.py); saves part of the launch gap between the decode step's ~1,300 kernels
     pdl: bool = False
 
     def has(self, name: str) -> bool:
@@ -62,7 +62,7 @@ HIP_SHARED = 64 * KIB  # LDS per workgroup on MI200 / MI300 (gfx90a, gfx942)
 
 def cuda_capabilities(major: int, minor: int, hip: bool = False) -> DeviceCapabilities:
     # e4m3 conversion instructions exist from sm_89 (Ada, Hopper, Blackwell); on sm_80 / sm_86 the
-    # Triton kernels encode and decode e4m3 with integer bit operations (ops/triton/quant.py), so
+    # Triton kernels encode and decode e4m3 with integer bit operations (ops/triton/common/quant.py), so
     # every CUDA part keeps the fp8 cache formats and FP8 weights as shipped.
     return DeviceCapabilities("cuda", fp8=True, fp8_cvt=(major, minor) >= (8, 9), mxfp4=True,
                               bf16=major >= 8, fp64=True, streams=True, graphs=True,

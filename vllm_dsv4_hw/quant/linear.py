@@ -68,7 +68,7 @@ class DenseLinearMethod(LinearMethodBase):
                       x_scales: torch.Tensor | None = None) -> torch.Tensor:
         w = layer.weight.view(groups, -1, layer.weight.shape[-1])
         if x_scales is not None:  # e4m3 codes: their values, in the weight's dtype
-            from vllm_dsv4_hw.ops.reference.fp8_linear import prequantized_values
+            from vllm_dsv4_hw.ops.reference.linear import prequantized_values
 
             x3 = prequantized_values(x3, x_scales, -(-x3.shape[-1] // x_scales.shape[-1])
                                      ).to(w.dtype)

@@ -31,7 +31,13 @@ the process with one warning, unless the npu backend was requested explicitly (t
 raised): ``_vendor.npu_op``.
 """
 
-from vllm_dsv4_hw.ops.npu import attention, kv_cache, norm, rope  # noqa: F401  (register ops)
+from vllm_dsv4_hw.ops.npu import compressor as _compressor  # noqa: F401  (each registers its ops)
+from vllm_dsv4_hw.ops.npu import fused_prologue as _fused_prologue  # noqa: F401
+from vllm_dsv4_hw.ops.npu import indexer as _indexer  # noqa: F401
+from vllm_dsv4_hw.ops.npu import kv_cache as _kv_cache  # noqa: F401
+from vllm_dsv4_hw.ops.npu import norm as _norm  # noqa: F401
+from vllm_dsv4_hw.ops.npu import rope as _rope  # noqa: F401
+from vllm_dsv4_hw.ops.npu import sparse_attention as _sparse_attention  # noqa: F401
 from vllm_dsv4_hw.ops.npu._vendor import (  # noqa: F401
     NpuOpFailedError,
     NpuUnavailableError,

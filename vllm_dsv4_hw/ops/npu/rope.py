@@ -21,7 +21,6 @@ from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import FP8_E4M3_MAX, ceil_log2, po
 from vllm_dsv4_hw.ops.api import INV_ROPE_FP8_QUANT, O_QUANT_AMAX_FLOOR, O_QUANT_GROUP, ROPE
 from vllm_dsv4_hw.ops.checks import check_rope_args
 from vllm_dsv4_hw.ops.npu._vendor import call, call_fn, npu_op, vllm_ascend_op
-from vllm_dsv4_hw.ops.reference import fused as ref_fused
 from vllm_dsv4_hw.ops.reference import rope as ref_rope
 from vllm_dsv4_hw.ops.registry import register_op
 
@@ -74,7 +73,7 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.
     torch_npu quantizer there produces e4m3 (npu_quantize / npu_dynamic_quant give int8).
     """
     if o.dim() != 3 or o.shape[-1] % O_QUANT_GROUP:
-        return ref_fused.inv_rope_fp8_quant(o, positions, cos_sin, inverse)  # raises the error
+        return ref_rope.inv_rope_fp8_quant(o, positions, cos_sin, inverse)  # raises the error
     t, h, d = o.shape
     x = rope(o.float(), positions, cos_sin, inverse=inverse)
     xg = x.reshape(t, h, d // O_QUANT_GROUP, O_QUANT_GROUP)

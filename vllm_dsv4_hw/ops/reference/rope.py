@@ -1,4 +1,5 @@
-"""Reference RoPE: the cos/sin tables (plain and YaRN) and the GPT-J interleaved rotation.
+"""Reference RoPE: the cos/sin tables (plain and YaRN), the GPT-J interleaved rotation and the
+attention output's epilogue ``inv_rope_fp8_quant`` (inverse rotation, then e4m3 in 128-dim groups).
 
 Table layout (the ``cos_sin`` argument of ``ops.rope``): row p = [cos(p*f_0..p*f_{R/2-1}),
 sin(p*f_0..p*f_{R/2-1})], float32. Angles are computed in float64 on the CPU, then cast, so a
@@ -19,8 +20,9 @@ import torch
 
 from vllm_dsv4_hw.config import DSV4Config, YarnParams
 from vllm_dsv4_hw.kinds import kind_of
-from vllm_dsv4_hw.ops.api import ROPE
-from vllm_dsv4_hw.ops.checks import check_rope_args
+from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import FP8_E4M3_MAX, ceil_log2, pow2
+from vllm_dsv4_hw.ops.api import INV_ROPE_FP8_QUANT, O_QUANT_AMAX_FLOOR, O_QUANT_GROUP, ROPE
+from vllm_dsv4_hw.ops.checks import check_inv_rope_fp8_quant_args, check_rope_args
 from vllm_dsv4_hw.ops.registry import register_op
 
 _TABLE_CHUNK = 1 << 15
@@ -99,3 +101,16 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
     out = x.clone()
     out[..., x.shape[-1] - r:] = rotated.to(x.dtype)
     return out
+
+
+@register_op(INV_ROPE_FP8_QUANT, "reference")
+def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                       inverse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    check_inv_rope_fp8_quant_args(o, O_QUANT_GROUP)
+    t, h, d = o.shape
+    x = rope(o.float(), positions, cos_sin, inverse=inverse)
+    xg = x.reshape(t, h, d // O_QUANT_GROUP, O_QUANT_GROUP)
+    amax = xg.abs().amax(dim=-1).clamp_min(O_QUANT_AMAX_FLOOR)
+    scales = pow2(ceil_log2(amax / FP8_E4M3_MAX))  # exact powers of two, [T, H, D/128] fp32
+    q = (xg / scales.unsqueeze(-1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return q.to(torch.float8_e4m3fn).reshape(t, h, d), scales

@@ -33,10 +33,10 @@ import triton.language as tl
 from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton import quant
-from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2, program_cap
-from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.quant import entry_offsets, store_entry_pairs
+from vllm_dsv4_hw.ops.triton.common import quant
+from vllm_dsv4_hw.ops.triton.common.launch import cdiv, next_pow2, program_cap
+from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.common.quant import entry_offsets, store_entry_pairs
 
 _OUT_CACHE = 0  # compressor_store: norm + rope + quantize + insert
 _OUT_POOLED = 1  # compressor_pool: write the pooled fp32 vector

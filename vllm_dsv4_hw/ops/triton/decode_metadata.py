@@ -16,8 +16,8 @@ from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops.api import DECODE_METADATA, DecodeLayout
 from vllm_dsv4_hw.ops.checks import check_decode_metadata_tables
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2
-from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.common.launch import cdiv, next_pow2
+from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
 
 
 @triton.jit

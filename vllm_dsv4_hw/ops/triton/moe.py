@@ -38,9 +38,9 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.api import MOE_EXPERTS
 from vllm_dsv4_hw.ops.reference.moe import sum_slots, validate_moe_args
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.launch import cdiv, grid_limit
-from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.quant import (
+from vllm_dsv4_hw.ops.triton.common.launch import cdiv, grid_limit
+from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.common.quant import (
     bf16_bits_to_f32,
     e2m1_to_f32,
     f32_to_bf16_bits,

@@ -50,17 +50,17 @@ from vllm_dsv4_hw.kv_cache.paged import gather_rows
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION
 from vllm_dsv4_hw.ops.checks import check_sparse_attention_args
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.launch import cdiv, grid_limit, next_pow2
-from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_INT, e4m3_mode
-from vllm_dsv4_hw.ops.triton.quant import FMT_BF16, FMT_FP8_DS_MLA, FMT_FP32
-from vllm_dsv4_hw.ops.triton.sparse_attention_launch import (
+from vllm_dsv4_hw.ops.triton.common.launch import cdiv, grid_limit, next_pow2
+from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_INT, e4m3_mode
+from vllm_dsv4_hw.ops.triton.common.quant import FMT_BF16, FMT_FP8_DS_MLA, FMT_FP32
+from vllm_dsv4_hw.ops.triton.sparse_attention.launch import (
     _config,
     _interpreting,
     _num_cores,
     _plan_splits,
 )
-from vllm_dsv4_hw.ops.triton.sparse_attention_tiles import (
+from vllm_dsv4_hw.ops.triton.sparse_attention.tiles import (
     _attend_candidates,
     _attend_range,
     _store_rows,

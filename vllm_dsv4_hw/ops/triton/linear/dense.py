@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 
 from vllm_dsv4_hw.ops.api import DENSE_LINEAR
-from vllm_dsv4_hw.ops.reference import dense_linear as ref
-from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
+from vllm_dsv4_hw.ops.reference import linear as ref
+from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton import fp8_linear
+from vllm_dsv4_hw.ops.triton.linear import block as fp8_linear
 
 MAX_ROWS = 16
 K_BLOCK = 128    # split-K unit (the kernel's K tile)

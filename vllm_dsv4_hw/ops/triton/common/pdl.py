@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw import envs
-from vllm_dsv4_hw.ops.triton.launch import capabilities
+from vllm_dsv4_hw.ops.triton.common.launch import capabilities
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait

@@ -39,7 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops.triton.ptx_codecs import e2m1_pairs_to_bf16
+from vllm_dsv4_hw.ops.triton.common.ptx_codecs import e2m1_pairs_to_bf16
 
 FMT_FP32 = 0
 FMT_BF16 = 1

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from vllm_dsv4_hw.ops.api import RMS_NORM
+from vllm_dsv4_hw.ops.api import QKV_RMS_NORM, RMS_NORM
+from vllm_dsv4_hw.ops.checks import check_qkv_rms_norm_args
 from vllm_dsv4_hw.ops.registry import register_op
 
 
@@ -25,3 +26,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
                              f"{x.shape[-1]} of x")
         y = y * weight.to(md)
     return y.to(x.dtype)
+
+
+@register_op(QKV_RMS_NORM, "reference")
+def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    check_qkv_rms_norm_args(q_r, kv)
+    return rms_norm(q_r, q_w, eps), rms_norm(kv, kv_w, eps)

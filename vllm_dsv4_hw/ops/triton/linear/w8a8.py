@@ -31,17 +31,17 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
-from vllm_dsv4_hw.ops.triton import fp8_linear as w16
-from vllm_dsv4_hw.ops.triton import split_k as sk
-from vllm_dsv4_hw.ops.triton.launch import capabilities, cdiv, grid_limit, next_pow2
-from vllm_dsv4_hw.ops.triton.pdl import (
+from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
+from vllm_dsv4_hw.ops.triton.linear import block as w16
+from vllm_dsv4_hw.ops.triton.linear import split_k as sk
+from vllm_dsv4_hw.ops.triton.common.launch import capabilities, cdiv, grid_limit, next_pow2
+from vllm_dsv4_hw.ops.triton.common.pdl import (
     pdl_launch,
     pdl_start,
     pdl_start_prefetching,
     weight_prefetch,
 )
-from vllm_dsv4_hw.ops.triton.quant import (
+from vllm_dsv4_hw.ops.triton.common.quant import (
     ceil_log2_div,
     e4m3_bits_to_f32,
     f32_to_e4m3_bits,

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from vllm_dsv4_hw.ops.triton.launch import capabilities, sm_count
+from vllm_dsv4_hw.ops.triton.common.launch import capabilities, sm_count
 
 
 def _interpreting() -> bool:

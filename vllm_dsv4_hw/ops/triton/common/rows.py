@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops.triton.launch import program_cap, sm_count
-from vllm_dsv4_hw.ops.triton.quant import round_to_bf16
+from vllm_dsv4_hw.ops.triton.common.launch import program_cap, sm_count
+from vllm_dsv4_hw.ops.triton.common.quant import round_to_bf16
 
 MAX_PROGRAMS = 2 ** 31 - 1  # on top of the device's cap (tests lower it to exercise the loops)
 # CUDA: programs per SM before rows are looped over (a persistent-style grid for large prefill

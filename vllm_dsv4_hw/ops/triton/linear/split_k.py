@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
-from vllm_dsv4_hw.ops.triton.launch import cdiv
-from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.quant import f32_to_bf16_bits, round_to_bf16
+from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
+from vllm_dsv4_hw.ops.triton.common.launch import cdiv
+from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.common.quant import f32_to_bf16_bits, round_to_bf16
 
 
 @triton.jit

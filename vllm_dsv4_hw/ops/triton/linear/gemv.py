@@ -28,13 +28,13 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops.reference.fp8_linear import Fp8LinearArgs
-from vllm_dsv4_hw.ops.triton import split_k as sk
-from vllm_dsv4_hw.ops.triton.fp8_dot_linear import _quantize_rows
-from vllm_dsv4_hw.ops.triton.fp8_linear import widen
-from vllm_dsv4_hw.ops.triton.launch import capabilities, cdiv, sm_count
-from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start_prefetching, weight_prefetch
-from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, ue8m0_to_f32
+from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
+from vllm_dsv4_hw.ops.triton.linear import split_k as sk
+from vllm_dsv4_hw.ops.triton.linear.w8a8 import _quantize_rows
+from vllm_dsv4_hw.ops.triton.linear.block import widen
+from vllm_dsv4_hw.ops.triton.common.launch import capabilities, cdiv, sm_count
+from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start_prefetching, weight_prefetch
+from vllm_dsv4_hw.ops.triton.common.quant import e4m3_bits_to_f32, ue8m0_to_f32
 # The rows a call takes this kernel with (the tile kernels above). One row, measured in the stack
 # (``decode_stack --model v4-flash --contexts 128k,1m --batches 1 --no-prefill --graphs on
 # --streams on --steps 8 --reps 3``, one H100 per pair, 2026-12-06): GEMV off / on (04:25 UTC,

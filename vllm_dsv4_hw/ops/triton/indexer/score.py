@@ -37,15 +37,15 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops.triton import quant
-from vllm_dsv4_hw.ops.triton.launch import cdiv, dot_dim, next_pow2
-from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, load_entry_pairs
-from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_PTX, E2M1_E4M3_SHIFT, e2m1_pairs_to_e4m3
-from vllm_dsv4_hw.ops.triton.indexer_launch import (  # noqa: F401  (DOT_*: the dots' modes)
+from vllm_dsv4_hw.ops.triton.common import quant
+from vllm_dsv4_hw.ops.triton.common.launch import cdiv, dot_dim, next_pow2
+from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.common.quant import e4m3_bits_to_f32, load_entry_pairs
+from vllm_dsv4_hw.ops.triton.common.ptx_codecs import C_CVT_PTX, E2M1_E4M3_SHIFT, e2m1_pairs_to_e4m3
+from vllm_dsv4_hw.ops.triton.indexer.launch import (  # noqa: F401  (DOT_*: the dots' modes)
     DOT_BF16, DOT_BF16X2, DOT_F32, DOT_FP8, DOT_FP8_EMU, GROUP_TOKENS, KEYS_A, MX_DIMS, REG_CAP,
     _dot_mode, _grid, _key_decode, _launch_config, _q_operand, _reg_cap, _tokens_per_program)
-from vllm_dsv4_hw.ops.triton.topk import STATE_WORDS
+from vllm_dsv4_hw.ops.triton.indexer.topk import STATE_WORDS
 
 _MX_BLOCK = tl.constexpr(MX_DIMS)   # MXFP4: dims per ue8m0 scale
 _MX_SHIFT = tl.constexpr(127 + E2M1_E4M3_SHIFT)   # placed codes are value * 2^-6
@@ -491,7 +491,3 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         num_warps=num_warps, num_stages=num_stages, **regs, **pdl_launch(dev))
     return out
 
-
-# Step 2, the op itself (``indexer_select``: the selection after this module's scores), imported
-# last: it imports the score pass from here; callers of this module keep its names.
-from vllm_dsv4_hw.ops.triton.indexer_select import SELECT, indexer_topk  # noqa: E402,F401

@@ -1,5 +1,5 @@
 """The Triton ``indexer_topk`` op: the score pass of ``indexer`` (step 1), then the selection of
-k = min(topk, n_max) entries per token (step 2, ``SELECT``): the radix select over the score rows
+k = min(topk, n_max) entries per token (step 2, ``tuning.IndexerTuning``): the radix select over the score rows
 (``topk.radix_topk``, bounded to each token's visible entries) or ``torch.topk`` then
 ``indexer.compact_selected``."""
 
@@ -7,45 +7,22 @@ from __future__ import annotations
 
 import torch
 
-from vllm_dsv4_hw.ops import api
+from vllm_dsv4_hw.ops import api, tuning
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.indexer import _MAX_SCORE_ELEMS, compact_selected, indexer_scores
-from vllm_dsv4_hw.ops.triton.launch import cdiv
-from vllm_dsv4_hw.ops.triton.topk import STATE_WORDS, radix_topk
-
-
-# Selection after scoring: "radix" (``ops.triton.topk.radix_topk``: 10 launches spread over the
-# row), "torch" (``torch.topk`` unsorted + one compaction launch), or "auto": radix up to
-# ``radix_max_scores`` scores per call, torch above. H200, 2026-11-29 (benchmarks/decode_kernels.py
-# topk, k = 512): radix 35 / 47 us vs torch 62 / 71 us at 1 / 4 rows of 262,144 scores, 38-53 us
-# vs 42-59 us at 32,768 scores x 1-32 rows, but 202 vs 145 us at 32 x 262,144 (atomics contend).
-SELECT = {"impl": "auto", "radix_max_scores": 1 << 20, "bounded": True,
-          "state_in_scores": False}
-# "bounded": the radix selection reads each row only up to the token's visible entries and the
-# score pass stores nothing past them (tables wider than the context: a long --max-model-len;
-# B=4 128K decode under 1M-wide tables: c4a layer 197 -> 185 us, H200 2026-12-04 18:35 UTC).
-# "state_in_scores": the radix select's state words past each row of the score buffer, zeroed by
-# the score pass, instead of a zeroed buffer of their own (one memset fewer between the two
-# kernels on the indexer branch, so they stay adjacent for PDL); the same output. Off until timed
-# (``decode_stack --topk-state-in-scores on``).
-
-
-def _use_radix(rows: int, n: int) -> bool:
-    impl = SELECT["impl"]
-    if impl not in ("auto", "radix", "torch"):
-        raise ValueError(f"indexer SELECT impl {impl!r}; use auto, radix or torch")
-    return impl == "radix" or (impl == "auto" and rows * n <= SELECT["radix_max_scores"])
+from vllm_dsv4_hw.ops.triton.indexer.score import _MAX_SCORE_ELEMS, compact_selected, indexer_scores
+from vllm_dsv4_hw.ops.triton.common.launch import cdiv
+from vllm_dsv4_hw.ops.triton.indexer.topk import STATE_WORDS, radix_topk
 
 
 @register_op(api.INDEXER_TOPK, "triton")
 def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4,
                  q_scales=None):
-    """Triton scoring kernel + selection (radix select or ``torch.topk``, see ``SELECT``).
+    """Triton scoring kernel + selection (radix select or ``torch.topk``: ``IndexerTuning``).
 
     Returns [T, topk] int32: the top min(topk, visible) entry indices first (in no particular
     order), -1 after.
     No host synchronization: the score buffer spans the whole block table (n_max entries). With
-    ``SELECT["bounded"]`` the radix selection is bounded per row to the token's visible entries
+    ``IndexerTuning.bounded`` the radix selection is bounded per row to the token's visible entries
     (on the device), so neither kernel writes or reads the scores of the blocks past them (under a
     1M model length the table spans 4,096 pages whatever the context); ``torch.topk`` reads every
     column: full stores.
@@ -62,13 +39,14 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         out = torch.full((t, topk), -1, dtype=torch.int32, device=dev)
     if t == 0 or topk <= 0 or n_max == 0:
         return out
+    chosen = tuning.current().indexer
     chunk = max(1, _MAX_SCORE_ELEMS // n_max)
     for c0 in range(0, t, chunk):
         sl = slice(c0, min(t, c0 + chunk))
         dst = out[sl]
-        radix = _use_radix(dst.shape[0], n_max)
-        bounded = radix and SELECT["bounded"]
-        in_row = radix and SELECT["state_in_scores"]
+        radix = chosen.radix(dst.shape[0], n_max)
+        bounded = radix and chosen.bounded
+        in_row = radix and chosen.state_in_scores
         buf = None
         if in_row:  # the select's state past each row's scores, zeroed by the score pass (rows
             # of a multiple of 16 words: the row stride keeps Triton's divisibility hint)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops.triton.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit
-from vllm_dsv4_hw.ops.triton.quant import e4m3_bits_to_f32, round_to_bf16, ue8m0_to_f32
+from vllm_dsv4_hw.ops.triton.common.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit
+from vllm_dsv4_hw.ops.triton.common.quant import e4m3_bits_to_f32, round_to_bf16, ue8m0_to_f32
 
 # fp8_ds_mla entry geometry (kv_cache.formats.fp8_ds_mla): 448 e4m3 dims in 7 blocks of 64 with one
 # ue8m0 byte each, then 64 bf16 rope dims at data bytes 448..575; 8 scale bytes (7 + pad).

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from vllm_dsv4_hw.ops.triton import quant
-from vllm_dsv4_hw.ops.triton.launch import capabilities, program_cap, sm_count
-from vllm_dsv4_hw.ops.triton.ptx_codecs import CVT_INT, CVT_PTX, e4m3_mode
+from vllm_dsv4_hw.ops.triton.common import quant
+from vllm_dsv4_hw.ops.triton.common.launch import capabilities, program_cap, sm_count
+from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_INT, CVT_PTX, e4m3_mode
 
 DOT_F32 = 0
 DOT_BF16 = 1

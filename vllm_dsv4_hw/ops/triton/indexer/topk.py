@@ -59,9 +59,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops.triton.launch import cdiv, next_pow2, sm_count
-from vllm_dsv4_hw.ops.triton.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.topk_digits import (NEED_WORD, NEG_INF_KEY, PREFIX_WORD, ROW_WORDS,
+from vllm_dsv4_hw.ops.triton.common.launch import cdiv, next_pow2, sm_count
+from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.indexer.topk_digits import (NEED_WORD, NEG_INF_KEY, PREFIX_WORD, ROW_WORDS,
                                                  SHIFT_WORD, _add_digit_hist, _block_keys,
                                                  _digit, _fill_tail, _last_of_row,
                                                  _row_barrier, _row_bound, _stops)

@@ -1,0 +1,2 @@
+"""The ``sparse_attention`` family: the kernel and its op (``kernel``), the launch plan (``launch``)
+and the tile helpers (``tiles``)."""
