@@ -285,7 +285,7 @@ def bench(device, smoke: bool | None = None) -> list[dict]:
     table = _table(device)
     rows: list[dict] = []
 
-    from vllm_dsv4_hw.ops.triton.common import rows as common
+    from vllm_dsv4_hw.ops import tuning
 
     def add(op, case, ref_fn, ours_fn, nbytes):
         ref_ms = time_ms(ref_fn, device)
@@ -296,14 +296,10 @@ def bench(device, smoke: bool | None = None) -> list[dict]:
                    floor_ms=round(floor_ms, 5), frac_of_floor=round(floor_ms / ours_ms, 4))
         if device.type == "cuda" and case.startswith("prefill"):
             # grid cap sweep (rows per program loop beyond SMs x k programs; None = 1 row each)
-            default = common.CUDA_PROGRAMS_PER_SM
             sweep = {}
-            try:
-                for k in (None, 8, 32, 128):
-                    common.CUDA_PROGRAMS_PER_SM = k
+            for k in (None, 8, 32, 128):
+                with tuning.override(rows=tuning.RowsTuning(cuda_programs_per_sm=k)):
                     sweep[str(k)] = round(time_ms(ours_fn, device), 5)
-            finally:
-                common.CUDA_PROGRAMS_PER_SM = default
             row["ours_ms_by_programs_per_sm"] = sweep
         rows.append(row)
 

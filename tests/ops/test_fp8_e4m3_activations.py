@@ -210,7 +210,7 @@ def test_prequantized_x_errors(gen):
 
 @pytest.mark.parametrize("g,n,k", [(None, 200, 1000), (3, 64, 300), (None, 24, 128)])
 @pytest.mark.parametrize("knobs", [dict(), dict(split_k=3, block_k=128),
-                                   dict(split_k=2, block_k=256, block_n=16, ahead=True)])
+                                   dict(split_k=2, block_k=256, block_n=16)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_triton_gemv_one_row(g, n, k, knobs, dtype, gen):
     """The one-row GEMV (``fp8_gemv``, the decode row's W8A8 path; interpreter): within the
@@ -230,8 +230,6 @@ def test_triton_gemv_one_row(g, n, k, knobs, dtype, gen):
     assert got.shape == ((1, g, n) if g else (1, n))
     assert_close(got, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
     assert torch.equal(fp8_gemv.launch(a, serial=False, **knobs), got)
-    # the weight tiles read a step ahead: the same sums
-    assert torch.equal(fp8_gemv.launch(a, **dict(knobs, ahead=not knobs.get("ahead"))), got)
     if not knobs:
         assert torch.equal(fp8_block_linear(x, wq, sc, block, torch.float32, True, gemv=True),
                            got)
@@ -239,13 +237,11 @@ def test_triton_gemv_one_row(g, n, k, knobs, dtype, gen):
         assert_close(tiles, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
 
 
-@pytest.mark.parametrize("m,g,n,k,knobs", [(2, None, 200, 1000, dict(split_k=3, block_k=128,
-                                                                    ahead=True)),
+@pytest.mark.parametrize("m,g,n,k,knobs", [(2, None, 200, 1000, dict(split_k=3, block_k=128)),
                                              (3, 3, 64, 300, dict()),
                                              (5, None, 24, 384, dict(block_n=16, block_k=256)),
                                              (3, None, 200, 1000, dict(split_k=2)),
-                                             (2, 2, 40, 768, dict(block_k=256, split_k=2,
-                                                                  ahead=True))])
+                                             (2, 2, 40, 768, dict(block_k=256, split_k=2))])
 def test_triton_gemv_rows_and_codes(m, g, n, k, knobs, gen):
     """The GEMV of a few rows (one weight tile, every row's products): within the oracle's
     bound, and each row the bits of a one-row launch of that row (batch-invariant); x given as
@@ -289,8 +285,15 @@ def test_gemv_takes_one_row_of_128_column_blocks(gen):
     assert not fp8_gemv.takes(check_fp8_block_linear_args(one, w32, s32, (32, 32), None), 1)
     assert not fp8_gemv.takes(check_fp8_block_linear_args(one.double(), wq, sc, (128, 128),
                                                           None), 1)
-    # the product's row count (fp8_gemv.MAX_ROWS: one row, from the stack's timings)
-    assert fp8_gemv.takes(check_fp8_block_linear_args(one, wq, sc, (128, 128), None)) == bool(
-        fp8_gemv.MAX_ROWS)
+    # the product's row count (LinearTuning.gemv_max_rows: one row, from the stack's timings),
+    # and a scope that passes another
+    from vllm_dsv4_hw.ops import tuning
+
+    assert tuning.current().linear.gemv_max_rows == 1
+    assert fp8_gemv.takes(check_fp8_block_linear_args(one, wq, sc, (128, 128), None))
+    with tuning.override(linear=tuning.LinearTuning(gemv_max_rows=0)):
+        assert not fp8_gemv.takes(check_fp8_block_linear_args(one, wq, sc, (128, 128), None))
+    with tuning.override(linear=tuning.LinearTuning(gemv_max_rows=2)):
+        assert fp8_gemv.takes(check_fp8_block_linear_args(two, wq, sc, (128, 128), None))
     with pytest.raises(ValueError, match="block_k"):
         fp8_gemv.launch(check_fp8_block_linear_args(one, wq, sc, (128, 128), None), block_k=192)

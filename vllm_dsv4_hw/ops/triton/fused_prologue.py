@@ -32,7 +32,7 @@ from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
 # query row; H200, 4096 tokens x 64 heads: 376 us fused against upstream's 206).
 SEPARATE_FROM_TOKENS = 256
 # Warps of the query-row launch (the fused launch keeps 4 / 2): one warp per 512-wide row
-# (benchmarks.gpu.qnorm_sweep, H200 2026-12-02: 4096 tokens 260 -> 160 us, 16384: 1044 -> 601 us;
+# (H200 2026-12-02: 4096 tokens 260 -> 160 us, 16384: 1044 -> 601 us; docs/tuning.md;
 # 32 programs per SM as everywhere). The row's reduction order follows the warps: a fixed choice.
 SEPARATE_Q_WARPS = 1
 

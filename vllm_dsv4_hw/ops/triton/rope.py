@@ -98,11 +98,6 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
 MANY_ROWS = 4096
 MANY_ROWS_TILE = 1
 MANY_ROWS_WARPS = 1
-# Rows loaded and stored in memory order (``_flat_row``) or as pairs by stride-2 gathers and
-# scatters (``_pairs_row``). Same codes (checked bit for bit on CPU and in the GPU tier); the flat
-# form is off until it is timed on a GPU (``python -m benchmarks.decode_kernels --only inv_rope``).
-FLAT = False
-
 
 def launch_shape(n_rows: int) -> tuple[int, int, bool]:
     """(rows per iteration, num_warps, whether the cvt encode pays) of a call over ``n_rows``
@@ -153,44 +148,12 @@ def _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
 
 
 @triton.jit
-def _flat_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
-              NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
-              FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, HW_ENC: tl.constexpr,
-              INV: tl.constexpr):
-    """The same rows as elements [ROWS, BG, 2 GP] in memory order: one contiguous load and
-    store (16 bytes a lane, against 2-byte gathers and byte scatters), each rotated element's
-    partner loaded again at ``e ^ 1`` (the last R dims only). The rotation is ``rope_pairs``'s
-    arithmetic, element by element (inverse: the sine negated; even: x c - x' s, odd:
-    x c + x' s), so the codes are the pairs form's."""
-    e = tl.arange(0, BG * 2 * GP).reshape(1, BG, 2 * GP)   # pair p of group g: 2 (g GP + p) + h
-    em = rm[:, None, None] & (e < NG * 2 * GP)              # constant along a row's real groups
-    x = tl.load(src + e, mask=em, other=0.0).to(tl.float32)
-    is_rope = (e >= 2 * FIRST_PAIR) & em
-    j = tl.maximum(e // 2 - FIRST_PAIR, 0)
-    xp = tl.load(src + (e ^ 1), mask=is_rope, other=0.0).to(tl.float32)
-    cs_row = (cs_ptr + tl.load(pos_ptr + t, mask=rm, other=0).to(tl.int64) * cs_stride)
-    c = tl.load(cs_row[:, None, None] + j, mask=is_rope, other=1.0)
-    s = tl.load(cs_row[:, None, None] + HALF + j, mask=is_rope, other=0.0)
-    if INV:
-        s = -s
-    xc = x * c
-    xs = xp * s
-    y = tl.where(is_rope, tl.where((e & 1) == 0, xc - xs, xc + xs), x)
-    amax = tl.max(tl.abs(y), axis=2)                                   # [ROWS, BG]
-    ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)     # 448 = 1.75 * 2^8
-    codes = _e4m3_codes(y * pow2_f32(-ex)[:, :, None], HW_ENC)
-    tl.store((out_ptr + r * (NG * GP * 2))[:, None, None] + e, codes, mask=em)
-    return ex
-
-
-@triton.jit
 def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_rows, n_heads,
                                o_tok_stride, o_head_stride, cs_stride, amax_floor,
                                NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
                                FIRST_PAIR: tl.constexpr, HALF: tl.constexpr,
                                ROWS: tl.constexpr, HW_ENC: tl.constexpr,
-                               FLAT: tl.constexpr = False, PDL: tl.constexpr = False,
-                               INV: tl.constexpr = True):
+                               PDL: tl.constexpr = False, INV: tl.constexpr = True):
     pdl_start(PDL)
     # ROWS (token, head) rows per iteration (a knob; the launch rule takes ROWS = 1)
     pid = tl.program_id(0)
@@ -202,12 +165,8 @@ def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_row
         rm = r < n_rows
         t = r // n_heads
         src = (o_ptr + t * o_tok_stride + (r % n_heads) * o_head_stride)[:, None, None]
-        if FLAT:
-            ex = _flat_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
-                           NG, BG, GP, FIRST_PAIR, HALF, HW_ENC, INV)
-        else:
-            ex = _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
-                            NG, BG, GP, FIRST_PAIR, HALF, HW_ENC, INV)
+        ex = _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
+                        NG, BG, GP, FIRST_PAIR, HALF, HW_ENC, INV)
         tl.store(scale_ptr + r[:, None] * NG + g[None, :], pow2_f32(ex),
                  mask=rm[:, None] & (g < NG)[None, :])
 
@@ -215,12 +174,12 @@ def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_row
 @register_op(INV_ROPE_FP8_QUANT, "triton")
 def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
                        cos_sin: torch.Tensor, inverse: bool = True, *, rows: int | None = None,
-                       num_warps: int | None = None, hw_enc: bool | None = None,
-                       flat: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       num_warps: int | None = None,
+                       hw_enc: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The op (``ops.api.inv_rope_fp8_quant``); ``rows`` / ``num_warps``: launch knobs for
     benchmarks and tests (default ``launch_shape``); ``hw_enc``: force the encode (default: the
     cvt where ``launch_shape`` finds it pays and ``hw_encode`` has it; the GPU tier compares both
-    bit for bit); ``flat``: the memory-order kernel (default ``FLAT``)."""
+    bit for bit)."""
     check_inv_rope_fp8_quant_args(o, O_QUANT_GROUP)
     t, h, d = o.shape
     check_fused_rope_args("inv_rope_fp8_quant", positions, cos_sin, t, d)
@@ -244,6 +203,6 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
         o, pos, cs, out.view(torch.uint8), scales, t * h, h, o.stride(0), o.stride(1),
         cs.stride(0), float(O_QUANT_AMAX_FLOOR), NG=ng, BG=next_pow2(ng),
         GP=O_QUANT_GROUP // 2, FIRST_PAIR=(d - r) // 2, HALF=r // 2, ROWS=rows,
-        HW_ENC=hw_enc, FLAT=FLAT if flat is None else flat, INV=bool(inverse),
+        HW_ENC=hw_enc, INV=bool(inverse),
         num_warps=auto_warps if num_warps is None else num_warps, **pdl_launch(o.device))
     return out, scales

@@ -19,19 +19,18 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_dsv4_hw.ops import tuning
 from vllm_dsv4_hw.ops.triton.common.launch import program_cap, sm_count
 from vllm_dsv4_hw.ops.triton.common.quant import round_to_bf16
 
 MAX_PROGRAMS = 2 ** 31 - 1  # on top of the device's cap (tests lower it to exercise the loops)
-# CUDA: programs per SM before rows are looped over (a persistent-style grid for large prefill
-# batches); None = one program per row. Benchmarks (benchmarks/gpu/fused.py) compare the settings.
-CUDA_PROGRAMS_PER_SM: int | None = 32
 
 
 def grid_1d(n_rows: int, device: torch.device) -> tuple[int]:
     cap = min(MAX_PROGRAMS, program_cap(device))
-    if device.type == "cuda" and CUDA_PROGRAMS_PER_SM is not None:  # a tuning choice, not a limit
-        cap = min(cap, sm_count(device) * CUDA_PROGRAMS_PER_SM)
+    per_sm = tuning.current().rows.cuda_programs_per_sm  # a tuning choice, not a limit
+    if device.type == "cuda" and per_sm is not None:
+        cap = min(cap, sm_count(device) * per_sm)
     return (max(1, min(n_rows, cap)),)
 
 

@@ -28,7 +28,7 @@ def _gemv_knobs(gemv) -> dict:
 
 
 def _takes_gemv(a: Fp8LinearArgs, gemv, knobs: dict, codes: bool = False) -> bool:
-    """The call goes to the GEMV: by ``fp8_gemv.MAX_ROWS`` (no tile knob given), or forced by
+    """The call goes to the GEMV: by ``LinearTuning.gemv_max_rows`` (no tile knob given), or forced by
     ``gemv`` (True / knobs: up to its ``LIMIT_ROWS``)."""
     if gemv is False or knobs:
         return False

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_dsv4_hw.ops import tuning
 from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
 from vllm_dsv4_hw.ops.triton.linear import split_k as sk
 from vllm_dsv4_hw.ops.triton.linear.w8a8 import _quantize_rows
@@ -35,38 +36,18 @@ from vllm_dsv4_hw.ops.triton.linear.block import widen
 from vllm_dsv4_hw.ops.triton.common.launch import capabilities, cdiv, sm_count
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start_prefetching, weight_prefetch
 from vllm_dsv4_hw.ops.triton.common.quant import e4m3_bits_to_f32, ue8m0_to_f32
-# The rows a call takes this kernel with (the tile kernels above). One row, measured in the stack
-# (``decode_stack --model v4-flash --contexts 128k,1m --batches 1 --no-prefill --graphs on
-# --streams on --steps 8 --reps 3``, one H100 per pair, 2026-12-06): GEMV off / on (04:25 UTC,
-# ``--gemv-rows 0 / 1``) 128K 4.123 / 3.955 ms, 1M 5.016 / 4.897; its tile rule below and wo_a
-# on codes (07:08-07:14) 128K 3.95 -> 3.71, 1M 4.88 -> 4.71 (docs/performance.md). At 4 rows it
-# loses to the tiles everywhere (the FMAs and conversions bound it: 06:58, ``gemv_probe --rows
-# 4``, us, tiles / best GEMV: wq_b 14.7 / 28.0, wo_b 17.1 / 32.6, wq_a 4.8 / 5.7).
-MAX_ROWS = 1
+
 # The most rows a launch takes when forced (``fp8_block_linear(gemv=True)``; each row a copy of
 # the row loop in the compiled kernel).
 LIMIT_ROWS = 8
-# Tiles, from ``benchmarks.gemv_probe`` (H100, 2026-12-06 06:58 and 07:06 UTC, one row, CUDA-graph
-# medians over weights past L2; loads are not software-pipelined, so num_stages 1-3 time the same):
-# - 16 weight rows a program where there are >= 16K outputs or K >= 8K (wo_b 15.9 -> 13.5 us,
-#   V4-Pro wq_b 35.4 -> 34.3): the in-program x quantization spread over more weight bytes;
-#   else 8;
-# - 1,024 weight columns a step for <= 8K outputs over 4K <= K < 8K (wkv 3.5 -> 3.2, V4-Pro wq_a
-#   7.1 -> 6.6, wo_a on codes 13.6 -> 12.6; but wo_b 13.5 -> 14.8), else 512;
-# - split-K only for fewer than 4 tiles per SM, for ~12 programs per SM, at most 4 ways (wq_a 8
-#   ways 4.1 -> 4 ways 3.9; V4-Pro wo_b 3 ways 47.8 -> 4 ways 42.6), never over <= 2 steps
-#   (indexer wq_b 2 ways 6.9 -> 1 way 4.6; wo_a's 1,024 tiles 2 ways 15.5 -> 1 way 12.6).
+# Tiles: 16 weight rows a program for wide or deep weights, else 8; 1,024 columns a step for
+# narrow weights of 4K <= K < 8K, else 512; split-K only where the tiles leave SMs short.
 # The rule reads the shape only: x given as codes sums in the order of x quantized here (the
-# same bits, ``fp8_block_linear``'s contract). Built 2026-12-06 without a GPU, off until
-# ``gemv_probe`` times it: ``ahead`` (the weight tiles loaded one step ahead, the first before
-# the PDL wait; the same bits). (Per-lane sums over the steps and unmasked whole-tile loads were
-# built too, and removed: with the recorded launches' divisibility attributes the default's loop
-# is 355 sm_90 instructions at 8 x 1,024 under Triton 3.6, those forms' 449 / 351;
-# ``tests/aot/sass_count.py``.)
+# same bits, ``fp8_block_linear``'s contract). Evidence: docs/tuning.md, "FP8 GEMV".
 TILE = {"block_k": 512, "long_k": 4096, "narrow_n": 8192, "block_k_long": 1024,
         "wide_n": 16384, "deep_k": 8192, "block_n_wide": 16, "block_n": 8,
         "num_warps": 4, "num_stages": 3, "split_below_per_sm": 4, "programs_per_sm": 12,
-        "max_split": 4, "min_split_steps": 3, "ahead": False}
+        "max_split": 4, "min_split_steps": 3}
 
 
 def tile(n_out: int, k: int) -> tuple[int, int]:
@@ -114,12 +95,9 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, K
                  SBN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, M: tl.constexpr,
                  RP: tl.constexpr, CODES: tl.constexpr, EMU: tl.constexpr, OUT_BF16: tl.constexpr,
                  SERIAL: tl.constexpr, SPLITS: tl.constexpr, RED_BF16: tl.constexpr,
-                 PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False,
-                 AHEAD: tl.constexpr = False):
+                 PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False):
     # M rows (RP: M's power of two), each multiplied with the tile's weight bytes converted
     # once; a row's sums are those of a one-row launch (the same ops in the same order).
-    # AHEAD: each step's weight tile is loaded one step ahead (register double buffer: two
-    # tiles in flight a program), the first before the PDL wait (no kernel writes a weight).
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_n = pid % n_nblk
@@ -129,18 +107,13 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, K
     k_lo = pid_s * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     w_rows = w_ptr + g * swg + rows.to(tl.int64) * swn
-    if AHEAD:
-        wq = _w_tile(w_rows, r_ok, k_lo, k_hi, BK)
     # the weight's first bytes of this split ask L2 before the wait (rows past N: none)
     pdl_start_prefetching(PDL, PF_BYTES, w_rows + k_lo, tl.where(r_ok, K - k_lo, 0))
     s_rows = s_ptr + g * ssg + (rows // SBN).to(tl.int64) * ssn
     xm = tl.arange(0, RP)
     acc = tl.zeros([RP, BN], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
-        if AHEAD:
-            w_next = _w_tile(w_rows, r_ok, k0 + BK, k_hi, BK)
-        else:
-            wq = _w_tile(w_rows, r_ok, k0, k_hi, BK)
+        wq = _w_tile(w_rows, r_ok, k0, k_hi, BK)
         if EMU:
             wf = e4m3_bits_to_f32(wq)
         else:
@@ -154,34 +127,24 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, K
             blk = tl.sum(wf * q[None, :, :], axis=2)
             part = tl.sum(blk * sw * sx[None, :], axis=1)
             acc = tl.where(xm[:, None] == r, acc + part[None, :], acc)
-        if AHEAD:
-            wq = w_next
     rel = g * sog + xm[:, None].to(tl.int64) * som + rows[None, :]
     sk.store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc,
                   (xm < M)[:, None] & r_ok[None, :], sos, OUT_BF16, SERIAL, SPLITS, RED_BF16)
 
 
 def takes(a: Fp8LinearArgs, max_rows: int | None = None, codes: bool = False) -> bool:
-    """This kernel takes the call: 1 to ``MAX_ROWS`` (or ``max_rows``) rows of a 16- or 32-bit
+    """This kernel takes the call: 1 to ``LinearTuning.gemv_max_rows`` (or ``max_rows``) rows of a 16- or 32-bit
     x (``codes``: e4m3 codes with their scales), K blocks of 128 columns (the quantization block
     of the W8A8 products), on a CUDA device with FP8 dots (where ``fp8_block_linear`` quantizes x
     anyway) or the interpreter."""
     dev = a.x.device
-    rows = MAX_ROWS if max_rows is None else max_rows
+    rows = tuning.current().linear.gemv_max_rows if max_rows is None else max_rows
     x_ok = codes or a.x.dtype in (torch.bfloat16, torch.float16, torch.float32)
     if not 1 <= a.m <= min(rows, LIMIT_ROWS) or a.bk != 128 or not x_ok:
         return False
     if dev.type == "cpu":
         return True
     return dev.type == "cuda" and capabilities(dev).fp8_dot
-
-
-def _ahead(device: torch.device, ahead: bool, prefetch: int | None) -> dict:
-    """The read-ahead knobs: ``AHEAD`` (the weight tiles one step ahead, the first before the PDL
-    wait, which makes the L2 read-ahead of ``PF_BYTES`` moot: 0), else ``PF_BYTES``."""
-    if ahead:
-        return {"AHEAD": True, **weight_prefetch(device, 0)}
-    return weight_prefetch(device, prefetch)
 
 
 def _split(n_tiles: int, k_steps: int, device: torch.device) -> int:
@@ -201,7 +164,7 @@ def launch(a: Fp8LinearArgs, *, x_scales: torch.Tensor | None = None,
            block_n: int | None = None, block_k: int | None = None,
            split_k: int | None = None, num_warps: int | None = None,
            num_stages: int | None = None, serial: bool | None = None,
-           prefetch: int | None = None, ahead: bool | None = None) -> torch.Tensor:
+           prefetch: int | None = None) -> torch.Tensor:
     """One GEMV of checked arguments (``takes(a)``); ``x_scales`` [M, G, ceil(K/128)]: ``a.x``
     holds e4m3 codes with these scales (a producer's quantization), read as they lie. The
     keywords after it are launch knobs for benchmarks and tests."""
@@ -243,5 +206,5 @@ def launch(a: Fp8LinearArgs, *, x_scales: torch.Tensor | None = None,
         EMU=interp, OUT_BF16=o.direct_bf16, SERIAL=o.serial, SPLITS=o.splits,
         RED_BF16=o.bf16_mode, num_warps=num_warps or TILE["num_warps"],
         num_stages=num_stages or TILE["num_stages"], **pdl_launch(dev),
-        **_ahead(dev, TILE["ahead"] if ahead is None else ahead, prefetch))
+        **weight_prefetch(dev, prefetch))
     return o.finish(a)

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.kv_cache.paged import gather_rows
+from vllm_dsv4_hw.ops import tuning
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION
 from vllm_dsv4_hw.ops.checks import check_sparse_attention_args
 from vllm_dsv4_hw.ops.registry import register_op
@@ -76,7 +77,6 @@ _KNOWN = {"bf16": FMT_BF16, "fp8_ds_mla": FMT_FP8_DS_MLA, "fp32": FMT_FP32}
 # B=32 128K decode under 1M-wide tables 289 -> 174 us per c128a layer (H200, 2026-12-04 18:35 UTC,
 # docs/performance.md); the capture failure of the afternoon's run did not recur at 9556bac.
 TRIM_BLOCK = 1024
-TRIM_DEFAULT = True
 
 
 # ------------------------------------------------------------------------------------------------
@@ -290,7 +290,7 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
     ``max_grid`` (programs per launch), ``one_loop`` (False: one loop per cache, as before the
     single loop; True / None: the single loop wherever the window is a multiple of the tile),
     ``trim`` (True: stop each walk after its last compressed candidate, ``_visited_end``; False:
-    walk every tile, also those of -1 slots; None: ``TRIM_DEFAULT``) and
+    walk every tile, also those of -1 slots; None: ``SparseAttentionTuning.trim``) and
     ``cvt`` (the e4m3 decode, ``ptx_codecs.CVT_*``; e.g.
     CVT_INT: integer ops even where the GPU converts fp8 in hardware, as on Ascend)."""
     comp_fmt = fmt if comp_fmt is None else comp_fmt
@@ -383,7 +383,8 @@ def sparse_attention_triton(q: torch.Tensor, window_cache: torch.Tensor, window_
             FMT=code, D=d, DATA_ELEMS=data_elems, BLOCK_H=bh, BLOCK_N=bn, BLOCK_D=block_d,
             CVT=cvt, DOT_BF16=dot_bf16, SPLIT=split, ROUND_BF16=round_bf16, PREFETCH=pf,
             ONE_LOOP=one_loop,
-            TRIM=TRIM_BLOCK if ((TRIM_DEFAULT if trim is None else trim) and n_c) else 0,
+            TRIM=TRIM_BLOCK if ((tuning.current().sparse_attention.trim if trim is None else trim)
+                                 and n_c) else 0,
             **launch_opts, **pdl_launch(dev),
         )
     if split:
