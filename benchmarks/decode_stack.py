@@ -329,7 +329,7 @@ def main(argv=None) -> int:
         dev = torch.device("cuda", torch.cuda.current_device())
     from vllm_dsv4_hw.attention.indexer_query import e4m3_query
     from vllm_dsv4_hw.ops import REGISTRY
-    from vllm_dsv4_hw.tools.vllm_state import single_rank
+    from benchmarks.vllm_state import single_rank
 
     if args.indexer_q is not None:  # read as the layers first score
         os.environ["VLLM_DSV4_HW_INDEXER_Q"] = args.indexer_q

@@ -19,7 +19,7 @@ OPS = ("", "indexer_topk", "sparse_attention", "moe_experts", "compressor_store"
 def main() -> int:
     from benchmarks.stack.decode_case import build_decode_case, decode_step
     from vllm_dsv4_hw.ops.registry import REGISTRY
-    from vllm_dsv4_hw.tools.vllm_state import single_rank
+    from benchmarks.vllm_state import single_rank
 
     single_rank()
     case = build_decode_case(torch.device("cuda"))

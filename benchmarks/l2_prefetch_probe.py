@@ -64,7 +64,7 @@ def _load_kernel(ptr, n_words, sink_ptr, flag, BLOCK: tl.constexpr, ITERS: tl.co
 def main() -> None:
     from vllm_dsv4_hw import ops
     from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear as tri_linear  # the knobs
-    from vllm_dsv4_hw.tools.vllm_state import single_rank
+    from benchmarks.vllm_state import single_rank
 
     single_rank()
     dev = torch.device("cuda", torch.cuda.current_device())

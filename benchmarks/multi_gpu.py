@@ -1,5 +1,5 @@
 """The product's network split over several GPUs: one process per GPU in one vLLM tensor-parallel
-group (NCCL, vLLM's parallel state set up as its workers do: ``tools.vllm_state``), V4-Flash
+group (NCCL, vLLM's parallel state set up as its workers do: ``benchmarks.vllm_state``), V4-Flash
 dimensions with a few layers of each kind, FP8 linears and FP4 experts resident
 (``stack.model.build_network`` with this rank's ``parallel.ParallelLayout``).
 
@@ -62,7 +62,7 @@ def _rank(rank: int, args, port: int, out_dir: str) -> None:
     res: dict = {"rank": rank}
     try:
         torch.cuda.set_device(rank)
-        from vllm_dsv4_hw.tools.vllm_state import tensor_parallel_rank
+        from benchmarks.vllm_state import tensor_parallel_rank
 
         tensor_parallel_rank(args.world, rank, f"tcp://127.0.0.1:{port}", backend="nccl")
         res.update(_run(rank, args))

@@ -119,7 +119,7 @@ def vllm_single_rank():
     """vLLM's parallel state for this process (world size 1), as a worker sets it up: the model's
     linears are vLLM layers, which read their tensor-parallel rank from it. Modules that build
     layers use it with ``pytestmark = pytest.mark.usefixtures("vllm_single_rank")``."""
-    from vllm_dsv4_hw.tools.vllm_state import single_rank
+    from benchmarks.vllm_state import single_rank
 
     single_rank()
 

@@ -3,6 +3,10 @@
 Each variable is read through a small parser so that a bad value fails with a message naming the
 variable and the accepted values, instead of silently meaning "default".
 Values are read at call time (not import time) so tests and launchers can set them late.
+
+A setting with ``developer=True`` is a developer-only switch: an A/B or debugging lever whose
+default is what a user wants (a settings table shows it apart from the user settings,
+:data:`USER_VARS` / :data:`DEVELOPER_VARS`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class _Var(Generic[T]):
     default: str
     parse: Callable[[str, str], T]
     doc: str
+    developer: bool = False   # a developer-only switch (A/B, debugging), not a user setting
 
     def get(self) -> T:
         raw = os.environ.get(self.name, self.default)
@@ -118,6 +123,7 @@ MULTI_STREAM = _Var(
     "1",
     _bool,
     "Run the indexer and compressors on auxiliary streams where the device has streams.",
+    developer=True,
 )
 CUDA_GRAPHS = _Var(
     "VLLM_DSV4_HW_CUDA_GRAPHS",
@@ -126,6 +132,7 @@ CUDA_GRAPHS = _Var(
     "Decode steps build their metadata with device ops only and the attention backend declares "
     "UNIFORM_SINGLE_TOKEN_DECODE graph support to vLLM (1); 0: every step through the general "
     "builder and no graph support (vLLM runs eagerly).",
+    developer=True,
 )
 
 DEVICE = _Var(
@@ -155,6 +162,7 @@ CUDA_CAPABILITY = _Var(
     "Declare this CUDA compute capability (major.minor) instead of the GPU's, e.g. 8.0 to run the "
     "sm_80 paths (integer e4m3 encode / decode) on a newer GPU; kernels still compile for the GPU "
     "present. Empty: the GPU's own.",
+    developer=True,
 )
 
 PLATFORM = _Var(
@@ -198,6 +206,7 @@ INDEXER_Q = _Var(
     "pass was slower on an H100, 2026-12-05, docs/performance.md), auto (e4m3 codes with one "
     "power-of-two scale per token and head, on FP8 tensor-core dots where the device has them, "
     "capability fp8_dot, as upstream vLLM's indexer quantizes q^I) or e4m3 (on every device).",
+    developer=True,
 )
 PDL = _Var(
     "VLLM_DSV4_HW_PDL",
@@ -206,6 +215,7 @@ PDL = _Var(
     "The Triton kernels launch with programmatic dependent launch where the device has it "
     "(capability pdl: CUDA sm_90+): each kernel's launch overlaps its predecessor's tail, and "
     "waits for it before touching memory (1); 0: plain launches (A/B measurements).",
+    developer=True,
 )
 WEIGHT_PREFETCH = _Var(
     "VLLM_DSV4_HW_WEIGHT_PREFETCH",
@@ -216,18 +226,14 @@ WEIGHT_PREFETCH = _Var(
     "finishes; 0: none. Default 256 (two 128-column K blocks of an FP8 weight): V4-Flash decode "
     "0.5-1.5% faster at 128K / 1M, B = 1 / 4 / 32, on an H100 (2026-12-05; 512 and 1,024 "
     "bytes were slower on one GEMM).",
-)
-TRAP_C_OPS = _Var(
-    "VLLM_DSV4_HW_TRAP_C_OPS",
-    "",
-    lambda name, raw: raw,
-    "Test aid: a file path; every call of a vLLM compiled operator (torch.ops._C*) made while "
-    "the model runs is appended to it (one line per operator).",
+    developer=True,
 )
 
 ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS,
             CUDA_CAPABILITY, PLATFORM, MODEL_OWNER, KERNEL_FAILURES, FP8_ACTIVATIONS, INDEXER_Q,
-            PDL, WEIGHT_PREFETCH, TRAP_C_OPS)
+            PDL, WEIGHT_PREFETCH)
+USER_VARS = tuple(v for v in ALL_VARS if not v.developer)
+DEVELOPER_VARS = tuple(v for v in ALL_VARS if v.developer)
 
 
 def device() -> str:
@@ -272,10 +278,6 @@ def platform() -> str:
 
 def model_owner() -> str:
     return MODEL_OWNER.get()
-
-
-def trap_c_ops() -> str:
-    return TRAP_C_OPS.get()
 
 
 def pdl() -> bool:

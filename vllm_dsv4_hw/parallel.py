@@ -2,8 +2,8 @@
 a checkpoint allows.
 
 The ranks are vLLM's (``vllm.distributed.parallel_state``, set up by vLLM's workers; standalone
-code calls ``tools.vllm_state.single_rank()``), and every collective is vLLM's
-(``tensor_model_parallel_all_reduce`` / ``_all_gather`` over the communicator its platform
+benchmarks and tests call ``benchmarks.vllm_state.single_rank()``), and every collective is
+vLLM's (``tensor_model_parallel_all_reduce`` / ``_all_gather`` over the communicator its platform
 provides: NCCL, HCCL, gloo / shared memory on CPU). With ``T = --tensor-parallel-size``:
 
 * sharded T ways: query heads (``wq_b`` rows, ``attn_sink``), the grouped output projection

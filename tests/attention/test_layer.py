@@ -32,6 +32,7 @@ import torch
 
 from tests.conftest import SESSION_SEED
 from tests.oracles.layer_oracle import OracleDims, indexer_choices, layer_oracle
+from tests.support.topk import last_topk, record_topk
 from tests.weights import assign, init_random_, official_state
 from vllm_dsv4_hw.attention.caches import (
     allocate_layer_caches,
@@ -112,11 +113,9 @@ def _oneshot(layer: DSV4Attention, xs, main_format: str, indexer_format: str, ge
                                    block_tables=tables)
     meta = build_step_metadata([0] * len(LENS), list(LENS), ratio, tables, caches.geometry)
     x = torch.cat(xs).to(layer.dtype)
-    layer.capture_topk = True
-    with torch.no_grad():
+    with torch.no_grad(), record_topk([layer]) as selections:
         out = layer(x, meta, caches)
-    top = layer.last_topk
-    layer.capture_topk = False
+    top = last_topk(layer, selections)
     outs = list(out.split(list(LENS)))
     tops = list(top.split(list(LENS))) if top is not None else None
     return outs, tops, caches

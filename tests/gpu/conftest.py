@@ -23,7 +23,7 @@ def _cuda_device():
     if not torch.cuda.is_available():
         pytest.fail("the gpu tier needs a CUDA device: run `make test-gpu` on the GPU machine "
                     "(on the H200: bash benchmarks/with_vllm.sh python3 -m pytest -m gpu tests/gpu)")
-    from vllm_dsv4_hw.tools.vllm_state import single_rank
+    from benchmarks.vllm_state import single_rank
 
     single_rank()  # the product's linears are vLLM layers
     return torch.device("cuda")

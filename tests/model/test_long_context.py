@@ -26,7 +26,9 @@ import torch
 
 from tests.conftest import SESSION_SEED
 from tests.model.test_network import MIN_MARGIN, SingleSequenceRunner, _hf_modeling
+from tests.support.topk import last_topk, record_topk
 from vllm_dsv4_hw import ops
+from vllm_dsv4_hw.attention.layer import DSV4Attention
 from vllm_dsv4_hw.ops.reference import indexer as ref_indexer
 from vllm_dsv4_hw.tools import checkpoint as ck
 
@@ -119,14 +121,14 @@ def test_topk_512_with_more_entries_visible(ckpt_topk512):
                     f"(seed {SESSION_SEED})")
     del hf
     runner = SingleSequenceRunner(ckpt_topk512, torch.float32, "fp32", "fp32", max_len=PROMPT)
-    c4a = [m for m in runner.net.modules() if getattr(m, "ratio", None) == 4
-           and hasattr(m, "capture_topk")]
+    c4a = [m for m in runner.net.modules() if isinstance(m, DSV4Attention) and m.ratio == 4]
     assert c4a and all(m.indexer.topk == TOPK for m in c4a)
-    for m in c4a:
-        m.capture_topk = True
-    ours = runner.logprobs(ids)
+    with record_topk(c4a) as selections:
+        ours = runner.logprobs(ids)
     # the last token chose 512 of its 576 visible entries
-    last = c4a[0].last_topk[-1]
+    last = last_topk(c4a[0], selections)
+    assert last is not None, "the first c4a layer selected nothing"
+    last = last[-1]
     assert int((last >= 0).sum()) == TOPK and int(last.max()) < PROMPT // 4
     err = float((ours - ref)[:upto].abs().max())
     print(f"\ntop-k {TOPK}, {PROMPT} tokens ({PROMPT // 4} entries visible at the end): "

@@ -46,7 +46,7 @@ def _join(rank: int, port: int) -> None:
     assert "torch_npu" not in sys.modules
     os.environ["VLLM_DSV4_HW_BACKEND"] = "reference"
     torch.set_num_threads(1)
-    from vllm_dsv4_hw.tools.vllm_state import tensor_parallel_rank
+    from benchmarks.vllm_state import tensor_parallel_rank
 
     tensor_parallel_rank(TP, rank, f"tcp://127.0.0.1:{port}")
 

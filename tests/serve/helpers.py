@@ -93,7 +93,7 @@ class NearTieDivergence(UserWarning):
 
 
 def read_c_op_trap(path: str | Path) -> list[tuple[str, str, int]]:
-    """(phase, op, pid) lines written by ``VLLM_DSV4_HW_TRAP_C_OPS``; [] if the file is absent."""
+    """(phase, op, pid) lines written by ``tests.support.c_op_trap``; [] if the file is absent."""
     p = Path(path)
     if not p.exists():
         return []

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tests.serve.client import ServerClient, ServerError
+from tests.support import c_op_trap
 
 if TYPE_CHECKING:
     from typing import Self
@@ -37,7 +38,7 @@ BASE_ENV = {
 }
 # Test-process settings a server must not inherit (it gets them only through ``env``).
 DROP_ENV_PREFIXES = ("VLLM_DSV4_HW_",)
-DROP_ENV = ("TRITON_INTERPRET",)
+DROP_ENV = ("TRITON_INTERPRET", c_op_trap.ENV)
 
 
 def free_port() -> int:
@@ -103,7 +104,8 @@ class VllmServer(ServerClient):
     ``log_path``: where stdout + stderr go (default: a fresh temporary directory);
     ``--served-model-name`` in ``args`` names the ``model`` field requests carry (default: the
     model path); ``startup_timeout``: seconds from the launch to a healthy ``/health``;
-    ``trap_c_ops``: record ``torch.ops._C*`` calls in ``trap_path`` (next to the log).
+    ``trap_c_ops``: record ``torch.ops._C*`` calls in ``trap_path`` (next to the log), through the
+    test-only entry point of ``tests.support.c_op_trap`` (its distribution on ``PYTHONPATH``).
     """
 
     def __init__(self, model: str | os.PathLike, *, args: Sequence[str] = (),
@@ -124,10 +126,8 @@ class VllmServer(ServerClient):
             self._tmpdir = tempfile.mkdtemp(prefix=f"{name}-")
             log_path = Path(self._tmpdir) / "server.log"
         self.log_path = Path(log_path)
-        # VLLM_DSV4_HW_TRAP_C_OPS: every process appends its torch.ops._C* calls here.
+        # tests.support.c_op_trap: every process appends its torch.ops._C* calls here.
         self.trap_path = self.log_path.parent / "c_ops.tsv" if trap_c_ops else None
-        if self.trap_path is not None:
-            self.extra_env.setdefault("VLLM_DSV4_HW_TRAP_C_OPS", str(self.trap_path))
         self.proc: subprocess.Popen | None = None
         self._launched_at = 0.0
         self._log_file = None
@@ -156,6 +156,8 @@ class VllmServer(ServerClient):
         env.update(BASE_ENV)
         env["VLLM_CACHE_ROOT"] = str(self.log_path.parent / "vllm-cache")
         env.update(self.extra_env)
+        if self.trap_path is not None:   # ahead of the PYTHONPATH the server has otherwise
+            env.update(c_op_trap.server_env(self.trap_path, env.get("PYTHONPATH")))
         return env
 
     def start(self) -> Self:

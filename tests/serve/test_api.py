@@ -105,7 +105,7 @@ def test_prompt_over_max_model_len_is_rejected_and_server_keeps_serving(api_serv
 
 
 def test_no_vllm_compiled_ops_inside_the_model(api_server):
-    """With every ``torch.ops._C*`` call trapped (``VLLM_DSV4_HW_TRAP_C_OPS``), serving requests of
+    """With every ``torch.ops._C*`` call trapped (``tests.support.c_op_trap``), serving requests of
     every kind records no call while our model loads, runs or computes logits (phase ``model``).
     vLLM's own worker code may call them (phase ``engine``): listed for the record."""
     vocab = api_server.vocab_size

@@ -245,9 +245,6 @@ class DSV4Attention(nn.Module):
         dev = torch.device(device) if device is not None else torch.get_default_device()
         self.register_buffer("cos_sin", _shared_rope_table(cfg, ratio, n_pos, str(dev)),
                              persistent=False)
-        # Debugging / tests: keep the indexer's selected entry indices of the last step.
-        self.capture_topk = False
-        self.last_topk: torch.Tensor | None = None
 
     # -- helpers --------------------------------------------------------------------------------
     def _check(self, x: torch.Tensor, meta: StepMetadata, caches: LayerCaches) -> None:
@@ -364,8 +361,6 @@ class DSV4Attention(nn.Module):
                                _visible_pages(meta.block_tables.indexer, meta.max_visible_entries,
                                               meta.geometry.indexer_entries_per_page),
                                meta.token_req, pos, idx.topk, self.ratio, q_scales=q_scales)
-        if self.capture_topk:
-            self.last_topk = top
         return ops.entry_slots(meta.block_tables.comp, meta.token_req, top,
                                meta.geometry.comp_entries_per_page)
 

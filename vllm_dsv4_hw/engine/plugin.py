@@ -82,9 +82,6 @@ def register() -> None:
 
     _route_logs_through_vllm()
     install(owner, ModelRegistry, _config_map() if owner == "ours" else None, _register_quant)
-    if envs.trap_c_ops():
-        from vllm_dsv4_hw.tools.c_op_trap import install as install_trap
-        install_trap(envs.trap_c_ops())
 
 
 def platform_plugin() -> str | None:

@@ -1,3 +1,3 @@
-"""Tools that generate or test, apart from the runtime packages: the checkpoint generator, the
-compiled-op trap, and the single-process vLLM state benchmarks and tests build the model in.
-Nothing in the served path imports this package (the trap is installed only when asked for)."""
+"""Tools that generate, apart from the runtime packages: the checkpoint generator (with its
+tokenizer). Nothing in the served path imports this package. Test aids live under ``tests/support``
+(the compiled-op trap), vLLM's standalone parallel state in ``benchmarks/vllm_state.py``."""

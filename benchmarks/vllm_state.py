@@ -1,6 +1,8 @@
 """vLLM's parallel state for one process, as a worker sets it up, for code that builds the model's
 vLLM layers outside vLLM's engine (benchmarks, tests): vLLM's linear layers and parameters read
-the tensor-parallel rank and size from it.
+the tensor-parallel rank and size from it. Not part of the runtime package (the served path gets
+its state from vLLM's workers); here, where both its users may import it (tests import
+benchmarks, never the other way round).
 
 ``single_rank()`` initializes vLLM's distributed environment with world size 1 (gloo: one rank
 needs no device collective) and tensor / pipeline parallel size 1, once per process; later calls
