@@ -1,8 +1,7 @@
 """The DeepSeek V4 attention layer (spec section 2) against a dense float64 oracle of the layer.
 
-Real head geometry (512 = 448 + 64 rope, indexer 64 x 128), a tiny model around it (hidden 64,
-4 heads in 2 output groups, q_lora 32, index_topk 6 so that top-k really selects among up to 65
-entries). Three requests of 5, 130 and 260 tokens cross the 4 / 8 / 128 / 256 boundaries.
+Real head geometry (512 = 448 + 64 rope, indexer 64 x 128), a tiny model (hidden 64, 4 heads in
+2 output groups, q_lora 32, index_topk 6 among up to 65 entries); requests of 5, 130, 260 tokens.
 
 * one-shot prefill of the whole batch, exact ``fp32`` caches, float64 layer: max error
   <= 2e-6 x max|out| (the compressor, its state and the caches are fp32 by design; observed ~2e-7);
@@ -12,15 +11,14 @@ entries). Three requests of 5, 130 and 260 tokens cross the 4 / 8 / 128 / 256 bo
   (<= 1e-7 x max|out|; observed ~2e-8, fp32 GEMM blocking differs with the batch size);
 * bf16 caches (float32 layer) and fp8_ds_mla + mxfp4 / fp8 caches (bf16 layer, FP8 o-projection
   input) against the oracle with looser, stated tolerances (``LOSSY``);
-* c128a compressed caches with the spec's 2-entry pages (see ``test_c128a_two_entry_pages``);
-* ``build_step_metadata`` against per-token Python loops; the official parameter names.
+* c128a caches with 2-entry pages; ``build_step_metadata`` against per-token Python loops.
 
 Indexer ties: the weights are redrawn until every token's top-k boundary gap in the oracle's own
 scores is >= 1e-5 of its largest score (the layer's fp32 key path errs ~1e-7), so the exact runs
 compare selections as sets with no tie handling. In the lossy runs the stored keys are quantized,
-which legitimately moves the ranking: there the layer's choice must be the top-k of float64 scores
-over its own stored keys (up to near-ties from its bf16 q^I / weights, ``LOSSY_TIE``), and the
-oracle output is recomputed with the layer's choice.
+which moves the ranking: there the layer's choice must be the top-k of float64 scores over its
+own stored keys (near-ties from its bf16 q^I / weights: ``LOSSY_TIE``), and the oracle output is
+recomputed with the layer's choice.
 """
 
 from __future__ import annotations
