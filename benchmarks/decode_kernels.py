@@ -42,9 +42,8 @@ Ops and knobs (the GEMM sweeps live in ``benchmarks.gemm_sweeps``, the timing in
   -1 fill is not timed: the indexer allocates that buffer anyway). A two-stage torch variant
   (top-k of chunks, then of the survivors) was tried on 2026-11-29 and lost at every shape: 71-150
   us vs 62-71 us at 256K scores;
-* ``topk_sync``: the radix top-k's histogram form (``LEAN_HIST``), early stop (``EARLY_TAU``)
-  and scores per program at decode rows, bounded as the indexer calls it
-  (``benchmarks.topk_sweeps``);
+* ``topk_sync``: the radix top-k's scores per program and warps at decode rows, bounded as the
+  indexer calls it (``benchmarks.topk_sweeps``);
 * ``dense``: ``dense_linear`` (the projections shipped in bf16) against cuBLAS, M = the batches:
   column block x split-K;
 * ``pool``: ``compressor_store`` of one decode token per request, completing a group or not

@@ -256,16 +256,6 @@ def main(argv=None) -> int:
     ap.add_argument("--gemv-ahead", default=None, choices=("on", "off"),
                     help="the GEMV's weight tiles read one step ahead (fp8_gemv.TILE['ahead']; "
                          "default: the product's, off until timed)")
-    ap.add_argument("--topk-lean", default=None, choices=("on", "off"),
-                    help="the radix top-k's 256-bin histograms (topk.LEAN_HIST; default: the "
-                         "product's, off until timed)")
-    ap.add_argument("--topk-early", default=None, choices=("on", "off"),
-                    help="the radix top-k's passes stopped at a one-key bin (topk.EARLY_TAU; "
-                         "default: the product's, off until timed)")
-    ap.add_argument("--topk-state-in-scores", default=None, choices=("on", "off"),
-                    help="the radix top-k's state zeroed by the score pass, past each score row "
-                         "(indexer.SELECT['state_in_scores']; default: the product's, off until "
-                         "timed)")
     ap.add_argument("--indexer-q", default=None, choices=("auto", "e4m3", "model"),
                     help="the indexer's query: e4m3 codes on FP8 dots or the model dtype "
                          "(VLLM_DSV4_HW_INDEXER_Q; default: the setting's, model)")
@@ -359,14 +349,6 @@ def main(argv=None) -> int:
             from vllm_dsv4_hw.ops.triton.linear import gemv as fp8_gemv
 
             fp8_gemv.TILE["ahead"] = args.gemv_ahead == "on"
-        from vllm_dsv4_hw.ops.triton.indexer import topk
-
-        if args.topk_lean is not None:
-            topk.LEAN_HIST = args.topk_lean == "on"
-        if args.topk_early is not None:
-            topk.EARLY_TAU = args.topk_early == "on"
-        if args.topk_state_in_scores is not None:
-            triton_indexer.SELECT["state_in_scores"] = args.topk_state_in_scores == "on"
     try:
         import triton
 
@@ -396,7 +378,7 @@ def main(argv=None) -> int:
                      "bounded_select": args.bounded_select, "trim_walk": args.trim_walk,
                      "inv_rope_flat": args.inv_rope_flat,
                      "weight_prefetch": args.weight_prefetch, "gemv_rows": args.gemv_rows,
-                     "gemv_ahead": args.gemv_ahead, "topk_lean": args.topk_lean,
+                     "gemv_ahead": args.gemv_ahead,
                      "indexer_q": "e4m3 codes (FP8 dots)" if e4m3_query(dev) else "model dtype",
                      "left_out": ["MoE (routed + shared experts)", "mHC hyper-connections",
                                   "embedding / LM head", "MTP layer"]},

@@ -20,11 +20,6 @@
 #                                         # then its knob sweep (gemv_probe --rows 1,4)
 #   bash benchmarks/pending_ab.sh gemv-ahead  # the knob sweep with the GEMV's read-ahead, then
 #                                         # decode_stack 128K / 1M B=1 --gemv-ahead off / on
-#   bash benchmarks/pending_ab.sh topk-lean  # the radix top-k's sweep (lean histograms x early
-#                                         # stop, outputs equal; TOPK_BLOCKS: blocks), then
-#                                         # decode_stack 128K / 1M B=1,4 with both off / on
-#                                         # (and the state zeroed by the score pass),
-#                                         # interleaved
 #   bash benchmarks/pending_ab.sh gemv-stack  # decode_stack 128K / 1M B=1,4: this checkout and
 #                                         # .gpuserve/base's package, interleaved (BATCHES=1,4)
 #   bash benchmarks/pending_ab.sh ncu     # Nsight Compute (full set) of the decode GEMMs at M=1
@@ -39,7 +34,7 @@
 #   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: off (slower on the H100).
 # Everything lands under $OUT (one folder per run, its log beside its JSON).
 set -u
-PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|targets|select|index-ab|gemv|gemv-ahead|topk-lean|gemv-stack|ncu|base COMMIT}
+PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|targets|select|index-ab|gemv|gemv-ahead|gemv-stack|ncu|base COMMIT}
 OUT=${OUT:-out}
 W="bash benchmarks/with_vllm.sh"
 DS="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4,32
@@ -108,19 +103,6 @@ gemv-ahead)
     run ahead-on-a $W $A --gemv-ahead on
     run ahead-off-b $W $A --gemv-ahead off
     run ahead-on-b $W $A --gemv-ahead on
-    ;;
-topk-lean)
-    # the four knob settings at the launch rule's block (TOPK_BLOCKS=auto,512,1024,2048: the
-    # blocks too, as decided on 2026-12-04)
-    run topk $W python3 -m benchmarks.decode_kernels --only topk_sync --batches ${BATCHES:-1,4} \
-        --topk-blocks ${TOPK_BLOCKS:-auto}
-    grep -E "^topk_sync" "$OUT/topk/log.txt" || true
-    L="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches ${BATCHES:-1,4}
-        --no-prefill --graphs on --streams on --steps 8 --reps 3"
-    for pair in $(seq 1 ${PAIRS:-2}); do  # PAIRS=1: one off / on pair (short device time)
-        run lean-off-$pair $W $L --topk-lean off --topk-early off --topk-state-in-scores off
-        run lean-on-$pair $W $L --topk-lean on --topk-early on --topk-state-in-scores on
-    done
     ;;
 gemv-stack)
     test -f .gpuserve/base/COMMIT || { echo "no .gpuserve/base: pending_ab.sh base COMMIT"; exit 2; }

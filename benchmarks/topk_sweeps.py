@@ -1,15 +1,14 @@
-"""The one-launch radix top-k's synchronization, warps and block size at decode rows
+"""The radix top-k's warps and block size at decode rows
 (``python -m benchmarks.decode_kernels --only topk_sync``), the product's ``radix_topk`` bounded
 as the indexer calls it (k = 512, each row's visible entries from its position).
 
 Why: at B=1 and 128K the one-launch select (32,768 scores) takes ~20 us in the decode graph, four
 times the score pass before it, and sits on the indexer branch, the longest path of a c4a layer.
-Its work is small; its five row barriers and its histograms are what the knobs change:
-``topk.LEAN_HIST`` (256-bin histograms, none in a program without a key in the pass's prefix, or
-512 bins), ``topk.EARLY_TAU`` (the passes stop at a boundary bin of one key: with random scores
-most rows skip the last pass and its barrier), the scores per program (which picks the form: one
-launch where every program fits on the SMs, else six) and the warps (``WARPS``: besides
-``topk.one_launch_warps``; 8 spreads each histogram's per-key ballots over more warps).
+Its work is small; its five row barriers and its histograms are what the sweep's knobs spread:
+the scores per program (which picks the form: one launch where every program fits on the SMs,
+else six) and the warps (``WARPS``: besides ``topk.one_launch_warps``; 8 spreads each histogram's
+per-key ballots over more warps). (The 256-bin histograms and the early stop at a one-key bin
+were removed untimed, issue 44: git history has them.)
 ``topk.HIST_RELAXED`` (relaxed or acq_rel histogram atomics) was decided by this sweep on
 2026-12-04 (relaxed) and stays as it is. Every config's output must equal the default's bit for bit
 (the same tie order): a config that differs is reported as such and never best. (2026-12-04 18:52
@@ -32,22 +31,21 @@ K = 512
 # call beside the decode_stack pairs
 WARPS = (None,)
 # scores per program swept (None: the launch rule's); ``decode_kernels --topk-blocks auto`` keeps
-# the rule's only, the four knob settings, for a short device call
+# the rule's only, for a short device call
 BLOCKS = (None, 512, 1024, 2048)
 # (label, table width in scores, visible entries per row): 128K and 1M contexts under tables as
 # wide as the context, and 128K under a 1M model length
 CASES = (("128K", 32768, 32768), ("1M", 262144, 262144), ("128K in 1M table", 262144, 32768))
 
 
-def _cfg_label(lean, early, block, warps=None):
-    return (f"lean={int(lean)} early={int(early)} block={block or 'auto'}"
-            + (f" warps={warps}" if warps else ""))
+def _cfg_label(block, warps=None):
+    return f"block={block or 'auto'}" + (f" warps={warps}" if warps else "")
 
 
 def sweep_topk_sync(dev, batches):
     from vllm_dsv4_hw.ops.triton.indexer import topk as tk
 
-    default = _cfg_label(tk.LEAN_HIST, tk.EARLY_TAU, None)
+    default = _cfg_label(None)
     rows = []
     for (name, n, visible), b in itertools.product(CASES, batches):
         if b * n > (1 << 20):  # the indexer takes torch.topk past 1M scores per call
@@ -64,21 +62,19 @@ def sweep_topk_sync(dev, batches):
         want = tk.radix_topk(sets[0], K, fresh(), **bound)
         outs = [fresh() for _ in range(3)]
         res = {}
-        for lean, early, block, warps in itertools.product(
-                (False, True), (False, True), BLOCKS, WARPS):
-            label = _cfg_label(lean, early, block, warps)
+        for block, warps in itertools.product(BLOCKS, WARPS):
+            label = _cfg_label(block, warps)
             try:
-                got = tk.radix_topk(sets[0], K, fresh(), block=block, lean=lean, early=early,
-                                    num_warps=warps, **bound)
+                got = tk.radix_topk(sets[0], K, fresh(), block=block, num_warps=warps, **bound)
             except Exception as exc:  # out of resources at this block
                 res[label] = f"{type(exc).__name__}: {str(exc)[:100]}"
                 continue
             if not torch.equal(got, want):
                 res[label] = "differs from the default's output"
                 continue
-            res[label] = _try(lambda i, block=block, lean=lean, early=early, warps=warps:
-                              tk.radix_topk(sets[i], K, outs[i], block=block, lean=lean,
-                                            early=early, num_warps=warps, **bound), 3)
+            res[label] = _try(lambda i, block=block, warps=warps:
+                              tk.radix_topk(sets[i], K, outs[i], block=block, num_warps=warps,
+                                            **bound), 3)
         rows.append(_summary("topk_sync", f"{name} B={b}", res, default,
                              b * visible * 4 / HBM * 1e6))
         print("    " + "; ".join(f"{k}: {_f(v)}" for k, v in res.items()), flush=True)

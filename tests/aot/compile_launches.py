@@ -16,8 +16,6 @@ import json
 import re
 import sys
 
-from vllm_dsv4_hw.ops.triton.indexer.topk_digits import ROW_WORDS
-
 
 def kernel_fn(record: dict):
     """The JIT function of a record, found by its op family (``ops.triton.<family>``: a module,
@@ -161,12 +159,7 @@ def with_new_defaults(record: dict, fn) -> dict:
 # with the knob on (``PF_BYTES`` only where the target has PDL: it is dead code elsewhere). The
 # GEMMs' read-ahead (``PF_BYTES``) is on by default since 2026-12-05: the native records carry it.
 OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True},
-                  "_gemv_kernel": {"AHEAD": True},
-                  "_fused_kernel": {"LEAN": True, "EARLY": True, "IN_ROW": True},
-                  "_hist_kernel": {"LEAN": True, "EARLY": True, "IN_ROW": True},
-                  "_count_kernel": {"EARLY": True, "IN_ROW": True},
-                  "_gather_kernel": {"EARLY": True, "IN_ROW": True},
-                  "_indexer_score_kernel": {"ZERO_STATE": ROW_WORDS.value}}  # = topk.STATE_WORDS
+                  "_gemv_kernel": {"AHEAD": True}}
 
 # Kernels added since the launches were recorded (no GPU lent to record them): their product
 # launches written out here as records (with ``needs``: the declared capability that takes

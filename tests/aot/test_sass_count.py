@@ -44,8 +44,9 @@ def test_summarize_counts_instructions_loops_and_opcodes():
 
 
 def test_parse_args_filters_and_knobs():
-    assert parse_args(["topk", "_fused_kernel", "BLOCK=512", "BOUND=True", "+LEAN=True"]) == (
-        "topk", "_fused_kernel", {"BLOCK": 512, "BOUND": True}, {"LEAN": True})
+    assert parse_args(["topk", "_fused_kernel", "BLOCK=512", "BOUND=True",
+                       "+HIST_RELAXED=False"]) == (
+        "topk", "_fused_kernel", {"BLOCK": 512, "BOUND": True}, {"HIST_RELAXED": False})
     with pytest.raises(SystemExit):
         parse_args(["topk", "_fused_kernel", "BLOCK"])
 
@@ -57,13 +58,13 @@ def test_counts_a_recorded_launch_and_its_knob(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["SASS_DUMP"] = str(tmp_path)
     out = subprocess.run([sys.executable, "-m", "tests.aot.sass_count", "indexer", "_hist_kernel",
-                          "+LEAN=True"], cwd=ROOT, env=env, capture_output=True,
+                          "+HIST_RELAXED=False"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("_hist_kernel")]
     assert len(lines) == 4, out.stdout                 # the four recorded passes, knob set
     for p, ln in enumerate(lines):
-        assert "'LEAN': True" in ln and f"'PASS': {p}" in ln, ln
+        assert "'HIST_RELAXED': False" in ln and f"'PASS': {p}" in ln, ln
         count = int(re.search(r"(\d+) instructions", ln).group(1))
         assert 100 < count < 10_000, ln
         # SASS_DUMP: the launch's key, then its instructions without addresses

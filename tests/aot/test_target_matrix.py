@@ -99,13 +99,6 @@ def test_every_launch_compiles_for(target, compiled):
     # the knobs off by default compile too (compile_launches.OFF_BY_DEFAULT); the GEMMs' weight
     # read-ahead (on by default, in the native records) only where the target has PDL
     assert any(r["constexprs"].get("FLAT") is True for r in rows), "no FLAT launch compiled"
-    lean = {r["kernel"] for r in rows if r["constexprs"].get("LEAN") is True}
-    assert lean == {"indexer._fused_kernel", "indexer._hist_kernel"}, lean
-    early = {r["kernel"] for r in rows if r["constexprs"].get("EARLY") is True}
-    assert early == {f"indexer.{k}" for k in ("_fused_kernel", "_hist_kernel", "_count_kernel",
-                                           "_gather_kernel")}, early
-    assert early == {r["kernel"] for r in rows if r["constexprs"].get("IN_ROW") is True}
-    assert any(r["constexprs"].get("ZERO_STATE") for r in rows), "no ZERO_STATE launch"
     # the one-row GEMV only where fp8_block_linear quantizes x (fp8_dot: sm_89+, not ROCm)
     gemv = any(r["kernel"] == "linear._gemv_kernel" for r in rows)
     assert gemv == (target in ("sm_89", "sm_90", "sm_100", "sm_120")), (target, gemv)

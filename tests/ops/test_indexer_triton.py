@@ -22,6 +22,7 @@ from tests.oracles import indexer_oracle as oracle  # noqa: E402
 from vllm_dsv4_hw.kv_cache import paged  # noqa: E402
 from vllm_dsv4_hw.kv_cache.formats import make_format  # noqa: E402
 from vllm_dsv4_hw.kv_cache.formats.fp32 import FP32Format  # noqa: E402
+from vllm_dsv4_hw.ops import tuning  # noqa: E402
 from vllm_dsv4_hw.ops.api import INDEXER_TOPK  # noqa: E402
 from vllm_dsv4_hw.ops.reference.indexer import indexer_head_weights  # noqa: E402
 from vllm_dsv4_hw.ops.registry import REGISTRY  # noqa: E402
@@ -73,10 +74,9 @@ def _scores64(q, w, keys, token_req, token_pos, n_max):
 
 @pytest.mark.parametrize("name,select", [("bf16", "radix"), ("fp8", "radix"), ("mxfp4", "radix"),
                                          ("fp32", "radix"), ("mxfp4", "torch")])
-def test_scores_and_topk_real_dims(gen, monkeypatch, name, select):
+def test_scores_and_topk_real_dims(gen, name, select):
     from vllm_dsv4_hw.ops.triton.indexer import score as ti
 
-    monkeypatch.setitem(ti.SELECT, "impl", select)  # both selection paths behind the op
     fmt = make_format(name, "indexer", 64)
     # decode tokens (one with > topk visible entries), a prefill chunk crossing a page boundary
     reqs = [(0, 2200, 1), (1, 1019, 2), (2, 250, 9)]
@@ -97,7 +97,9 @@ def test_scores_and_topk_real_dims(gen, monkeypatch, name, select):
     torch.testing.assert_close(got[fin].double(), want[fin], rtol=1e-5, atol=1e-6 * scale)
 
     topk = 512
-    out = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, token_req, token_pos, topk)
+    # both selection paths behind the op
+    with tuning.override(indexer=tuning.IndexerTuning(select=select)):
+        out = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, token_req, token_pos, topk)
     assert out.dtype == torch.int32 and out.shape == (t, topk)
     assert (out[-1] == -1).all()
     for i in range(t - 1):
@@ -160,17 +162,15 @@ def test_tokens_scored_together(gen, tb, fmt_name, req_dtype):
         ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, tokens_per_program=3)
 
 
-def test_select_policy(monkeypatch):
-    from vllm_dsv4_hw.ops.triton.indexer import select as sel
-
-    assert sel.SELECT is ti.SELECT  # the indexer module's name for the same policy
-    monkeypatch.setitem(ti.SELECT, "impl", "auto")
-    assert sel._use_radix(4, 262144) and not sel._use_radix(32, 262144)
-    monkeypatch.setitem(ti.SELECT, "impl", "torch")
-    assert not sel._use_radix(1, 64)
-    monkeypatch.setitem(ti.SELECT, "impl", "bogus")
-    with pytest.raises(ValueError, match="auto, radix or torch"):
-        sel._use_radix(1, 64)
+def test_select_policy():
+    """``IndexerTuning.select``: auto takes the radix select up to ``radix_max_scores`` scores
+    per call; torch never; anything else is refused."""
+    auto = tuning.IndexerTuning(select="auto")
+    assert auto.radix(4, 262144) and not auto.radix(32, 262144)
+    assert tuning.IndexerTuning(select="radix").radix(32, 262144)
+    assert not tuning.IndexerTuning(select="torch").radix(1, 64)
+    with pytest.raises(ValueError, match="use one of"):
+        tuning.IndexerTuning(select="bogus")
 
 
 def _wide_table(gen, width: int):
@@ -213,9 +213,8 @@ def test_topk_bounded_to_visible_entries_on_a_wide_table(gen, monkeypatch, inter
     q, w, cache, fmt, bt, stored, token_req, token_pos = _wide_table(gen, 512)
     req, pos = torch.tensor(token_req), torch.tensor(token_pos)
     t, topk = len(token_req), 64
-    monkeypatch.setitem(ti.SELECT, "impl", "radix")
-    monkeypatch.setitem(ti.SELECT, "bounded", True)
-    got = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, req, pos, topk)
+    with tuning.override(indexer=tuning.IndexerTuning(select="radix", bounded=True)):
+        got = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, req, pos, topk)
     before = torch.full((t, topk), -1, dtype=torch.int32)
     tk.radix_topk(ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4), topk, before)
     assert torch.equal(got, before)
@@ -225,8 +224,8 @@ def test_topk_bounded_to_visible_entries_on_a_wide_table(gen, monkeypatch, inter
                          [token_pos[i] for i in real], topk)
     ks = [k for _, k in expected]
     assert min(ks) == 0 and max(ks) == topk and any(0 < k < topk for k in ks)
-    monkeypatch.setitem(ti.SELECT, "impl", "torch")
-    full = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, req, pos, topk)
+    with tuning.override(indexer=tuning.IndexerTuning(select="torch")):
+        full = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, req, pos, topk)
     for i in range(t):
         assert set(full[i].tolist()) == set(got[i].tolist()), i
 
@@ -269,39 +268,3 @@ def test_register_cap_rule(monkeypatch):
     assert ti._reg_cap(8192, 1, ti.quant.FMT_FP8_INDEXER, ti.DOT_BF16, cuda) == {}
     assert ti._reg_cap(8192, 1, mx, ti.DOT_FP8, cuda) == {}
     assert ti._reg_cap(8192, 1, mx, ti.DOT_BF16, torch.device("cpu")) == {}
-
-
-@pytest.mark.parametrize("tb,interp_block", [(1, None), (4, 256)])
-def test_select_state_in_the_score_rows(gen, monkeypatch, tb, interp_block):
-    """``SELECT["state_in_scores"]``: the radix select's state words past each score row, zeroed
-    by the score pass (poisoned first: the select counts from zero only if the pass zeroed every
-    word of every row), give the output of the select's own zeroed state bit for bit; bounded
-    and not, one program per row and the multi-launch form; a buffer without room for the
-    words is refused."""
-    from vllm_dsv4_hw.ops.triton.indexer import topk as tk
-
-    if interp_block:
-        monkeypatch.setattr(tk, "INTERP_BLOCK", interp_block)
-    q, w, cache, fmt, bt, _, token_req, token_pos = _wide_table(gen, 256)
-    req, pos = torch.tensor(token_req), torch.tensor(token_pos)
-    t, n_max, topk = len(token_req), bt.shape[1] * fmt.entries_per_page, 64
-    kw = dict(block_s=64, iters=2, tokens_per_program=tb)
-    width = -(-(n_max + tk.STATE_WORDS) // 16) * 16
-    for bounded in (True, False):
-        buf = torch.full((t, width), float("nan"))
-        bnd = dict(row_pos=pos, row_req=req, ratio=4) if bounded else {}
-        scores = ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4, out=buf[:, :n_max],
-                                   skip_tail=bounded, zero_state=True, **kw)
-        state = buf.view(torch.int32)[:, n_max:]
-        assert (state[:, :tk.STATE_WORDS] == 0).all()
-        got = tk.radix_topk(scores, topk, torch.full((t, topk), 7, dtype=torch.int32),
-                            state=state, **bnd)
-        want = tk.radix_topk(scores.contiguous(), topk, torch.full((t, topk), 7,
-                                                                   dtype=torch.int32), **bnd)
-        assert torch.equal(got, want), bounded
-    monkeypatch.setitem(ti.SELECT, "impl", "radix")
-    base = impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, req, pos, topk)
-    monkeypatch.setitem(ti.SELECT, "state_in_scores", True)
-    assert torch.equal(impl(INDEXER_TOPK, "triton")(q, w, cache, fmt, bt, req, pos, topk), base)
-    with pytest.raises(ValueError, match="zero_state"):
-        ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4, zero_state=True)

@@ -16,7 +16,9 @@ triton = pytest.importorskip("triton")
 from tests.ops.test_moe_experts import make_case  # noqa: E402
 from vllm_dsv4_hw.ops.triton.linear import block as fp8_linear  # noqa: E402
 from vllm_dsv4_hw.ops.triton.linear import fp8_block_linear as fp8_op  # noqa: E402
+from vllm_dsv4_hw.ops import tuning  # noqa: E402
 from vllm_dsv4_hw.ops.triton.indexer import score as indexer  # noqa: E402
+from vllm_dsv4_hw.ops.triton.indexer.select import indexer_topk  # noqa: E402
 from vllm_dsv4_hw.ops.triton.common import launch  # noqa: E402
 from vllm_dsv4_hw.ops.triton import moe  # noqa: E402
 from vllm_dsv4_hw.platform.capabilities import CPU, NPU_A2_A3  # noqa: E402
@@ -87,14 +89,14 @@ def test_indexer_on_few_programs_matches_one_per_unit(caps, monkeypatch, gen, se
     """Score and compaction kernels grid-strided over 3 programs: the same scores and selection
     as with one program per unit; K = di/2 = 8 padded to 16 (the dots see zero pairs)."""
     q, w, cache, fmt, bt, req, pos = _indexer_case(gen)
-    monkeypatch.setitem(indexer.SELECT, "impl", select)
     outs = {}
     for cap in (None, 3):
         caps() if cap is None else caps(max_grid=cap)
         rec = Recorder(indexer._select_compact_kernel)
         monkeypatch.setattr(indexer, "_select_compact_kernel", rec)
         scores = indexer.indexer_scores(q, w, cache, fmt, bt, req, pos, 4)
-        outs[cap] = (scores, indexer.indexer_topk(q, w, cache, fmt, bt, req, pos, 5, 4))
+        with tuning.override(indexer=tuning.IndexerTuning(select=select)):
+            outs[cap] = (scores, indexer_topk(q, w, cache, fmt, bt, req, pos, 5, 4))
         assert all(g <= (cap or 6) for g in rec.grids)
         assert rec.grids if select == "torch" else not rec.grids
     torch.testing.assert_close(outs[3][0], outs[None][0], rtol=0, atol=0, equal_nan=True)

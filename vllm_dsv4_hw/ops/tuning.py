@@ -28,8 +28,6 @@ class IndexerTuning:
     # the radix select reads each row only up to the token's visible entries, and the score pass
     # stores nothing past them (block tables wider than the context: a long --max-model-len)
     bounded: bool = True
-    # the radix select's state words past each score row, zeroed by the score pass
-    state_in_scores: bool = False
 
     def __post_init__(self) -> None:
         if self.select not in SELECTS:

@@ -25,10 +25,10 @@ hi + lo pair (``DOT_BF16X2``, ~16 mantissa bits). fp32 keys (test format) and th
 
 Step 2 (``indexer_select``), selection of k = min(topk, n_max) entries per token: a radix select
 over the score rows (``ops.triton.topk.radix_topk``) or ``torch.topk`` (unsorted) then
-``_select_compact_kernel``, whichever measured faster for the number of scores (``SELECT``). Either
-way the selected entries (score > -inf) come first, -1 after (also the columns beyond n_max), in no
-particular order: compare results as sets. Selecting inside the score kernel would remove the score
-round trip (4 B per entry written and read back).
+``_select_compact_kernel``, whichever measured faster for the number of scores
+(``tuning.IndexerTuning``). Either way the selected entries (score > -inf) come first, -1 after
+(also the columns beyond n_max), in no particular order: compare results as sets. Selecting inside
+the score kernel would remove the score round trip (4 B per entry written and read back).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from vllm_dsv4_hw.ops.triton.common.ptx_codecs import C_CVT_PTX, E2M1_E4M3_SHIFT
 from vllm_dsv4_hw.ops.triton.indexer.launch import (  # noqa: F401  (DOT_*: the dots' modes)
     DOT_BF16, DOT_BF16X2, DOT_F32, DOT_FP8, DOT_FP8_EMU, GROUP_TOKENS, KEYS_A, MX_DIMS, REG_CAP,
     _dot_mode, _grid, _key_decode, _launch_config, _q_operand, _reg_cap, _tokens_per_program)
-from vllm_dsv4_hw.ops.triton.indexer.topk import STATE_WORDS
 
 _MX_BLOCK = tl.constexpr(MX_DIMS)   # MXFP4: dims per ue8m0 scale
 _MX_SHIFT = tl.constexpr(127 + E2M1_E4M3_SHIFT)   # placed codes are value * 2^-6
@@ -235,19 +234,6 @@ def _block_logits_fp8(qb0, qb1, qb2, qb3, cache_ptr, bt_ptr, req, stride_bt, s0,
 
 
 @triton.jit
-def _zero_state(out_ptr, t0, n_tokens, stride_out, n_max, TB: tl.constexpr,
-                WORDS: tl.constexpr):
-    """Zero ``WORDS`` (<= 2,048) fp32 words past the n_max scores of tokens [t0, t0 + TB)."""
-    tl.static_assert(WORDS <= 2048, "the state words fit one 2,048-word store")
-    w = tl.arange(0, 2048)
-    for z in tl.static_range(TB):
-        tok = t0 + z
-        lim = tl.where(tok < n_tokens, WORDS, 0)  # (one compare: the interpreter's bool & bool)
-        tl.store(out_ptr + tok.to(tl.int64) * stride_out + n_max + w,
-                 tl.zeros([2048], dtype=tl.float32), mask=w < lim)
-
-
-@triton.jit
 def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
                           stride_qt, stride_wt, stride_qs, stride_bt, stride_out, page_stride,
                           page_stride_units, n_max, n_split, bt_cols, n_programs, n_tokens,
@@ -257,8 +243,7 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
                           DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr,
                           KP: tl.constexpr, TB: tl.constexpr, KT: tl.constexpr,
                           CVT: tl.constexpr, SKIP_TAIL: tl.constexpr = False,
-                          PDL: tl.constexpr = False, QS: tl.constexpr = False,
-                          ZERO_STATE: tl.constexpr = 0):
+                          PDL: tl.constexpr = False, QS: tl.constexpr = False):
     """Program = (TB consecutive tokens, split of ITERS entry blocks). Keys are read as (even,
     odd) dim pairs (``quant.load_entry_pairs``: one contiguous load per pair), so logits =
     q_even @ k_even + q_odd @ k_odd (two K = DI/2 dots; four in the hi/lo mode), for the TB
@@ -269,9 +254,7 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
     past every token's visible entries store nothing (a bounded ``radix_topk`` never reads them).
     QS: q is e4m3 codes (values for ``DOT_F32`` / ``DOT_FP8_EMU``) whose per-(token, head) scales
     ``qs_ptr`` multiply the head weights (positive powers of two: exact, relu commutes).
-    ``DOT_FP8`` / ``DOT_FP8_EMU``: keys as the A operand (``_block_logits_fp8``). ZERO_STATE:
-    words past each token's n_max scores zeroed by its group's first split (the radix select's
-    state, ``radix_topk(state=...)``: no zeroing launch between the two kernels)."""
+    ``DOT_FP8`` / ``DOT_FP8_EMU``: keys as the A operand (``_block_logits_fp8``)."""
     pdl_start(PDL)
     r = tl.arange(0, TB * H)
     tok_of_row = r // H
@@ -281,9 +264,6 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
     for pid in range(tl.program_id(0), n_programs, tl.num_programs(0)):  # grid-stride (Ascend cap)
         t0 = (pid // n_split) * TB
         sp = pid % n_split
-        if ZERO_STATE > 0:
-            if sp == 0:
-                _zero_state(out_ptr, t0, n_tokens, stride_out, n_max, TB, ZERO_STATE)
         tok = t0 + i
         tok_ok = tok < n_tokens
         req0 = tl.load(req_ptr + t0)
@@ -390,7 +370,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
                    tokens_per_program: int | None = None,
                    keys_a: bool | None = None, cvt: int | None = None,
                    skip_tail: bool = False, q_scales: torch.Tensor | None = None,
-                   maxnreg: int | None = None, zero_state: bool = False) -> torch.Tensor:
+                   maxnreg: int | None = None) -> torch.Tensor:
     """The [T, n_max] fp32 score buffer (masked entries -inf) of step 1 (also used by benchmarks).
 
     ``q_scales`` [T, Hi]: q is e4m3 codes of q / q_scales (``ops.api.indexer_topk``); the scales
@@ -399,8 +379,6 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
     ``skip_tail``: a block of ``block_s`` entries past the visible entries of every token scored
     with it is left unwritten; the columns below a token's visible count are always written (the
     bounded ``radix_topk`` of ``indexer_topk`` reads no others). Default: full -inf stores.
-    ``zero_state``: also zero the ``topk.STATE_WORDS`` words past each row's scores (``out``'s
-    rows must hold them), the radix select's state (``radix_topk(state=...)``).
     ``block_s`` / ``iters`` / ``num_warps`` / ``num_stages`` / ``tokens_per_program`` /
     ``maxnreg`` (NVIDIA register cap: more programs per SM; None: ``REG_CAP``'s rule, 0: no
     cap): launch knobs (benchmark sweeps)."""
@@ -428,11 +406,6 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         out = torch.empty(t, n_max, dtype=torch.float32, device=dev)
     elif out.shape != (t, n_max) or out.dtype != torch.float32 or out.stride(-1) != 1:
         raise ValueError(f"out must be fp32 [{t}, {n_max}] with unit inner stride")
-    if zero_state and ((t > 1 and out.stride(0) < n_max + STATE_WORDS) or 4 * (
-            out.storage_offset() + (t - 1) * out.stride(0) + n_max + STATE_WORDS)
-            > out.untyped_storage().nbytes()):
-        raise ValueError(f"zero_state: out's rows must hold {STATE_WORDS} words past the "
-                         f"{n_max} scores (row stride {out.stride(0)})")
     if t == 0 or n_max == 0:
         return out
     if q_scales is not None and (q.dtype != torch.float8_e4m3fn
@@ -487,7 +460,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         RATIO=ratio, FMT=fmt_code, DOT=dot, BLOCK_S=block_s, ITERS=iters,
         KP=dot_dim(di // 2, dev), TB=tb, KT=KEYS_A if keys_a is None else keys_a,
         CVT=_key_decode(fmt_code, dot, dev) if cvt is None else cvt, SKIP_TAIL=skip_tail,
-        QS=q_scales is not None, ZERO_STATE=STATE_WORDS if zero_state else 0,
+        QS=q_scales is not None,
         num_warps=num_warps, num_stages=num_stages, **regs, **pdl_launch(dev))
     return out
 

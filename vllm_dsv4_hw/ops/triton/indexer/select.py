@@ -10,8 +10,7 @@ import torch
 from vllm_dsv4_hw.ops import api, tuning
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.indexer.score import _MAX_SCORE_ELEMS, compact_selected, indexer_scores
-from vllm_dsv4_hw.ops.triton.common.launch import cdiv
-from vllm_dsv4_hw.ops.triton.indexer.topk import STATE_WORDS, radix_topk
+from vllm_dsv4_hw.ops.triton.indexer.topk import radix_topk
 
 
 @register_op(api.INDEXER_TOPK, "triton")
@@ -46,22 +45,14 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         dst = out[sl]
         radix = chosen.radix(dst.shape[0], n_max)
         bounded = radix and chosen.bounded
-        in_row = radix and chosen.state_in_scores
-        buf = None
-        if in_row:  # the select's state past each row's scores, zeroed by the score pass (rows
-            # of a multiple of 16 words: the row stride keeps Triton's divisibility hint)
-            buf = torch.empty(dst.shape[0], cdiv(n_max + STATE_WORDS, 16) * 16,
-                              dtype=torch.float32, device=dev)
         scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
                                 token_req[sl], token_pos[sl], ratio, n_max=n_max,
                                 skip_tail=bounded,
-                                q_scales=None if q_scales is None else q_scales[sl],
-                                out=None if buf is None else buf[:, :n_max], zero_state=in_row)
+                                q_scales=None if q_scales is None else q_scales[sl])
         if radix:
             bound = dict(row_pos=token_pos[sl], row_req=token_req[sl], ratio=ratio) if bounded \
                 else {}
-            state = None if buf is None else buf.view(torch.int32)[:, n_max:]
-            radix_topk(scores, k, dst, state=state, **bound)
+            radix_topk(scores, k, dst, **bound)
             continue
         # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
         # H200), then one launch puts the selected entries first and -1 after, as int32

@@ -25,9 +25,7 @@ Launches (8-bit digits, most significant first), 6 per call plus the state's zer
    arrival count, reset by it) then selects: the digit d where the count of keys with digit >= d
    first reaches the number still needed; the prefix grows by d and the need shrinks by the count
    above d. After 4 passes the prefix is the k-th largest key tau and ``need`` the number of keys
-   equal to tau to take. Integer counts: the same whichever program arrives last. Early stop
-   (``EARLY_TAU``): where a pass's boundary bin holds one key, that key is tau and the later
-   passes' programs return at once (the keys above it: those with a greater prefix);
+   equal to tau to take. Integer counts: the same whichever program arrives last;
 2. ``_count_kernel`` (rows x blocks): per block, the keys > tau and the keys == tau (finite tau
    only, so -inf entries stay -1); the row's last program turns the counts into each block's
    first slot of each kind (an exclusive sum over the row's blocks, in block order);
@@ -44,13 +42,11 @@ no live block reads their counts. The absent keys are added to the selects' hist
 -inf keys they stand for, so tau, need and the output are those of the unbounded call on a row
 with a -inf tail.
 
-The state is one zeroed int32 buffer of ``STATE_WORDS`` words per row (or the words past each row's
-scores in the score buffer, zeroed by the score pass: ``radix_topk(state=...)``, ``IN_ROW``):
-the four passes' histograms, tau's prefix, the need left, the arrival count and the early stop's
-shift (``EARLY_TAU``: the bits below tau's prefix where the passes stopped, 0 after all four), at
-the offsets ``topk_digits`` names. Last-arrival selection: each program's atomics (relaxed:
-``HIST_RELAXED``), a block barrier, then one acq_rel count that releases them; the last program
-reads the table from L2 (``.cg``), where the atomics landed.
+The state is one zeroed int32 buffer of ``STATE_WORDS`` words per row: the four passes'
+histograms, tau's prefix, the need left and the arrival count, at the offsets ``topk_digits``
+names. Last-arrival selection: each program's atomics (relaxed: ``HIST_RELAXED``), a block
+barrier, then one acq_rel count that releases them; the last program reads the table from L2
+(``.cg``), where the atomics landed.
 """
 
 from __future__ import annotations
@@ -61,10 +57,10 @@ import triton.language as tl
 
 from vllm_dsv4_hw.ops.triton.common.launch import cdiv, next_pow2, sm_count
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.indexer.topk_digits import (NEED_WORD, NEG_INF_KEY, PREFIX_WORD, ROW_WORDS,
-                                                 SHIFT_WORD, _add_digit_hist, _block_keys,
-                                                 _digit, _fill_tail, _last_of_row,
-                                                 _row_barrier, _row_bound, _stops)
+from vllm_dsv4_hw.ops.triton.indexer.topk_digits import (NEED_WORD, NEG_INF_KEY, PREFIX_WORD,
+                                                         ROW_WORDS, _add_digit_hist, _block_keys,
+                                                         _digit, _fill_tail, _last_of_row,
+                                                         _row_barrier, _row_bound)
 from vllm_dsv4_hw.platform.device import adaptor_for
 
 INTERP_BLOCK = 1 << 16
@@ -74,20 +70,6 @@ ONE_LAUNCH = True
 # 21.8 -> 17.6 us for the one-launch select of 1 x 32,768 scores (``decode_kernels --only
 # topk_sync``, H200 2026-12-04 18:52 UTC; that sweep flipped it; since 2026-12-06 it leaves it on).
 HIST_RELAXED = True
-# Each program's digit histogram over 256 bins, the keys outside the pass's prefix counted in
-# bin 0 (whose count the select never reads), and none at all in a program without a key inside
-# it (most programs of the last passes), instead of 512 bins with a "not counted" bin 256: the
-# same digits, so the same output bit for bit. Why: under Triton 3.6 (the GPUs' Triton)
-# tl.histogram is warp ballots, one VOTE per bin bit per key and, per lane's bins, masks and a
-# POPC, so its cost grows with the bins (docs/performance.md has the SASS counts). Off until
-# timed (``python -m benchmarks.decode_kernels --only topk_sync``).
-LEAN_HIST = False
-# Stop the digit passes early where a pass's boundary bin holds exactly one key (need = 1): that
-# key is tau, the only key sharing its prefix, so the keys above it are those with a greater prefix
-# and the last pass (with its barrier, or its histogram launch) is skipped. The selected keys and
-# their slots are the same bit for bit. Past 24 bits a bin of 32,768 normal scores holds ~0.1
-# keys, so most rows stop after 3 passes. Off until timed (``decode_kernels --only topk_sync``).
-EARLY_TAU = False
 
 
 def auto_block(rows: int, n: int, one_launch_programs: int = 0) -> int:
@@ -111,50 +93,44 @@ def one_launch_warps(block: int) -> int:
     return 4 if block <= 1024 else 8
 
 
-# per row: 4 histograms, prefix, need, arrival count, early stop's shift
+# per row: 4 histograms, prefix, need, arrival count (and one unused word: ``ROW_WORDS``)
 STATE_WORDS = ROW_WORDS.value
 
 
 @triton.jit
 def _hist_add(scores_ptr, st, n, stride, n_blk, PASS: tl.constexpr, BLOCK: tl.constexpr,
-              HIST_RELAXED: tl.constexpr, LEAN: tl.constexpr):
+              HIST_RELAXED: tl.constexpr):
     """Add this block's histogram of the pass's digit (keys matching the prefix) to the row's."""
     _, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
     if PASS > 0:
         prefix = tl.load(st + PREFIX_WORD).to(tl.uint32, bitcast=True)
         m = m & ((key >> (32 - 8 * PASS)) == prefix)
-    _add_digit_hist(st + PASS * 256, key, m, PASS, HIST_RELAXED, LEAN)
+    _add_digit_hist(st + PASS * 256, key, m, PASS, HIST_RELAXED)
 
 
 @triton.jit
 def _hist_kernel(scores_ptr, state_ptr, pos_ptr, req_ptr, k, n, stride, n_blk,
                  PASS: tl.constexpr, BLOCK: tl.constexpr, RATIO: tl.constexpr,
                  BOUND: tl.constexpr, HIST_RELAXED: tl.constexpr = True,
-                 PDL: tl.constexpr = False, LEAN: tl.constexpr = False,
-                 EARLY: tl.constexpr = False, IN_ROW: tl.constexpr = False):
+                 PDL: tl.constexpr = False):
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * (stride if IN_ROW else ROW_WORDS)
-    runs = True
-    if EARLY:
-        if PASS > 0:  # the row's selection stopped after an earlier pass: nothing left to do
-            runs = tl.load(st + SHIFT_WORD) == 0
-    if runs:
-        if BOUND:
-            lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
-            if pid % n_blk < live:  # blocks past the bound: nothing to do (not counted either)
-                _hist_add(scores_ptr, st, lim, stride, n_blk, PASS, BLOCK, HIST_RELAXED, LEAN)
-                if _last_of_row(st, live):
-                    _select(st, k, n - lim, PASS, BOUND, EARLY)
-        else:
-            _hist_add(scores_ptr, st, n, stride, n_blk, PASS, BLOCK, HIST_RELAXED, LEAN)
-            if _last_of_row(st, n_blk):
-                _select(st, k, 0, PASS, BOUND, EARLY)
+    st = state_ptr + row * ROW_WORDS
+    if BOUND:
+        lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
+        if pid % n_blk < live:  # blocks past the bound: nothing to do (not counted either)
+            _hist_add(scores_ptr, st, lim, stride, n_blk, PASS, BLOCK, HIST_RELAXED)
+            if _last_of_row(st, live):
+                _select(st, k, n - lim, PASS, BOUND)
+    else:
+        _hist_add(scores_ptr, st, n, stride, n_blk, PASS, BLOCK, HIST_RELAXED)
+        if _last_of_row(st, n_blk):
+            _select(st, k, 0, PASS, BOUND)
 
 
 @triton.jit
-def _select(st, k, absent, PASS: tl.constexpr, BOUND: tl.constexpr, EARLY: tl.constexpr):
+def _select(st, k, absent, PASS: tl.constexpr, BOUND: tl.constexpr):
     h = tl.load(st + PASS * 256 + tl.arange(0, 256), cache_modifier=".cg")
     if PASS == 0:
         need = k
@@ -162,25 +138,18 @@ def _select(st, k, absent, PASS: tl.constexpr, BOUND: tl.constexpr, EARLY: tl.co
     else:
         need = tl.load(st + NEED_WORD, cache_modifier=".cg")
         prefix = tl.load(st + PREFIX_WORD, cache_modifier=".cg").to(tl.uint32, bitcast=True)
-    need, prefix, bin_count = _digit(h, need, prefix, absent, PASS, BOUND)
+    need, prefix = _digit(h, need, prefix, absent, PASS, BOUND)
     tl.store(st + PREFIX_WORD, prefix.to(tl.int32, bitcast=True))
     tl.store(st + NEED_WORD, need)
-    if EARLY:
-        if PASS < 3:
-            if _stops(bin_count, prefix, PASS):  # the bits below the prefix: tau's compare shift
-                tl.store(st + SHIFT_WORD, 24 - 8 * PASS)
 
 
 @triton.jit
-def _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK: tl.constexpr, EARLY: tl.constexpr):
+def _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK: tl.constexpr):
     """This program's keys above tau (taken) and equal to tau (taken while need lasts)."""
     offs, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
     tau = tl.load(st + PREFIX_WORD).to(tl.uint32, bitcast=True)
-    hi = key
-    if EARLY:  # tau's prefix, where the passes stopped early (SHIFT_WORD: the bits below it)
-        hi = key >> tl.load(st + SHIFT_WORD).to(tl.uint32)
-    gt = m & (hi > tau)
-    eq = m & (hi == tau) & (key != NEG_INF_KEY)  # -inf entries are never selected
+    gt = m & (key > tau)
+    eq = m & (key == tau) & (key != NEG_INF_KEY)  # -inf entries are never selected
     return offs, gt, eq
 
 
@@ -198,9 +167,8 @@ def _block_starts(counts_ptr, row, n_blk, live, NB: tl.constexpr):
 
 
 @triton.jit
-def _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK: tl.constexpr,
-                 EARLY: tl.constexpr):
-    _, gt, eq = _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK, EARLY)
+def _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK: tl.constexpr):
+    _, gt, eq = _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK)
     tl.store(cnt, tl.sum(gt.to(tl.int32), axis=0))
     tl.store(cnt + 1, tl.sum(eq.to(tl.int32), axis=0))
 
@@ -208,29 +176,28 @@ def _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK: tl.constexpr,
 @triton.jit
 def _count_kernel(scores_ptr, state_ptr, counts_ptr, pos_ptr, req_ptr, n, stride, n_blk,
                   BLOCK: tl.constexpr, NB: tl.constexpr, RATIO: tl.constexpr,
-                  BOUND: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
-                  IN_ROW: tl.constexpr = False):
+                  BOUND: tl.constexpr, PDL: tl.constexpr = False):
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * (stride if IN_ROW else ROW_WORDS)
+    st = state_ptr + row * ROW_WORDS
     cnt = counts_ptr + pid.to(tl.int64) * 2
     if BOUND:
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:
-            _count_block(scores_ptr, st, cnt, lim, stride, n_blk, BLOCK, EARLY)
+            _count_block(scores_ptr, st, cnt, lim, stride, n_blk, BLOCK)
             if _last_of_row(st, live):
                 _block_starts(counts_ptr, row, n_blk, live, NB)
     else:
-        _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK, EARLY)
+        _count_block(scores_ptr, st, cnt, n, stride, n_blk, BLOCK)
         if _last_of_row(st, n_blk):
             _block_starts(counts_ptr, row, n_blk, n_blk, NB)
 
 
 @triton.jit
 def _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_blk, k,
-                  BLOCK: tl.constexpr, EARLY: tl.constexpr):
-    offs, gt, eq = _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK, EARLY)
+                  BLOCK: tl.constexpr):
+    offs, gt, eq = _block_picks(scores_ptr, st, n, stride, n_blk, BLOCK)
     need = tl.load(st + NEED_WORD)
     pid = tl.program_id(0).to(tl.int64)
     g = gt.to(tl.int32)
@@ -243,8 +210,6 @@ def _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_bl
     tl.store(orow + pos, offs.to(tl.int32), mask=gt & (pos < k))
     tl.store(orow + (k - need) + pe, offs.to(tl.int32), mask=eq & (pe < need))
     tau_is_inf = tl.load(st + PREFIX_WORD) == NEG_INF_KEY
-    if EARLY:  # a prefix (stopped early) is never the -inf one: _stops excludes it
-        tau_is_inf = tau_is_inf & (tl.load(st + SHIFT_WORD) == 0)
     if (pid % n_blk == 0) & tau_is_inf:  # tau = -inf: the need left stays -1
         _fill_tail(orow, k, k - need)
 
@@ -252,28 +217,26 @@ def _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_bl
 @triton.jit
 def _gather_kernel(scores_ptr, state_ptr, base_ptr, out_ptr, pos_ptr, req_ptr, n, stride,
                    stride_out, n_blk, k, BLOCK: tl.constexpr, RATIO: tl.constexpr,
-                   BOUND: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
-                  IN_ROW: tl.constexpr = False):
+                   BOUND: tl.constexpr, PDL: tl.constexpr = False):
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * (stride if IN_ROW else ROW_WORDS)
+    st = state_ptr + row * ROW_WORDS
     if BOUND:
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:
             _gather_block(scores_ptr, st, base_ptr, out_ptr, lim, stride, stride_out, n_blk, k,
-                          BLOCK, EARLY)
+                          BLOCK)
         elif (lim == 0) & (pid % n_blk == 0):  # nothing visible: every slot -1
             _fill_tail(out_ptr + row * stride_out, k, 0)
     else:
-        _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_blk, k, BLOCK,
-                      EARLY)
+        _gather_block(scores_ptr, st, base_ptr, out_ptr, n, stride, stride_out, n_blk, k, BLOCK)
 
 
 @triton.jit
 def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stride_out, n_blk,
                  live, BLOCK: tl.constexpr, NB: tl.constexpr, BOUND: tl.constexpr,
-                 HIST_RELAXED: tl.constexpr, LEAN: tl.constexpr, EARLY: tl.constexpr):
+                 HIST_RELAXED: tl.constexpr):
     """One program's share of the one-launch selection (keys at columns < n; the barriers wait
     for the row's ``live`` programs)."""
     offs, key, m = _block_keys(scores_ptr, n, stride, n_blk, BLOCK)
@@ -283,32 +246,24 @@ def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stri
     b256 = tl.arange(0, 256)
     prefix = tl.zeros([], dtype=tl.uint32)
     need = k + tl.zeros([], dtype=tl.int32)
-    passes = tl.zeros([], dtype=tl.int32)  # the passes run (every program of the row alike)
-    stopped = tl.zeros([], dtype=tl.int32)  # EARLY: tau found before the last pass
     for p in tl.static_range(4):
-        if stopped == 0:
-            mp = m
-            if p > 0:
-                mp = m & ((key >> (32 - 8 * p)) == prefix)
-            _add_digit_hist(st + p * 256, key, mp, p, HIST_RELAXED, LEAN)
-            _row_barrier(st, live * (p + 1))
-            hh = tl.load(st + p * 256 + b256, cache_modifier=".cg")
-            need, prefix, bin_count = _digit(hh, need, prefix, absent, p, BOUND)
-            passes += 1
-            if EARLY:
-                if p < 3:
-                    stopped = _stops(bin_count, prefix, p).to(tl.int32)
-    hi = key >> (32 - 8 * passes).to(tl.uint32)  # tau's prefix (tau itself after 4 passes)
-    gt = m & (hi > prefix)
-    eq = m & (hi == prefix) & (key != NEG_INF_KEY)  # -inf entries are never selected
-    if (blk == 0) & (passes == 4) & (prefix == NEG_INF_KEY):  # tau = -inf: the need left stays -1
+        mp = m
+        if p > 0:
+            mp = m & ((key >> (32 - 8 * p)) == prefix)
+        _add_digit_hist(st + p * 256, key, mp, p, HIST_RELAXED)
+        _row_barrier(st, live * (p + 1))
+        hh = tl.load(st + p * 256 + b256, cache_modifier=".cg")
+        need, prefix = _digit(hh, need, prefix, absent, p, BOUND)
+    gt = m & (key > prefix)  # the prefix is tau after 4 passes
+    eq = m & (key == prefix) & (key != NEG_INF_KEY)  # -inf entries are never selected
+    if (blk == 0) & (prefix == NEG_INF_KEY):  # tau = -inf: the need left stays -1
         _fill_tail(out_ptr + row * stride_out, k, k - need)
     g = gt.to(tl.int32)
     e = eq.to(tl.int32)
     cnt = counts_ptr + pid.to(tl.int64) * 2
     tl.store(cnt, tl.sum(g, axis=0))
     tl.store(cnt + 1, tl.sum(e, axis=0))
-    _row_barrier(st, live * (passes + 1))
+    _row_barrier(st, live * 5)
     # the picks of the row's earlier blocks: each block's first slots, in block order
     b = tl.arange(0, NB)
     before = b < blk
@@ -326,8 +281,7 @@ def _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, absent, stride, stri
 def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, k, n, stride,
                   stride_out, n_blk, BLOCK: tl.constexpr, NB: tl.constexpr,
                   RATIO: tl.constexpr, BOUND: tl.constexpr, HIST_RELAXED: tl.constexpr = True,
-                  PDL: tl.constexpr = False, LEAN: tl.constexpr = False,
-                  EARLY: tl.constexpr = False, IN_ROW: tl.constexpr = False):
+                  PDL: tl.constexpr = False):
     """The whole selection in one launch: the passes above with a row barrier where a launch
     ended, the select computed by every program of the row from the same histogram (integer
     counts: the same digit everywhere), so the keys are read once and the output is the
@@ -335,17 +289,17 @@ def _fused_kernel(scores_ptr, state_ptr, counts_ptr, out_ptr, pos_ptr, req_ptr, 
     pdl_start(PDL)
     pid = tl.program_id(0)
     row = (pid // n_blk).to(tl.int64)
-    st = state_ptr + row * (stride if IN_ROW else ROW_WORDS)
+    st = state_ptr + row * ROW_WORDS
     if BOUND:
         lim, live = _row_bound(pos_ptr, req_ptr, row, n, RATIO, BLOCK)
         if pid % n_blk < live:  # blocks past the bound end at once: no barrier waits for them
             _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, lim, n - lim, stride,
-                         stride_out, n_blk, live, BLOCK, NB, BOUND, HIST_RELAXED, LEAN, EARLY)
+                         stride_out, n_blk, live, BLOCK, NB, BOUND, HIST_RELAXED)
         elif (live == 0) & (pid % n_blk == 0):  # nothing visible: every slot -1
             _fill_tail(out_ptr + row * stride_out, k, 0)
     else:
         _fused_block(scores_ptr, st, counts_ptr, out_ptr, k, n, 0, stride, stride_out, n_blk,
-                     n_blk, BLOCK, NB, BOUND, HIST_RELAXED, LEAN, EARLY)
+                     n_blk, BLOCK, NB, BOUND, HIST_RELAXED)
 
 
 def _one_launch_cap(device: torch.device) -> int:
@@ -366,26 +320,18 @@ def _one_launch(device: torch.device, programs: int, n_blk: int) -> bool:
 def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | None = None,
                one_launch: bool | None = None, row_pos: torch.Tensor | None = None,
                row_req: torch.Tensor | None = None, ratio: int = 1,
-               lean: bool | None = None, num_warps: int | None = None,
-               early: bool | None = None, state: torch.Tensor | None = None) -> torch.Tensor:
+               num_warps: int | None = None) -> torch.Tensor:
     """scores [T, n] fp32 (unit inner stride), 1 <= k <= n; out [T, >= k] int32, any contents:
     columns [0, k) get the selected entries first, -1 after (columns >= k are left as they
     are). ``block``: scores per program (a power of two), ``one_launch``: force the form (where
-    it may run), ``lean``: the histogram form (default ``LEAN_HIST``), ``early``: stop the passes
-    at a one-key bin (default ``EARLY_TAU``; same output either way), ``num_warps`` (default
-    ``one_launch_warps`` / 8); benchmarks and tests.
+    it may run), ``num_warps`` (default ``one_launch_warps`` / 8); benchmarks and tests.
 
     ``row_pos`` / ``row_req`` ([T] int32 or int64, given together): bound each row to its first
     row_len = 0 if req < 0 else min(n, (pos + 1) // ratio) scores (the indexer's visible
     entries), computed on the device; the scores at columns >= row_len are never read, counted or
     selected (they may hold anything), and a program whose block lies wholly past it does
     nothing (the row's counts and barriers wait for the others only). The output is the
-    unbounded call's, bit for bit, when those scores are -inf.
-
-    ``state``: the selection's zeroed state words [T, >= ``STATE_WORDS``] int32 in the score
-    buffer's rows, past the scores (unit inner stride, row stride = scores' in words), as
-    ``indexer_scores(zero_state=True)`` leaves them: no zeroing launch of its own (default: a
-    zeroed buffer of its own)."""
+    unbounded call's, bit for bit, when those scores are -inf."""
     t, n = scores.shape
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         raise ValueError("radix_topk: scores must be fp32 with unit inner stride")
@@ -406,14 +352,7 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
         blk = auto_block(t, n, _one_launch_cap(dev) if want_one else 0)
     blk = min(blk, next_pow2(n))
     n_blk = cdiv(n, blk)
-    in_row = state is not None
-    if in_row:
-        if (state.dtype != torch.int32 or state.shape[0] != t or state.shape[1] < STATE_WORDS
-                or state.stride(-1) != 1 or state.stride(0) != scores.stride(0)):
-            raise ValueError(f"radix_topk: state must be int32 [{t}, >= {STATE_WORDS}] with the "
-                             f"scores' row stride {scores.stride(0)} and unit inner stride")
-    else:
-        state = torch.zeros(t, STATE_WORDS, dtype=torch.int32, device=dev)
+    state = torch.zeros(t, STATE_WORDS, dtype=torch.int32, device=dev)
     base = torch.empty(t, n_blk, 2, dtype=torch.int32, device=dev)
     if bound:
         pos = row_pos.to(dev).contiguous()
@@ -424,24 +363,23 @@ def radix_topk(scores: torch.Tensor, k: int, out: torch.Tensor, block: int | Non
     else:  # unread without BOUND: any pointers of the bounded launch's types
         pos, req = base.view(torch.int64), base
     bnd = dict(RATIO=ratio if bound else 1, BOUND=bound)
-    hist = dict(HIST_RELAXED=HIST_RELAXED, LEAN=LEAN_HIST if lean is None else bool(lean))
-    early = dict(EARLY=EARLY_TAU if early is None else bool(early), IN_ROW=in_row)
+    hist = dict(HIST_RELAXED=HIST_RELAXED)
     if want_one and _one_launch(dev, t * n_blk, n_blk):
         _fused_kernel[(t * n_blk,)](scores, state, base, out, pos, req, k, n, scores.stride(0),
                                     out.stride(0), n_blk, BLOCK=blk,
-                                    NB=next_pow2(n_blk), **bnd, **hist, **early,
+                                    NB=next_pow2(n_blk), **bnd, **hist,
                                     num_warps=num_warps or one_launch_warps(blk),
                                     **pdl_launch(dev))
         return out
     for p in range(4):
         _hist_kernel[(t * n_blk,)](scores, state, pos, req, k, n, scores.stride(0), n_blk, PASS=p,
-                                   BLOCK=blk, **bnd, **hist, **early, num_warps=num_warps or 8,
+                                   BLOCK=blk, **bnd, **hist, num_warps=num_warps or 8,
                                    **pdl_launch(dev))
     # counts, then (in place) each block's first slots
     _count_kernel[(t * n_blk,)](scores, state, base, pos, req, n, scores.stride(0), n_blk,
-                                BLOCK=blk, NB=next_pow2(n_blk), **bnd, **early, num_warps=8,
+                                BLOCK=blk, NB=next_pow2(n_blk), **bnd, num_warps=8,
                                 **pdl_launch(dev))
     _gather_kernel[(t * n_blk,)](scores, state, base, out, pos, req, n, scores.stride(0),
-                                 out.stride(0), n_blk, k, BLOCK=blk, **bnd, **early, num_warps=8,
+                                 out.stride(0), n_blk, k, BLOCK=blk, **bnd, num_warps=8,
                                  **pdl_launch(dev))
     return out

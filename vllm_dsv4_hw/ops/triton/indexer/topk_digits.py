@@ -1,7 +1,7 @@
 """The radix top-k's device helpers (``topk``): order-preserving keys, each row's bound, the
-digit select from a row's histogram and its early stop, the per-program histograms and their
-atomics, the row's arrival count and barrier, the -1 tail; the layout of a row's state words
-(the four passes' 256-bin histograms at 0..1023, then the words named here)."""
+digit select from a row's histogram, the per-program histograms and their atomics, the row's
+arrival count and barrier, the -1 tail; the layout of a row's state words (the four passes'
+256-bin histograms at 0..1023, then the words named here)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import triton.language as tl
 PREFIX_WORD = tl.constexpr(1024)   # tau's prefix as found so far (tau itself after four passes)
 NEED_WORD = tl.constexpr(1025)     # keys equal to tau still to take
 ARRIVED_WORD = tl.constexpr(1026)  # the row's arrival count (last-arrival select, row barriers)
-SHIFT_WORD = tl.constexpr(1027)    # EARLY_TAU: the bits below tau's prefix where the passes stopped
-ROW_WORDS = tl.constexpr(1028)     # one row's state (``topk.STATE_WORDS``)
+# one row's state (``topk.STATE_WORDS``): word 1027 is unused (it held the removed early stop's
+# shift); 1,028 keeps the rows 16-byte aligned and the kernels as they were timed
+ROW_WORDS = tl.constexpr(1028)
 NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # the key of -inf, below every finite score's
 
 
@@ -77,21 +78,13 @@ def _digit(h, need, prefix, absent, P: tl.constexpr, BOUND: tl.constexpr):
     ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h     # keys with digit >= b
     d = tl.max(tl.where(ge >= need, b, -1), axis=0)
     need = need - tl.sum(tl.where(b > d, h, 0), axis=0)
-    return need, (prefix << 8) | d.to(tl.uint32), tl.sum(tl.where(b == d, h, 0), axis=0)
+    return need, (prefix << 8) | d.to(tl.uint32)
 
 
 @triton.jit
-def _stops(bin_count, prefix, P: tl.constexpr):
-    """Whether the selection may stop after pass ``P`` (``EARLY_TAU``): its boundary bin holds one
-    key, so tau is that key (the -inf bin excluded: its keys include the absent columns, and a -inf
-    tau fills the output's tail)."""
-    return (bin_count == 1) & (prefix != (NEG_INF_KEY >> (24 - 8 * P)))
-
-
-@triton.jit
-def _hist_atomics(hist, h, NBINS: tl.constexpr, RELAXED: tl.constexpr):
-    """Add a program's histogram ``h`` [NBINS] (bins >= 256: not counted) to the row's [256]."""
-    bins = tl.arange(0, NBINS)
+def _hist_atomics(hist, h, RELAXED: tl.constexpr):
+    """Add a program's histogram ``h`` [512] (bins >= 256: not counted) to the row's [256]."""
+    bins = tl.arange(0, 512)
     if RELAXED:
         tl.atomic_add(hist + bins, h, mask=(bins < 256) & (h > 0), sem="relaxed", scope="gpu")
     else:
@@ -99,19 +92,11 @@ def _hist_atomics(hist, h, NBINS: tl.constexpr, RELAXED: tl.constexpr):
 
 
 @triton.jit
-def _add_digit_hist(hist, key, mp, P: tl.constexpr, HIST_RELAXED: tl.constexpr,
-                    LEAN: tl.constexpr):
-    """Add the histogram of pass ``P``'s digit over the keys where ``mp`` to the row's ``hist``.
-    LEAN (``LEAN_HIST``): 256 bins, the other keys counted in bin 0, and nothing where no key is
-    in ``mp``. Bin 0's count is never read: ``_digit`` sees it only in the count of keys with
-    digit >= 0, the total, which is >= need whatever bin 0 holds. Else 512 bins, the other keys
-    in bin 256 (not added)."""
+def _add_digit_hist(hist, key, mp, P: tl.constexpr, HIST_RELAXED: tl.constexpr):
+    """Add the histogram of pass ``P``'s digit over the keys where ``mp`` to the row's ``hist``:
+    512 bins, the other keys in bin 256 (not added)."""
     digit = ((key >> (24 - 8 * P)) & 0xFF).to(tl.int32)
-    if LEAN:
-        if tl.sum(mp.to(tl.int32), axis=0) > 0:
-            _hist_atomics(hist, tl.histogram(tl.where(mp, digit, 0), 256), 256, HIST_RELAXED)
-    else:
-        _hist_atomics(hist, tl.histogram(tl.where(mp, digit, 256), 512), 512, HIST_RELAXED)
+    _hist_atomics(hist, tl.histogram(tl.where(mp, digit, 256), 512), HIST_RELAXED)
 
 
 @triton.jit
