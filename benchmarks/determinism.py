@@ -18,8 +18,8 @@ OPS = ("", "indexer_topk", "sparse_attention", "moe_experts", "compressor_store"
 
 def main() -> int:
     from benchmarks.stack.decode_case import build_decode_case, decode_step
-    from vllm_dsv4_hw.ops.registry import REGISTRY
     from benchmarks.vllm_state import single_rank
+    from vllm_dsv4_hw.ops.registry import REGISTRY
 
     single_rank()
     case = build_decode_case(torch.device("cuda"))

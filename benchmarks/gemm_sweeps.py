@@ -122,8 +122,8 @@ def sweep_gemm_cvt(dev, batches, prefill_ms=(4096,)):
     the default tiles (each result equal to the hardware cvt's bit for bit: the same values enter
     the same dots), and the packed decode at other column blocks / stage counts (within bf16
     rounding of it: the split-K, so the summation order, follows the column block)."""
-    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
     from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_HW, CVT_INT, CVT_PTX
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     def extra(name):
         return prefill_ms if name in ("flash wq_b", "flash wo_b", "flash wo_a") else ()
@@ -311,8 +311,8 @@ def sweep_gemm_codes(dev, batches):
     that emits codes (the q norm for wq_b and the indexer's wq_b) would buy. Ahead-of-time sm_90
     SASS of the 16 x 64 tile's K loop: 224 instructions and 4 block barriers in-program, 149 and
     2 with codes (2026-12-05)."""
-    from vllm_dsv4_hw.ops.triton.linear.w8a8 import quantize
     from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.w8a8 import quantize
 
     rows = []
     for label, ws, n_sets, x, floor in _shape_cases(dev, batches):

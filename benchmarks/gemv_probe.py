@@ -51,8 +51,8 @@ def _call(dev, name: str, rows: int, codes: bool | None = None):
     """The call of ``fp8_block_linear`` as the layer makes it, for ``rows`` rows of projection
     ``name``: ``call(weights, out_dtype=None, **knobs)``; wo_a (or any, with ``codes``) takes
     codes + scales (the product's quantization, ``fp8_dot_linear.quantize``)."""
-    from vllm_dsv4_hw.ops.triton.linear.w8a8 import quantize
     from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
+    from vllm_dsv4_hw.ops.triton.linear.w8a8 import quantize
 
     g, n, k = shapes()[name]
     x = torch.randn((rows, g, k) if g > 1 else (rows, k), device=dev, dtype=torch.bfloat16)

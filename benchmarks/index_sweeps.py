@@ -17,6 +17,7 @@ import torch
 
 from benchmarks.sweep_common import HBM, _summary, _try
 
+
 def decode_floor_us(b: int, ctx: int, fmt) -> float:
     """A decode batch's score-pass floor: every token's keys read once / HBM."""
     return b * (ctx // 4) * fmt.entry_bytes / HBM * 1e6

@@ -62,9 +62,11 @@ def _load_kernel(ptr, n_words, sink_ptr, flag, BLOCK: tl.constexpr, ITERS: tl.co
 
 
 def main() -> None:
-    from vllm_dsv4_hw import ops
-    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear as tri_linear  # the knobs
     from benchmarks.vllm_state import single_rank
+    from vllm_dsv4_hw import ops
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import (
+        fp8_block_linear as tri_linear,  # the knobs
+    )
 
     single_rank()
     dev = torch.device("cuda", torch.cuda.current_device())

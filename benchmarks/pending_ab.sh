@@ -18,8 +18,6 @@
 #   bash benchmarks/pending_ab.sh gemv    # the GEMV (fp8_gemv) against the W8A8 tiles on every
 #                                         # projection at 1 / 4 rows (same bits twice, error, us),
 #                                         # then its knob sweep (gemv_probe --rows 1,4)
-#   bash benchmarks/pending_ab.sh gemv-ahead  # the knob sweep with the GEMV's read-ahead, then
-#                                         # decode_stack 128K / 1M B=1 --gemv-ahead off / on
 #   bash benchmarks/pending_ab.sh gemv-stack  # decode_stack 128K / 1M B=1,4: this checkout and
 #                                         # .gpuserve/base's package, interleaved (BATCHES=1,4)
 #   bash benchmarks/pending_ab.sh ncu     # Nsight Compute (full set) of the decode GEMMs at M=1
@@ -31,10 +29,9 @@
 # Knobs (docs/performance.md, "The 2026-12-05 knobs decided on an H100"):
 #   VLLM_DSV4_HW_WEIGHT_PREFETCH / decode_stack --weight-prefetch N: on (256) since 2026-12-05,
 #       timed on an H100 only (0.5-1.5% of a decode step); the H200 pair confirms or reverts it;
-#   inv_rope_quant.FLAT / decode_stack --inv-rope-flat on: off (slower on the H100).
 # Everything lands under $OUT (one folder per run, its log beside its JSON).
 set -u
-PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|targets|select|index-ab|gemv|gemv-ahead|gemv-stack|ncu|base COMMIT}
+PHASE=${1:?usage: pending_ab.sh tier|e4m3|ab|final|targets|select|index-ab|gemv|gemv-stack|ncu|base COMMIT}
 OUT=${OUT:-out}
 W="bash benchmarks/with_vllm.sh"
 DS="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1,4,32
@@ -91,19 +88,6 @@ gemv)
         > "$OUT/gemv/sweep.txt" 2>&1
     echo "rc=$?"; grep -E " M=[0-9] floor" "$OUT/gemv/sweep.txt" || tail -5 "$OUT/gemv/sweep.txt"
     ;;
-gemv-ahead)
-    mkdir -p "$OUT/gemv"
-    stamp "gemv sweep (ahead on / off)"
-    timeout 300 $W python3 -m benchmarks.gemv_probe --rows 1 --out "$OUT/gemv" \
-        > "$OUT/gemv/sweep.txt" 2>&1
-    echo "rc=$?"; grep -E " M=1 floor" "$OUT/gemv/sweep.txt" || tail -5 "$OUT/gemv/sweep.txt"
-    A="python3 -m benchmarks.decode_stack --model v4-flash --contexts 128k,1m --batches 1
-        --no-prefill --graphs on --streams on --steps 8 --reps 3"
-    run ahead-off-a $W $A --gemv-ahead off
-    run ahead-on-a $W $A --gemv-ahead on
-    run ahead-off-b $W $A --gemv-ahead off
-    run ahead-on-b $W $A --gemv-ahead on
-    ;;
 gemv-stack)
     test -f .gpuserve/base/COMMIT || { echo "no .gpuserve/base: pending_ab.sh base COMMIT"; exit 2; }
     WB="bash ../../benchmarks/with_vllm.sh"
@@ -154,7 +138,6 @@ ab)
     run pf256-a $W $DS --weight-prefetch 256
     run pf0-b $W $DS --weight-prefetch 0
     run pf256-b $W $DS --weight-prefetch 256
-    run flat $W $DS --inv-rope-flat on
     run kernels $W python3 -m benchmarks.decode_kernels --only inv_rope,topk_sync,gemm_codes --batches 1,4,32
     mkdir -p "$OUT/l2"
     stamp l2_prefetch_probe

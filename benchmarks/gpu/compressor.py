@@ -27,13 +27,13 @@ flops ~ 6 per member-row channel + 30 per entry channel. Medians of ``triton.tes
 
 from __future__ import annotations
 
-from benchmarks.gpu.table import prepare_smoke_env, run_cli
-from benchmarks.gpu.timing import time_ms
-
 import contextlib
 import os
 import sys
 import time
+
+from benchmarks.gpu.table import prepare_smoke_env, run_cli
+from benchmarks.gpu.timing import time_ms
 
 HBM_BYTES_PER_S = 4.3e12
 PEAK_FLOPS = 790e12

@@ -62,8 +62,8 @@ def _sync(device) -> None:
 
 
 def _table(device):
-    from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin
     from vllm_dsv4_hw.config import YarnParams
+    from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin
 
     return rope_cos_sin(160000.0, R, MAX_POS, YarnParams(), device=device)
 

@@ -24,11 +24,11 @@ bytes) + q (bf16) + w (fp32) read + scores written (4 B per token and entry) and
 
 from __future__ import annotations
 
-from benchmarks.gpu.table import prepare_smoke_env, run_cli, size_label
-from benchmarks.gpu.timing import time_ms
-
 import sys
 import time
+
+from benchmarks.gpu.table import prepare_smoke_env, run_cli, size_label
+from benchmarks.gpu.timing import time_ms
 
 HBM_BYTES_PER_S = 4.3e12
 PEAK_FLOPS = 790e12

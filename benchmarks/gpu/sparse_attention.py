@@ -24,11 +24,11 @@ Medians of ``triton.testing.do_bench(..., return_mode="median")`` (which flushes
 
 from __future__ import annotations
 
-from benchmarks.gpu.table import prepare_smoke_env, run_cli, size_label
-from benchmarks.gpu.timing import time_ms
-
 import sys
 import time
+
+from benchmarks.gpu.table import prepare_smoke_env, run_cli, size_label
+from benchmarks.gpu.timing import time_ms
 
 HBM_BYTES_PER_S = 4.3e12
 PEAK_FLOPS = 790e12

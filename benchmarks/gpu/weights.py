@@ -59,8 +59,8 @@ def _all_codes_weight(torch, n, k, device, gen):
 def _decode_modes(torch, device, gen, smoke):
     """Every e4m3 decode the device can run (``ops.triton.ptx_codecs``) gives the auto choice's
     bits, at a decode and a prefill-tile M, on a weight of every finite code."""
-    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
     from vllm_dsv4_hw.ops.triton.common.ptx_codecs import e4m3_mode, e4m3_modes
+    from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     n, k = (256, 256) if smoke else (1024, 1024)
     w8, s = _all_codes_weight(torch, n, k, device, gen)
@@ -113,7 +113,6 @@ def _serial_split(torch, device, gen, smoke):
     """The split-K partials summed inside the launch by each tile's last split give the separate
     sum launch's bits (auto and forced splits, a grouped weight), and leave the arrival counters
     zeroed, also after launches from two streams at once."""
-    from vllm_dsv4_hw.ops.triton.linear import block as tf
     from vllm_dsv4_hw.ops.triton.linear import fp8_block_linear as fp8_op
     from vllm_dsv4_hw.ops.triton.linear import split_k
 
@@ -275,7 +274,7 @@ def bench(device, smoke=False):
         w13, s13, w2, s2 = _experts(torch, e, d, i, device, gen)
         per_expert = (w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel())
 
-        def unfused(x, tw, ids, w13=w13, s13=s13, w2=w2, s2=s2, i=i):
+        def unfused(x, tw, ids, w13=w13, s13=s13, w2=w2, s2=s2, i=i):  # noqa: F811
             out = torch.zeros(x.shape[0], x.shape[1], device=x.device)
             for ex in ids.unique().tolist():
                 rows_, slot = (ids == ex).nonzero(as_tuple=True)

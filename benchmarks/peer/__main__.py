@@ -28,7 +28,9 @@ SMOKE = dict(kv_insert=[1, 70], kv_gather=[(1, 70)], qnorm=[3], inv_rope=[2], in
 
 
 def _groups(sizes):
-    from benchmarks.peer import cases_cache as cc, cases_dense as cd, cases_sparse as cs
+    from benchmarks.peer import cases_cache as cc
+    from benchmarks.peer import cases_dense as cd
+    from benchmarks.peer import cases_sparse as cs
 
     return [
         ("kv_insert", lambda dev, gen, tab: cc.kv_insert_rows(dev, sizes["kv_insert"], gen)),

@@ -34,7 +34,7 @@ def sparse_rows(device, cases, gen) -> list[Row]:
         args, fmt = make_inputs(device, fmt_name, t, cache_entries=entries,
                                 seed=int(torch.randint(0, 2**31, (1,), generator=gen)))
         q, win, ws, comp, cs, _, sink, scale = args
-        h, d = q.shape[1], q.shape[2]
+        h, d = q.shape[1], q.shape[2]  # noqa: F841
         k, w = cs.shape[1], ws.shape[1]
 
         def run_ours():

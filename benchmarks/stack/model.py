@@ -15,7 +15,6 @@ elsewhere) and loaded through the product's loader, so the benchmark runs the re
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
@@ -34,6 +33,7 @@ from vllm_dsv4_hw.tools.checkpoint_layout import (
     layer_specs,
     tensor_specs,
 )
+
 
 def resident_bytes(module: nn.Module) -> int:
     """Bytes of the module's parameters: what one decode step reads from its weights."""

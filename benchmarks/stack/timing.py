@@ -8,6 +8,7 @@ import time
 
 import torch
 
+
 class Timer:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"

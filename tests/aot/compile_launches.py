@@ -117,9 +117,9 @@ def selected_on(record: dict, limit: int) -> bool:
     H200 launch: the tiles the product takes only where the declared shared memory holds them
     (the FP8 GEMM's prefill tile, sparse attention's full-device tiles) are not its launches, so
     they are not compiled for it."""
+    from vllm_dsv4_hw.ops.triton.common.quant import FMT_BF16, FMT_FP8_DS_MLA
     from vllm_dsv4_hw.ops.triton.linear import block as fp8_linear
     from vllm_dsv4_hw.ops.triton.sparse_attention import launch as sal
-    from vllm_dsv4_hw.ops.triton.common.quant import FMT_BF16, FMT_FP8_DS_MLA
 
     c = record["constexprs"]
     if record["kernel"] == "_fp8_block_linear_kernel":
@@ -158,8 +158,7 @@ def with_new_defaults(record: dict, fn) -> dict:
 # knobs built and off by default: each target also compiles one recorded launch of the kernel
 # with the knob on (``PF_BYTES`` only where the target has PDL: it is dead code elsewhere). The
 # GEMMs' read-ahead (``PF_BYTES``) is on by default since 2026-12-05: the native records carry it.
-OFF_BY_DEFAULT = {"_inv_rope_fp8_quant_kernel": {"FLAT": True},
-                  "_gemv_kernel": {"AHEAD": True}}
+OFF_BY_DEFAULT: dict[str, dict] = {}  # none: a variant is timed and kept, or deleted
 
 # Kernels added since the launches were recorded (no GPU lent to record them): their product
 # launches written out here as records (with ``needs``: the declared capability that takes

@@ -7,7 +7,6 @@ import torch
 
 from vllm_dsv4_hw.attention.compressor_plan import compressor_plan
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

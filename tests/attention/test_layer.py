@@ -32,6 +32,7 @@ from tests.conftest import SESSION_SEED
 from tests.oracles.layer_oracle import OracleDims, indexer_choices, layer_oracle
 from tests.support.topk import last_topk, record_topk
 from tests.weights import assign, init_random_, official_state
+from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.attention.caches import (
     allocate_layer_caches,
     page_geometry,
@@ -40,7 +41,6 @@ from vllm_dsv4_hw.attention.caches import (
 )
 from vllm_dsv4_hw.attention.layer import DSV4Attention
 from vllm_dsv4_hw.attention.metadata import BlockTables, build_step_metadata
-from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kv_cache.paged import logical_to_slot
 
@@ -410,11 +410,11 @@ def test_fp8_wo_a_takes_the_fused_codes(monkeypatch, gen):
     """FP8 linears with e4m3 activations (W8A8): step 6 is one ``inv_rope_fp8_quant`` whose codes
     and scales feed ``wo_a`` as they are (no rope launch, no second quantization), within the
     rounding of the other order (rope, then wo_a's own quantization); W8A16: rope, then wo_a."""
+    import dataclasses
+
     from tests.ops.test_fp8_block_linear import quantized_weight
     from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
     from vllm_dsv4_hw.quant.scheme import WeightScheme
-
-    import dataclasses
 
     cfg = dataclasses.replace(CFG, hidden_size=128, o_lora_rank=128)  # wo_a / wo_b on 128-blocks
     layer = DSV4Attention(cfg, ratio=0, dtype=torch.bfloat16,

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from vllm_dsv4_hw.config import V4_FLASH, V4_PRO, DSV4Config
-from vllm_dsv4_hw.kv_cache.buckets import bucket_page_bytes
-from vllm_dsv4_hw.kv_cache.specs import INDEXER_ENTRY_BYTES, MAIN_ENTRY_BYTES
 from vllm_dsv4_hw.engine.kv_pool import plan_vllm_pool
 from vllm_dsv4_hw.engine.kv_specs import layer_kinds, vllm_spec
+from vllm_dsv4_hw.kv_cache.buckets import bucket_page_bytes
+from vllm_dsv4_hw.kv_cache.specs import INDEXER_ENTRY_BYTES, MAIN_ENTRY_BYTES
 
 FORMATS = [(m, i) for m in MAIN_ENTRY_BYTES for i in INDEXER_ENTRY_BYTES]
 

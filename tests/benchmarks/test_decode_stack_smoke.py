@@ -34,7 +34,6 @@ from benchmarks.stack.pools import StackCaches
 from vllm_dsv4_hw.kv_cache.paged import gather_rows
 from vllm_dsv4_hw.kv_cache.sizing import plan_kv
 
-
 pytestmark = pytest.mark.usefixtures("vllm_single_rank")
 
 

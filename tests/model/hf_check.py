@@ -25,8 +25,9 @@ import traceback
 for _name in ("torchvision", "torchaudio", "torchcodec"):
     sys.modules[_name] = None  # see the module docstring
 
-import torch
-from pathlib import Path
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
 
 torch.set_num_threads(1)
 

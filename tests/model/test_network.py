@@ -40,22 +40,22 @@ import pytest
 import torch
 
 from tests.conftest import SESSION_SEED
+from tests.weights import assign
 from vllm_dsv4_hw.attention.caches import (
     allocate_layer_caches,
     page_geometry,
     static_block_tables,
 )
 from vllm_dsv4_hw.attention.layer import DSV4Attention, running_step
-from vllm_dsv4_hw.parallel import ParallelLayout
 from vllm_dsv4_hw.attention.metadata import build_step_metadata
 from vllm_dsv4_hw.config import DSV4Config, validate_hf_config
-from vllm_dsv4_hw.tools import checkpoint as ck
 from vllm_dsv4_hw.model import mhc
-from tests.weights import assign
 from vllm_dsv4_hw.model.loader import load_weights, safetensors_weights
 from vllm_dsv4_hw.model.moe import DSV4MoE
 from vllm_dsv4_hw.model.network import DSV4DecoderLayer, DSV4Network
 from vllm_dsv4_hw.ops.registry import REGISTRY
+from vllm_dsv4_hw.parallel import ParallelLayout
+from vllm_dsv4_hw.tools import checkpoint as ck
 
 PRESETS = ("tiny-flash", "tiny-pro")
 LENGTHS = (1, 127, 128, 129, 257)

@@ -13,6 +13,7 @@ from vllm_dsv4_hw.parallel import ParallelLayout, SplitError, check_split, worki
 from vllm_dsv4_hw.quant.scheme import WeightScheme, shipped
 from vllm_dsv4_hw.tools.checkpoint_layout import hf_config
 
+
 def test_real_models_split_where_the_blocks_allow():
     # V4-Pro: 3072 / 16 = 192 cuts the 128-wide FP8 block of the shared expert (the split that
     # fails upstream); 8 ranks keep whole blocks.

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from tests.backends import impl
+from tests.npu.insert_case import assert_npu_insert_matches_paged
 from tests.oracles import dense_attention_with_sink, rope_oracle
 from tests.oracles import indexer_oracle as oracle
-from tests.npu.insert_case import assert_npu_insert_matches_paged
 from vllm_dsv4_hw.kv_cache import paged
 from vllm_dsv4_hw.kv_cache.formats import make_format
 from vllm_dsv4_hw.ops import api

@@ -14,13 +14,12 @@ import pytest
 import torch
 
 from tests.backends import impl
-from tests.oracles import dense_attention_with_sink, rope_oracle
 from tests.npu.insert_case import assert_npu_insert_matches_paged
+from tests.oracles import dense_attention_with_sink, rope_oracle
 from vllm_dsv4_hw.kv_cache import paged
 from vllm_dsv4_hw.kv_cache.formats import make_format
 from vllm_dsv4_hw.ops import api
-from vllm_dsv4_hw.ops.npu import disabled_ops
-from vllm_dsv4_hw.ops.npu import sas
+from vllm_dsv4_hw.ops.npu import disabled_ops, sas
 from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin, rope_inv_freq
 from vllm_dsv4_hw.platform import npu as npu_platform
 

@@ -289,7 +289,6 @@ def test_triton_serial_split_k_same_bits(m, n, k, g, split, dtype, gen):
     """The split-K partials summed by each tile's last split inside the launch give the bits of
     the separate sum launch, against the oracle too, and leave the arrival counters zeroed (the
     next launch on the stream reuses them)."""
-    from vllm_dsv4_hw.ops.triton.linear import block as tf
     from vllm_dsv4_hw.ops.triton.linear import fp8_block_linear as fp8_op
     from vllm_dsv4_hw.ops.triton.linear import split_k
 

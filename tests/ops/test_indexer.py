@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from tests.backends import cpu_backends, impl
-from tests.oracles import compressor_oracle, indexer_oracle as oracle
+from tests.oracles import compressor_oracle
+from tests.oracles import indexer_oracle as oracle
 from vllm_dsv4_hw.kv_cache import paged
 from vllm_dsv4_hw.kv_cache.formats.bf16 import BF16Format
 from vllm_dsv4_hw.kv_cache.formats.fp32 import FP32Format
 from vllm_dsv4_hw.ops.api import COMPRESSOR_STORE, INDEXER_TOPK
 from vllm_dsv4_hw.ops.reference.indexer import indexer_head_weights
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -174,8 +174,7 @@ def test_indexer_head_weights(gen):
 def test_store_then_topk_end_to_end(gen, backend):
     """The indexer compressor (ratio 4, d 128) stores keys through compressor_store during decode;
     indexer_topk of each decode token must match the oracle built from the raw projections."""
-    from tests.ops.test_compressor import CompressorSim, chunk_schedule, make_inputs, \
-        random_cos_sin
+    from tests.ops.test_compressor import CompressorSim, chunk_schedule, make_inputs, random_cos_sin
 
     hi, di, topk, ratio = 16, 128, 16, 4
     lengths = [70, 131]

@@ -13,14 +13,14 @@ import torch
 pytest.importorskip("triton")
 
 from tests.backends import cpu_backends, impl  # noqa: E402
-from tests.oracles import indexer_oracle as oracle  # noqa: E402
 from tests.ops.test_indexer_triton import DI, H, _scores64, _setup  # noqa: E402
+from tests.oracles import indexer_oracle as oracle  # noqa: E402
 from vllm_dsv4_hw import ops  # noqa: E402
 from vllm_dsv4_hw.kv_cache.formats import make_format  # noqa: E402
 from vllm_dsv4_hw.ops.api import INDEXER_TOPK  # noqa: E402
 from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin  # noqa: E402
-from vllm_dsv4_hw.ops.triton.indexer import score as ti  # noqa: E402
 from vllm_dsv4_hw.ops.triton.common.quant import format_code  # noqa: E402
+from vllm_dsv4_hw.ops.triton.indexer import score as ti  # noqa: E402
 
 
 def _query(gen, t, positions):

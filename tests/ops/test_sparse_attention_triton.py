@@ -81,7 +81,7 @@ def test_long_decode_tiles(gen):
     fmt = make_format("fp8_ds_mla", "main", 64)
     args = list(_case(gen, fmt, 3, 64, 128, 700, empty=(2,)))
     args[4] = args[4].to(torch.int32)  # as the model passes them: the single loop
-    for tiles in (choice.tiles for choice in launch.FP8_WIDE_TILES):
+    for tiles in (choice.tiles for choice in launch.FP8_WIDE_TILES):  # noqa: F402
         out = torch.full((3, 64, 512), float("nan"))
         tsa.sparse_attention_triton(*args, out=out, num_splits=-(-828 // 256),
                                     poison_workspace=True, **tiles)

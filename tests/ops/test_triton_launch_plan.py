@@ -14,13 +14,13 @@ import torch
 triton = pytest.importorskip("triton")
 
 from tests.ops.test_moe_experts import make_case  # noqa: E402
-from vllm_dsv4_hw.ops.triton.linear import block as fp8_linear  # noqa: E402
-from vllm_dsv4_hw.ops.triton.linear import fp8_block_linear as fp8_op  # noqa: E402
 from vllm_dsv4_hw.ops import tuning  # noqa: E402
+from vllm_dsv4_hw.ops.triton import moe  # noqa: E402
+from vllm_dsv4_hw.ops.triton.common import launch  # noqa: E402
 from vllm_dsv4_hw.ops.triton.indexer import score as indexer  # noqa: E402
 from vllm_dsv4_hw.ops.triton.indexer.select import indexer_topk  # noqa: E402
-from vllm_dsv4_hw.ops.triton.common import launch  # noqa: E402
-from vllm_dsv4_hw.ops.triton import moe  # noqa: E402
+from vllm_dsv4_hw.ops.triton.linear import block as fp8_linear  # noqa: E402
+from vllm_dsv4_hw.ops.triton.linear import fp8_block_linear as fp8_op  # noqa: E402
 from vllm_dsv4_hw.platform.capabilities import CPU, NPU_A2_A3  # noqa: E402
 from vllm_dsv4_hw.quant.formats import quantize_fp8_block  # noqa: E402
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from tests.foreign_platform.entry_point import server_env
-from tests.serve.helpers import Greedy, GaugeWatch, compare_greedy, greedy_params, random_prompt
+from tests.serve.helpers import GaugeWatch, Greedy, compare_greedy, greedy_params, random_prompt
 from tests.serve.server import ServerSpec, map_concurrently
 from tests.serve.test_api import SERVERS as API_SERVERS
 

@@ -26,8 +26,8 @@ import re
 import pytest
 
 from tests.serve.helpers import greedy_params, random_prompt
-from tests.serve.test_parity import measure_compact_gap
 from tests.serve.server import ServerSpec
+from tests.serve.test_parity import measure_compact_gap
 
 pytestmark = pytest.mark.slow
 

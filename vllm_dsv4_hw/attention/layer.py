@@ -50,12 +50,18 @@ from vllm_dsv4_hw.attention.indexer_query import e4m3_query
 from vllm_dsv4_hw.attention.metadata import StepMetadata
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kinds import INDEXER_COMPRESSOR, AttentionKind, kind_of
-from vllm_dsv4_hw.parallel import ParallelLayout, shard_rows
 from vllm_dsv4_hw.ops.reference.rope import rope_tables_for
+from vllm_dsv4_hw.parallel import ParallelLayout, shard_rows
 from vllm_dsv4_hw.platform.streams import aux_streams
 from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
-from vllm_dsv4_hw.quant.linear import column_linear, grouped_linear, mergeable, merged_linear, \
-    replicated_linear, row_linear
+from vllm_dsv4_hw.quant.linear import (
+    column_linear,
+    grouped_linear,
+    mergeable,
+    merged_linear,
+    replicated_linear,
+    row_linear,
+)
 
 __all__ = ["DSV4Attention", "DSV4Compressor", "DSV4Indexer", "RMSNormWeight", "running_step"]
 

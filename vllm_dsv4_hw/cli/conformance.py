@@ -40,7 +40,8 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_dsv4_hw.conformance import report as rep
-    from vllm_dsv4_hw.conformance.runner import ConformanceSetupError, run as run_kit
+    from vllm_dsv4_hw.conformance.runner import ConformanceSetupError
+    from vllm_dsv4_hw.conformance.runner import run as run_kit
 
     if args.report:
         try:

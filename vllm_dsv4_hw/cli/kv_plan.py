@@ -7,11 +7,10 @@ import json
 import logging
 import re
 
+from vllm_dsv4_hw.cli.device_arg import HELP_TARGETS, apply_device, parse_device
 from vllm_dsv4_hw.cli.main import CLIError
 from vllm_dsv4_hw.config import PRESETS, load_config
 from vllm_dsv4_hw.envs import INDEXER_KV_FORMATS, MAIN_KV_FORMATS
-
-from vllm_dsv4_hw.cli.device_arg import HELP_TARGETS, apply_device, parse_device
 from vllm_dsv4_hw.kv_cache.sizing import (
     BASELINE_V32_BYTES_PER_TOKEN_LAYER,
     GIB,

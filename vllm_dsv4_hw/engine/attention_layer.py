@@ -33,10 +33,10 @@ from vllm_dsv4_hw.attention.metadata import (
     StepMetadata,
     build_step_metadata,
 )
-from vllm_dsv4_hw.engine.attention_backend import DSV4CacheBackend, DSV4CacheMetadata
 from vllm_dsv4_hw.config import DSV4Config
-from vllm_dsv4_hw.kv_cache.formats import make_format
+from vllm_dsv4_hw.engine.attention_backend import DSV4CacheBackend, DSV4CacheMetadata
 from vllm_dsv4_hw.engine.kv_specs import LayerKind, layer_kinds, vllm_spec
+from vllm_dsv4_hw.kv_cache.formats import make_format
 from vllm_dsv4_hw.parallel import ParallelLayout
 
 logger = init_logger(__name__)

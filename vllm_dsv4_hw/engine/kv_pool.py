@@ -26,10 +26,10 @@ import math
 from dataclasses import dataclass
 
 from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.engine.kv_specs import STATE_KINDS
 from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.kv_cache.blocks import cdiv
 from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
-from vllm_dsv4_hw.engine.kv_specs import STATE_KINDS
 
 __all__ = ["PoolGroup", "VllmPoolPlan", "plan_vllm_pool"]
 

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import logging
 
-from vllm_dsv4_hw.engine.serve_checks import (ServeSettings, UnsupportedSettingError,
-                                             check_kv_capacity, check_serve_settings)
+from vllm_dsv4_hw.engine.serve_checks import (
+    ServeSettings,
+    UnsupportedSettingError,
+    check_kv_capacity,
+    check_serve_settings,
+)
 
 __all__ = ["BLOCK_SIZE", "LaunchConfigError", "config_hook", "settle_launch"]
 

@@ -26,12 +26,15 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 
 from vllm_dsv4_hw.engine.attention_layer import VllmDSV4Attention
+from vllm_dsv4_hw.engine.serve_checks import (
+    UnsupportedSettingError,
+    check_kv_capacity,
+    check_serve_settings,
+)
 from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
 from vllm_dsv4_hw.model.loader import load_weights
 from vllm_dsv4_hw.model.network import DSV4Network
 from vllm_dsv4_hw.model.resident import resident_summary
-from vllm_dsv4_hw.engine.serve_checks import (UnsupportedSettingError, check_kv_capacity,
-                                             check_serve_settings)
 from vllm_dsv4_hw.parallel import current_layout
 from vllm_dsv4_hw.quant.config import model_quant_config
 

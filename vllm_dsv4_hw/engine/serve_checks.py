@@ -205,8 +205,7 @@ def check_kv_capacity(vllm_config, settings: ServeSettings) -> None:
     sched = getattr(vllm_config, "scheduler_config", None)
     if not available or sched is None:
         return
-    from vllm_dsv4_hw.engine.kv_pool import longest_fitting_len, one_request_bytes, \
-        plan_vllm_pool
+    from vllm_dsv4_hw.engine.kv_pool import longest_fitting_len, one_request_bytes, plan_vllm_pool
 
     cfg, main, idx = settings.cfg, settings.main_format, settings.indexer_format
     max_len, chunk = int(vllm_config.model_config.max_model_len), int(sched.max_num_batched_tokens)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 from vllm_dsv4_hw.kv_cache.blocks import (
-    C128A_ENTRIES_PER_BLOCK,
     C4A_ENTRIES_PER_BLOCK,
+    C128A_ENTRIES_PER_BLOCK,
     INDEXER_ENTRIES_PER_BLOCK,
 )
 

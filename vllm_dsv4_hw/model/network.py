@@ -34,8 +34,8 @@ from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.config import DSV4Config, validate_hf_config
 from vllm_dsv4_hw.model.mhc import hc_head, hc_math_dtype, hc_post, hc_pre
 from vllm_dsv4_hw.model.moe import DSV4MoE
-from vllm_dsv4_hw.parallel import ParallelLayout
 from vllm_dsv4_hw.model.vocab import DSV4Embedding, DSV4Head
+from vllm_dsv4_hw.parallel import ParallelLayout
 from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
 
 __all__ = ["DSV4DecoderLayer", "DSV4Network", "MakeAttention", "RMSNormParam"]

@@ -21,8 +21,9 @@ def _triton_available(device_type: str) -> tuple[bool, str]:
     if device_type == "npu":
         # triton-ascend installs itself as `triton` and only offers the ascend backend.
         try:
-            import triton.backends  # noqa: F401
             from importlib.metadata import PackageNotFoundError, version
+
+            import triton.backends  # noqa: F401
 
             try:
                 version("triton-ascend")

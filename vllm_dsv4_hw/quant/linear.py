@@ -23,12 +23,12 @@ from __future__ import annotations
 import functools
 
 import torch
+from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import (
     LinearMethodBase,
     register_weight_loader_v2_supported_method,
 )
 from vllm.model_executor.parameter import BlockQuantScaleParameter, ModelWeightParameter
-from vllm.logger import init_logger
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_dsv4_hw import envs, ops

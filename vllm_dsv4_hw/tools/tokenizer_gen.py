@@ -168,7 +168,15 @@ def placeholder_token(i: int) -> str:
 
 def build_tokenizer(vocab_size: int):
     """A byte-level BPE ``tokenizers.Tokenizer`` with exactly ``vocab_size`` tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     target = _bpe_vocab_target(vocab_size)
     if target < len(SPECIAL_TOKENS) + 256 + 1:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from torch_npu import _control  # noqa: F401  (tests: torch_npu._control)
-from torch_npu import npu  # noqa: F401
+from torch_npu import (
+    _control,  # noqa: F401  (tests: torch_npu._control)
+    npu,  # noqa: F401
+)
 from torch_npu._ops import (  # noqa: F401
     npu_fused_infer_attention_score,
     npu_lightning_indexer,

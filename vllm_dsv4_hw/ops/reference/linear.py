@@ -36,7 +36,6 @@ from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import e4m3_decode, fp8_block_quan
 from vllm_dsv4_hw.ops.api import DENSE_LINEAR, FP8_BLOCK_LINEAR
 from vllm_dsv4_hw.ops.registry import register_op
 
-
 # Largest dequantized tile (elements) held at once: 4 Mi (16 MiB in fp32) whatever the weight size.
 TILE_ELEMS = 1 << 22
 # Binades of scale spread handled by one matmul (fp32 math); wider spreads take one band each.

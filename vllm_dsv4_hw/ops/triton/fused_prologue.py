@@ -15,7 +15,16 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.api import QNORM_ROPE_KV_INSERT
 from vllm_dsv4_hw.ops.checks import check_fused_rope_args, check_qnorm_rope_kv_insert_args
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.common.rows import grid_1d, is_f64, out_is_bf16, rope_pairs, to_math, to_out
+from vllm_dsv4_hw.ops.triton.common.launch import next_pow2
+from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.common.rows import (
+    grid_1d,
+    is_f64,
+    out_is_bf16,
+    rope_pairs,
+    to_math,
+    to_out,
+)
 from vllm_dsv4_hw.ops.triton.kv_cache import (
     cache_aligned,
     check_insert_args,
@@ -23,9 +32,6 @@ from vllm_dsv4_hw.ops.triton.kv_cache import (
     insert_entry,
 )
 from vllm_dsv4_hw.ops.triton.norm import rsqrt_m
-from vllm_dsv4_hw.ops.triton.common.launch import next_pow2
-from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
-
 
 # From this many tokens the query rows and the KV rows go to two launches of the kernel, each
 # specialized to one row kind (the fused program carries the quantizing insert's code into every

@@ -24,7 +24,6 @@ from vllm_dsv4_hw.ops.api import KV_GATHER, KV_INSERT
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common.launch import cdiv, next_pow2
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.common.rows import grid_1d
 from vllm_dsv4_hw.ops.triton.common.quant import (
     FMT_BF16,
     FMT_FP8_DS_MLA,
@@ -47,6 +46,7 @@ from vllm_dsv4_hw.ops.triton.common.quant import (
     store_bytes_u32,
     ue8m0_to_f32,
 )
+from vllm_dsv4_hw.ops.triton.common.rows import grid_1d
 
 
 # -- host helpers ---------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from vllm_dsv4_hw.ops.triton.common.quant import (
     ue8m0_to_f32,
 )
 
+
 # -- device-side grouping --------------------------------------------------------------------------
 def align_pairs(topk_ids: torch.Tensor, n_exp: int, bm: int):
     """Group the P = T*k (token, slot) pairs by expert, padded per expert to a multiple of ``bm``,

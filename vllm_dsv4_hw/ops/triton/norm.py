@@ -10,9 +10,16 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.api import QKV_RMS_NORM, RMS_NORM
 from vllm_dsv4_hw.ops.checks import check_qkv_rms_norm_args
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.ops.triton.common.rows import grid_1d, is_f64, out_is_bf16, row_view, to_math, to_out
 from vllm_dsv4_hw.ops.triton.common.launch import next_pow2
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.common.rows import (
+    grid_1d,
+    is_f64,
+    out_is_bf16,
+    row_view,
+    to_math,
+    to_out,
+)
 
 
 @triton.jit

@@ -40,11 +40,26 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.triton.common import quant
 from vllm_dsv4_hw.ops.triton.common.launch import cdiv, dot_dim, next_pow2
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.common.quant import e4m3_bits_to_f32, load_entry_pairs
 from vllm_dsv4_hw.ops.triton.common.ptx_codecs import C_CVT_PTX, E2M1_E4M3_SHIFT, e2m1_pairs_to_e4m3
+from vllm_dsv4_hw.ops.triton.common.quant import e4m3_bits_to_f32, load_entry_pairs
 from vllm_dsv4_hw.ops.triton.indexer.launch import (  # noqa: F401  (DOT_*: the dots' modes)
-    DOT_BF16, DOT_BF16X2, DOT_F32, DOT_FP8, DOT_FP8_EMU, GROUP_TOKENS, KEYS_A, MX_DIMS, REG_CAP,
-    _dot_mode, _grid, _key_decode, _launch_config, _q_operand, _reg_cap, _tokens_per_program)
+    DOT_BF16,
+    DOT_BF16X2,
+    DOT_F32,
+    DOT_FP8,
+    DOT_FP8_EMU,
+    GROUP_TOKENS,
+    KEYS_A,
+    MX_DIMS,
+    REG_CAP,
+    _dot_mode,
+    _grid,
+    _key_decode,
+    _launch_config,
+    _q_operand,
+    _reg_cap,
+    _tokens_per_program,
+)
 
 _MX_BLOCK = tl.constexpr(MX_DIMS)   # MXFP4: dims per ue8m0 scale
 _MX_SHIFT = tl.constexpr(127 + E2M1_E4M3_SHIFT)   # placed codes are value * 2^-6

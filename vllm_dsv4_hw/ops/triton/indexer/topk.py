@@ -57,10 +57,19 @@ import triton.language as tl
 
 from vllm_dsv4_hw.ops.triton.common.launch import cdiv, next_pow2, sm_count
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.indexer.topk_digits import (NEED_WORD, NEG_INF_KEY, PREFIX_WORD,
-                                                         ROW_WORDS, _add_digit_hist, _block_keys,
-                                                         _digit, _fill_tail, _last_of_row,
-                                                         _row_barrier, _row_bound)
+from vllm_dsv4_hw.ops.triton.indexer.topk_digits import (
+    NEED_WORD,
+    NEG_INF_KEY,
+    PREFIX_WORD,
+    ROW_WORDS,
+    _add_digit_hist,
+    _block_keys,
+    _digit,
+    _fill_tail,
+    _last_of_row,
+    _row_barrier,
+    _row_bound,
+)
 from vllm_dsv4_hw.platform.device import adaptor_for
 
 INTERP_BLOCK = 1 << 16

@@ -36,12 +36,22 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
 from vllm_dsv4_hw.ops.triton.common.launch import cdiv, grid_limit, next_pow2, sm_count
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start_prefetching, weight_prefetch
-from vllm_dsv4_hw.ops.triton.common.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit, e4m3_mode
-from vllm_dsv4_hw.ops.triton.linear.split_k import SERIAL_MAX_ROWS, SERIAL_SPLIT_K, SplitOutputs, store_tile
+from vllm_dsv4_hw.ops.triton.common.ptx_codecs import (
+    C_CVT_HW,
+    C_CVT_PTX,
+    e4m3_bits_to_16bit,
+    e4m3_mode,
+)
 from vllm_dsv4_hw.ops.triton.common.quant import (
     bf16_bits_to_f32,
     e4m3_bits_to_f32,
     ue8m0_to_f32,
+)
+from vllm_dsv4_hw.ops.triton.linear.split_k import (
+    SERIAL_MAX_ROWS,
+    SERIAL_SPLIT_K,
+    SplitOutputs,
+    store_tile,
 )
 from vllm_dsv4_hw.platform.device import adaptor_for
 

@@ -30,12 +30,12 @@ import triton.language as tl
 
 from vllm_dsv4_hw.ops import tuning
 from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
-from vllm_dsv4_hw.ops.triton.linear import split_k as sk
-from vllm_dsv4_hw.ops.triton.linear.w8a8 import _quantize_rows
-from vllm_dsv4_hw.ops.triton.linear.block import widen
 from vllm_dsv4_hw.ops.triton.common.launch import capabilities, cdiv, sm_count
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start_prefetching, weight_prefetch
 from vllm_dsv4_hw.ops.triton.common.quant import e4m3_bits_to_f32, ue8m0_to_f32
+from vllm_dsv4_hw.ops.triton.linear import split_k as sk
+from vllm_dsv4_hw.ops.triton.linear.block import widen
+from vllm_dsv4_hw.ops.triton.linear.w8a8 import _quantize_rows
 
 # The most rows a launch takes when forced (``fp8_block_linear(gemv=True)``; each row a copy of
 # the row loop in the compiled kernel).

@@ -32,8 +32,6 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
-from vllm_dsv4_hw.ops.triton.linear import block as w16
-from vllm_dsv4_hw.ops.triton.linear import split_k as sk
 from vllm_dsv4_hw.ops.triton.common.launch import capabilities, cdiv, grid_limit, next_pow2
 from vllm_dsv4_hw.ops.triton.common.pdl import (
     pdl_launch,
@@ -48,6 +46,8 @@ from vllm_dsv4_hw.ops.triton.common.quant import (
     pow2_f32,
     ue8m0_to_f32,
 )
+from vllm_dsv4_hw.ops.triton.linear import block as w16
+from vllm_dsv4_hw.ops.triton.linear import split_k as sk
 
 WT_MAX_ROWS = 64
 AMAX_FLOOR = tl.constexpr(1e-4)    # kv_cache.formats.fp8_ds_mla.FP8_AMAX_FLOOR
