@@ -23,7 +23,7 @@ product's ``rms_norm`` on one 4,096-wide row (~2 us each). The GEMM runs:
 
 Four weight copies rotate (134 MB > the 50 MB L2), so each GEMM starts cold. Every variant's
 output is compared with ``base``'s, bit for bit. This is a measurement for deciding whether the
-product should read ahead, not a product path (``pdl_probe.py`` is its sibling).
+product should read ahead, not a product path.
 """
 from __future__ import annotations
 
