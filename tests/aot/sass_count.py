@@ -1,7 +1,7 @@
 """sm_90 SASS of recorded launches, counted without a GPU: a kernel change's instruction budget
 before device time is spent on it.
 
-    python -m tests.aot.sass_count indexer _fused_kernel BLOCK=512 NB=64 BOUND=True +LEAN=True
+    python -m tests.aot.sass_count indexer _fused_kernel BLOCK=512 NB=64 BOUND=True +HIST_RELAXED=False
 
 Arguments: the kernel's op family (``vllm_dsv4_hw.ops.triton.<family>``), its name,
 then ``NAME=VALUE`` filters on the recorded constexprs and ``+NAME=VALUE`` knobs set on every

@@ -268,9 +268,9 @@ def test_every_kernel_launched_with_pdl_waits_first():
     import textwrap
     from pathlib import Path
 
-    root = Path(launch.__file__).parent
+    root = Path(launch.__file__).parent.parent  # ops/triton (launch lives in common/)
     checked = 0
-    for path in sorted(root.glob("*.py")):
+    for path in sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text())
         launched = {}
         for node in ast.walk(tree):
@@ -280,7 +280,9 @@ def test_every_kernel_launched_with_pdl_waits_first():
                              and getattr(k.value.func, "id", "") == "pdl_launch"
                              for k in node.keywords)
                 launched.setdefault(node.func.value.id, []).append(pdl_kw)
-        mod = importlib.import_module(f"vllm_dsv4_hw.ops.triton.{path.stem}")
+        rel = path.relative_to(root).with_suffix("").parts
+        rel = rel[:-1] if rel[-1] == "__init__" else rel
+        mod = importlib.import_module(".".join(("vllm_dsv4_hw.ops.triton",) + rel))
         for name, sites in launched.items():
             fn = getattr(mod, name, None)
             if not (hasattr(fn, "arg_names") and hasattr(fn, "fn")):   # a @triton.jit kernel
