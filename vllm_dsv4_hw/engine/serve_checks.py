@@ -66,14 +66,21 @@ class ServeSettings:
 
 def raw_hf_config(model_config) -> dict:
     """The checkpoint's own config.json (official field names) when it is a local directory, else
-    transformers' view of it."""
+    transformers' view of it; ``--hf-overrides`` given as a dict apply on top, as vLLM applies
+    them to its own config."""
+    raw = None
     path = Path(str(model_config.model)) / "config.json"
     if path.is_file():
         try:
-            return json.loads(path.read_text())
+            raw = json.loads(path.read_text())
         except (OSError, ValueError):
             pass
-    return model_config.hf_config.to_dict()
+    if raw is None:
+        raw = model_config.hf_config.to_dict()
+    overrides = getattr(model_config, "hf_overrides", None)
+    if isinstance(overrides, dict):
+        raw.update(overrides)
+    return raw
 
 
 def _check_parallel(vllm_config, cfg: DSV4Config) -> None:
