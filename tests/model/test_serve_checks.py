@@ -14,6 +14,7 @@ from vllm_dsv4_hw.engine.serve_checks import (
     UnsupportedSettingError,
     check_kv_capacity,
     check_serve_settings,
+    raw_hf_config,
 )
 from vllm_dsv4_hw.tools import checkpoint as ck
 
@@ -131,3 +132,17 @@ def test_a_gpu_without_bf16_is_refused(ckpt, monkeypatch):
         adaptor_for.cache_clear()
     msg = str(exc.value)
     assert "needs bf16 compute" in msg and "declared sm_70" in msg and "\n" not in msg, msg
+
+
+def test_hf_overrides_apply_to_the_config_we_read(ckpt):
+    """``--hf-overrides '{"index_topk": 32}'`` reaches our model's config (vLLM applies it to its
+    own config object; we read config.json, so we apply it there too); a callable override is
+    vLLM's to apply to its config, not ours."""
+    mc = SimpleNamespace(model=str(ckpt), hf_config=None, hf_overrides={"index_topk": 32})
+    assert raw_hf_config(mc)["index_topk"] == 32
+    cfg = _config(ckpt)
+    cfg.model_config.hf_overrides = {"index_topk": 32}
+    assert check_serve_settings(cfg).cfg.index_topk == 32
+    plain = SimpleNamespace(model=str(ckpt), hf_config=None, hf_overrides=lambda c: c)
+    assert raw_hf_config(plain)["index_topk"] == json.loads((ckpt / "config.json").read_text())[
+        "index_topk"] != 32
