@@ -15,7 +15,8 @@ PKG = "vllm_dsv4_hw"
 LAYERS = [
     ("settings", ["vllm_dsv4_hw", "vllm_dsv4_hw.envs", "vllm_dsv4_hw.kinds", "vllm_dsv4_hw.config",
                   "vllm_dsv4_hw.quant.scheme", "vllm_dsv4_hw.platform"]),
-    ("formats", ["vllm_dsv4_hw.kv_cache", "vllm_dsv4_hw.quant.formats", "vllm_dsv4_hw.parallel"]),
+    ("formats", ["vllm_dsv4_hw.numerics", "vllm_dsv4_hw.kv_cache", "vllm_dsv4_hw.quant.formats",
+                 "vllm_dsv4_hw.parallel"]),
     ("ops", ["vllm_dsv4_hw.ops"]),
     ("quant", ["vllm_dsv4_hw.quant"]),
     ("attention and model", ["vllm_dsv4_hw.attention", "vllm_dsv4_hw.model"]),

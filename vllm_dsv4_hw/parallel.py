@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_dsv4_hw.config import DSV4Config
-from vllm_dsv4_hw.quant.formats import FP4_BLOCK
+from vllm_dsv4_hw.numerics import FP4_BLOCK
 
 __all__ = ["ParallelLayout", "SplitError", "check_split", "current_layout", "shard_rows",
            "working_sizes"]

@@ -17,14 +17,15 @@ from vllm_dsv4_hw.kv_cache.formats import (
     MXFP4Format,
     make_format,
 )
-from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import (
+from vllm_dsv4_hw.numerics import (
     ceil_log2,
+    e2m1_decode,
+    e2m1_encode,
     e4m3_decode,
     e4m3_encode,
     pow2,
     ue8m0_decode,
 )
-from vllm_dsv4_hw.kv_cache.formats.mxfp4 import e2m1_decode, e2m1_encode
 
 ALL_FORMATS = [(kind, name) for kind in FORMAT_NAMES for name in FORMAT_NAMES[kind]]
 QUANT_FORMATS = [FP8DSMLAFormat(), FP8IndexerFormat(), MXFP4Format()]

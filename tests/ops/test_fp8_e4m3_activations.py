@@ -53,7 +53,7 @@ def test_quantization_matches_the_oracle(dtype, bk, gen):
 def test_triton_quantize_launch_is_bit_exact(bk, gen):
     """The x-quantizing launch of the W8A8 kernel (interpreter): codes and scales whose product is
     the oracle's value, bit for bit."""
-    from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import e4m3_decode
+    from vllm_dsv4_hw.numerics import e4m3_decode
     from vllm_dsv4_hw.ops.triton.linear import w8a8 as fp8_dot_linear
 
     x = _x(gen, 19, None, 300, torch.bfloat16)

@@ -16,8 +16,8 @@ import triton.language as tl  # noqa: E402
 
 from tests.backends import impl  # noqa: E402
 from vllm_dsv4_hw.kv_cache.formats import FP32Format, make_format  # noqa: E402
-from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import e4m3_decode  # noqa: E402
 from vllm_dsv4_hw.kv_cache.paged import insert_rows  # noqa: E402
+from vllm_dsv4_hw.numerics import e4m3_decode  # noqa: E402
 from vllm_dsv4_hw.ops.api import SPARSE_ATTENTION  # noqa: E402
 from vllm_dsv4_hw.ops.triton.sparse_attention import kernel as tsa  # noqa: E402
 from vllm_dsv4_hw.ops.triton.sparse_attention import tiles as tiles  # noqa: E402

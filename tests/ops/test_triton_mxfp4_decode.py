@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from vllm_dsv4_hw.kv_cache.formats.mxfp4 import e2m1_decode  # noqa: E402
+from vllm_dsv4_hw.numerics import e2m1_decode  # noqa: E402
 from vllm_dsv4_hw.ops.triton.common import quant  # noqa: E402
 
 PAIRS = 16          # one 32-dim scale block per key

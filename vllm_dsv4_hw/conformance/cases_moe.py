@@ -15,8 +15,9 @@ import torch
 
 from vllm_dsv4_hw.conformance.cases import Case, Ctx, _same, _verdict
 from vllm_dsv4_hw.conformance.tolerances import dense_bound, ratio
+from vllm_dsv4_hw.numerics import FP4_BLOCK
 from vllm_dsv4_hw.ops import api
-from vllm_dsv4_hw.quant.formats import FP4_BLOCK, dequantize_fp4_experts, quantize_fp4_experts
+from vllm_dsv4_hw.quant.formats import dequantize_fp4_experts, quantize_fp4_experts
 
 N_EXPERTS = 6
 TOP_K = 4

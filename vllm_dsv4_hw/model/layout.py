@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm_dsv4_hw.kinds import INDEXER_COMPRESSOR, AttentionKind, kind_of
-from vllm_dsv4_hw.quant.formats import FP4_BLOCK, FP8_BLOCK
+from vllm_dsv4_hw.numerics import FP4_BLOCK, FP8_WEIGHT_BLOCK
 
 # Weight scales (see _init_tensor). The logit std is about HEAD_LOGIT_STD; special tokens' head rows
 # are scaled by SPECIAL_HEAD_SCALE so that greedy decoding does not pick BOS / EOS / placeholders.
@@ -53,7 +53,7 @@ class TensorSpec:
             n, k = self.shape
             return {self.name + ".weight": (torch.float8_e4m3fn, self.shape),
                     self.name + ".scale": (torch.float8_e8m0fnu,
-                                           (-(-n // FP8_BLOCK), -(-k // FP8_BLOCK)))}
+                                           (-(-n // FP8_WEIGHT_BLOCK), -(-k // FP8_WEIGHT_BLOCK)))}
         if self.kind == "fp4":
             if dtype == "bf16":
                 return {self.name + ".weight": (torch.bfloat16, self.shape)}

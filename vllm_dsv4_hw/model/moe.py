@@ -34,9 +34,9 @@ from torch import nn
 
 from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.config import DSV4Config
+from vllm_dsv4_hw.numerics import FP4_BLOCK
 from vllm_dsv4_hw.parallel import ParallelLayout
 from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
-from vllm_dsv4_hw.quant.formats import FP4_BLOCK
 from vllm_dsv4_hw.quant.linear import merged_linear, row_linear
 
 __all__ = [

@@ -21,32 +21,21 @@ from __future__ import annotations
 
 import torch
 
-from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import FP8_E4M3_MAX, ceil_log2, pow2
-from vllm_dsv4_hw.kv_cache.formats.mxfp4 import (
+from vllm_dsv4_hw.numerics import (
     E2M1_MAX,
+    FP4_BLOCK,
+    FP8_E4M3_MAX,
+    FP8_WEIGHT_BLOCK,
+    WEIGHT_AMAX_FLOOR,
+    ceil_log2,
     e2m1_decode,
     e2m1_encode,
+    e8m0_from_exponent,
     pack_nibbles,
+    pow2,
+    ue8m0_decode,
     unpack_nibbles,
 )
-
-FP8_BLOCK = 128
-FP4_BLOCK = 32
-# Smallest block amax that still gives a finite normal scale exponent; all-zero blocks use it.
-_AMAX_FLOOR = 2.0 ** -100
-
-
-def e8m0_from_exponent(e: torch.Tensor) -> torch.Tensor:
-    """Integer exponents -> ``float8_e8m0fnu`` (byte = e + 127)."""
-    return (e.to(torch.int32) + 127).clamp(0, 254).to(torch.uint8).view(torch.float8_e8m0fnu)
-
-
-def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
-    """``float8_e8m0fnu`` (or its raw uint8 bytes) -> float32 ``2^(byte-127)``, exactly."""
-    raw = scale.view(torch.uint8) if scale.dtype == torch.float8_e8m0fnu else scale
-    if raw.dtype != torch.uint8:
-        raise ValueError(f"ue8m0 scales must be float8_e8m0fnu or uint8, got {scale.dtype}")
-    return pow2(raw.to(torch.int32) - 127)
 
 
 def _check_matrix(w: torch.Tensor, what: str) -> torch.Tensor:
@@ -68,13 +57,13 @@ def _pad_to(w: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 def quantize_fp8_block(w: torch.Tensor,
-                       block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+                       block: int = FP8_WEIGHT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """``w [N, K]`` -> (``float8_e4m3fn [N, K]``, ``float8_e8m0fnu [ceil(N/b), ceil(K/b)]``)."""
     w = _check_matrix(w, "fp8 block quantization")
     n, k = w.shape
     nb, kb = -(-n // block), -(-k // block)
     blocks = _pad_to(w, nb * block, kb * block).reshape(nb, block, kb, block)
-    amax = blocks.abs().amax(dim=(1, 3)).clamp_min(_AMAX_FLOOR)
+    amax = blocks.abs().amax(dim=(1, 3)).clamp_min(WEIGHT_AMAX_FLOOR)
     e = ceil_log2(amax / FP8_E4M3_MAX)
     s = pow2(e)[:, None, :, None]
     q = (blocks / s).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
@@ -83,7 +72,7 @@ def quantize_fp8_block(w: torch.Tensor,
 
 
 def dequantize_fp8_block(q: torch.Tensor, scale: torch.Tensor,
-                         block: int = FP8_BLOCK) -> torch.Tensor:
+                         block: int = FP8_WEIGHT_BLOCK) -> torch.Tensor:
     """Inverse of ``quantize_fp8_block``: float32 ``[N, K]``."""
     if q.dtype != torch.float8_e4m3fn or q.dim() != 2:
         raise ValueError(f"fp8 weight must be a 2-D float8_e4m3fn tensor, got {q.dtype} "
@@ -93,7 +82,7 @@ def dequantize_fp8_block(q: torch.Tensor, scale: torch.Tensor,
     if tuple(scale.shape) != want:
         raise ValueError(f"fp8 scale must be {want} for a {(n, k)} weight, "
                          f"got {tuple(scale.shape)}")
-    s = e8m0_to_float(scale)
+    s = ue8m0_decode(scale)
     s = s.repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
     return q.float() * s
 
@@ -106,7 +95,7 @@ def quantize_fp4_experts(w: torch.Tensor,
     if k % block:
         raise ValueError(f"fp4 expert weight: K={k} is not a multiple of {block}")
     blocks = w.reshape(n, k // block, block)
-    amax = blocks.abs().amax(dim=-1).clamp_min(_AMAX_FLOOR)
+    amax = blocks.abs().amax(dim=-1).clamp_min(WEIGHT_AMAX_FLOOR)
     e = ceil_log2(amax / E2M1_MAX)
     codes = e2m1_encode(blocks / pow2(e).unsqueeze(-1)).reshape(n, k)
     return pack_nibbles(codes).view(torch.int8), e8m0_from_exponent(e)
@@ -124,7 +113,7 @@ def dequantize_fp4_experts(packed: torch.Tensor, scale: torch.Tensor,
         raise ValueError(f"fp4 scale must be {(n, k // block)} for a {(n, k)} weight, "
                          f"got {tuple(scale.shape)}")
     vals = e2m1_decode(unpack_nibbles(packed.view(torch.uint8))).reshape(n, k // block, block)
-    return (vals * e8m0_to_float(scale).unsqueeze(-1)).reshape(n, k)
+    return (vals * ue8m0_decode(scale).unsqueeze(-1)).reshape(n, k)
 
 
 def fp8_roundtrip(w: torch.Tensor) -> torch.Tensor:

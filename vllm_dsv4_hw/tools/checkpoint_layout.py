@@ -18,7 +18,7 @@ from vllm_dsv4_hw.model.layout import (  # noqa: F401  (the generator's names)
     stored_layout,
     tensor_specs,
 )
-from vllm_dsv4_hw.quant.formats import FP8_BLOCK
+from vllm_dsv4_hw.numerics import FP8_WEIGHT_BLOCK
 from vllm_dsv4_hw.tools import tokenizer_gen
 
 DTYPES = ("fp8", "bf16")
@@ -109,7 +109,7 @@ QUANTIZATION_CONFIG = {
     "fmt": "e4m3",
     "quant_method": "fp8",
     "scale_fmt": "ue8m0",
-    "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+    "weight_block_size": [FP8_WEIGHT_BLOCK, FP8_WEIGHT_BLOCK],
 }
 
 
@@ -148,9 +148,9 @@ def _check_geometry(cfg: dict) -> None:
     if cfg["num_attention_heads"] % cfg["o_groups"]:
         raise CheckpointError("num_attention_heads must be divisible by o_groups")
     for key in ("hidden_size", "q_lora_rank", "moe_intermediate_size", "o_lora_rank"):
-        if cfg[key] % FP8_BLOCK:
+        if cfg[key] % FP8_WEIGHT_BLOCK:
             raise CheckpointError(
-                f"{key}={cfg[key]} must be a multiple of {FP8_BLOCK} (fp8 blocks)")
+                f"{key}={cfg[key]} must be a multiple of {FP8_WEIGHT_BLOCK} (fp8 blocks)")
 
 
 # -- the official tensor layout ---------------------------------------------------------------------

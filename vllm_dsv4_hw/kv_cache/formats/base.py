@@ -79,3 +79,34 @@ class EntryFormat:
         start = e * self.data_bytes
         scales = cache[:, start: start + e * self.scale_bytes].view(cache.shape[0], e, self.scale_bytes)
         return data, scales
+
+
+# -- input checks every format's codec runs ---------------------------------------------------
+def check_rows(fmt: EntryFormat, x: torch.Tensor) -> torch.Tensor:
+    """Validate ``x [..., fmt.dim]`` (floating) and return it as float32."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{fmt.name}: x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ValueError(f"{fmt.name}: x must be a floating-point tensor, got {x.dtype}")
+    if x.dim() < 1 or x.shape[-1] != fmt.dim:
+        raise ValueError(
+            f"{fmt.name}: x must be [N, {fmt.dim}] (last dim = format dim {fmt.dim}), "
+            f"got shape {tuple(x.shape)}"
+        )
+    return x.float()
+
+
+def check_parts(fmt: EntryFormat, data: torch.Tensor, scales: torch.Tensor) -> None:
+    """Validate ``data [..., data_bytes]`` and ``scales [..., scale_bytes]`` (uint8)."""
+    for what, t, width in (("data", data, fmt.data_bytes), ("scales", scales, fmt.scale_bytes)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8:
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{fmt.name}: {what} must be a uint8 tensor, got {got}")
+        if t.dim() < 1 or t.shape[-1] != width:
+            raise ValueError(
+                f"{fmt.name}: {what} must be [N, {width}], got shape {tuple(t.shape)}"
+            )
+    if data.shape[:-1] != scales.shape[:-1]:
+        raise ValueError(
+            f"{fmt.name}: data {tuple(data.shape)} and scales {tuple(scales.shape)} disagree on rows"
+        )

@@ -9,13 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_dsv4_hw.kv_cache.formats.base import EntryFormat
-from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import (
-    bf16_bytes,
-    bf16_from_bytes,
-    check_parts,
-    check_rows,
-)
+from vllm_dsv4_hw.kv_cache.formats.base import EntryFormat, check_parts, check_rows
+from vllm_dsv4_hw.numerics import bf16_bytes, bf16_from_bytes
 
 
 @dataclass(frozen=True)

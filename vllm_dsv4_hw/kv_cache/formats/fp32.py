@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_dsv4_hw.kv_cache.formats.base import EntryFormat
-from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import check_parts, check_rows
+from vllm_dsv4_hw.kv_cache.formats.base import EntryFormat, check_parts, check_rows
 
 
 @dataclass(frozen=True)

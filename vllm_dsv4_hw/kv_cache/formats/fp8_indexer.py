@@ -15,10 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_dsv4_hw.kv_cache.formats.base import EntryFormat
-from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import (
-    check_parts,
-    check_rows,
+from vllm_dsv4_hw.kv_cache.formats.base import EntryFormat, check_parts, check_rows
+from vllm_dsv4_hw.numerics import (
     e4m3_decode,
     fp8_block_quantize,
     pow2,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import FP8_E4M3_MAX, ceil_log2, pow2
+from vllm_dsv4_hw.numerics import FP8_E4M3_MAX, ceil_log2, pow2
 from vllm_dsv4_hw.ops.api import INV_ROPE_FP8_QUANT, O_QUANT_AMAX_FLOOR, O_QUANT_GROUP, ROPE
 from vllm_dsv4_hw.ops.checks import check_rope_args
 from vllm_dsv4_hw.ops.npu._vendor import call, call_fn, npu_op, vllm_ascend_op

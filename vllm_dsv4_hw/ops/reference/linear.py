@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import e4m3_decode, fp8_block_quantize, pow2
+from vllm_dsv4_hw.numerics import e4m3_decode, fp8_block_quantize, pow2
 from vllm_dsv4_hw.ops.api import DENSE_LINEAR, FP8_BLOCK_LINEAR
 from vllm_dsv4_hw.ops.registry import register_op
 

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from vllm_dsv4_hw.kv_cache.formats.mxfp4 import e2m1_decode, unpack_nibbles
+from vllm_dsv4_hw.numerics import FP4_BLOCK, e2m1_decode, ue8m0_decode, unpack_nibbles
 from vllm_dsv4_hw.ops.api import MOE_EXPERTS
 from vllm_dsv4_hw.ops.registry import register_op
-from vllm_dsv4_hw.quant.formats import FP4_BLOCK, e8m0_to_float
 
 # Elements of one dequantized weight tile (rows x K): 4M fp32 values = 16 MiB.
 TILE_ELEMENTS = 1 << 22
@@ -80,7 +79,7 @@ def _row_factored_tile(packed: torch.Tensor, scale: torch.Tensor, md: torch.dtyp
     """FP4 rows [n, K/2] + scales [n, K/32] -> (e2m1 * s / c [n, K] in ``md``, c [n] in ``md``)."""
     n = packed.shape[0]
     vals = e2m1_decode(unpack_nibbles(packed.view(torch.uint8))).to(md)
-    s = e8m0_to_float(scale).to(md)                     # exact: 2^-127 .. 2^127 fit fp32
+    s = ue8m0_decode(scale).to(md)                      # exact: 2^-127 .. 2^127 fit fp32
     c = s.amax(dim=1)
     rel = (s / c[:, None]).repeat_interleave(FP4_BLOCK, dim=1)  # powers of two <= 1 (exact)
     return (vals * rel).reshape(n, -1), c

@@ -13,18 +13,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from vllm_dsv4_hw.kv_cache.formats.fp8_ds_mla import FP8DSMLAFormat
 from vllm_dsv4_hw.ops.triton.common.ptx_codecs import C_CVT_HW, C_CVT_PTX, e4m3_bits_to_16bit
 from vllm_dsv4_hw.ops.triton.common.quant import e4m3_bits_to_f32, round_to_bf16, ue8m0_to_f32
 
-# fp8_ds_mla entry geometry (kv_cache.formats.fp8_ds_mla): 448 e4m3 dims in 7 blocks of 64 with one
-# ue8m0 byte each, then 64 bf16 rope dims at data bytes 448..575; 8 scale bytes (7 + pad).
-_FP8_NOPE = tl.constexpr(448)
-_FP8_QBLOCK = tl.constexpr(64)
-_FP8_NGROUP = tl.constexpr(8)  # 7 scaled e4m3 groups + the rope group
-_FP8_DATA_BYTES = tl.constexpr(576)
-_FP8_SCALE_BYTES = tl.constexpr(8)
-_FP8_ROPE_ELEM = tl.constexpr(224)  # 448 bytes / 2: the rope dims' first bf16 element in an entry
-_FP8_DATA_ELEM = tl.constexpr(288)  # 576 bytes / 2
+# fp8_ds_mla entry geometry: 448 e4m3 dims in 7 blocks of 64 with one ue8m0 byte each, then 64
+# bf16 rope dims at data bytes 448..575; 8 scale bytes (7 + pad).
+_FMT = FP8DSMLAFormat()
+_FP8_NOPE = tl.constexpr(_FMT.NOPE_DIM)
+_FP8_QBLOCK = tl.constexpr(_FMT.BLOCK)
+_FP8_NGROUP = tl.constexpr(_FMT.NUM_BLOCKS + 1)  # 7 scaled e4m3 groups + the rope group
+_FP8_DATA_BYTES = tl.constexpr(_FMT.data_bytes)
+_FP8_SCALE_BYTES = tl.constexpr(_FMT.scale_bytes)
+_FP8_ROPE_ELEM = tl.constexpr(_FMT.NOPE_DIM // 2)  # the rope dims' first bf16 element in an entry
+_FP8_DATA_ELEM = tl.constexpr(_FMT.data_bytes // 2)
 
 
 @triton.jit
