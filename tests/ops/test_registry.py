@@ -153,3 +153,16 @@ def test_explain_lists_every_op():
     rows = REGISTRY.explain("cpu")
     assert {r[0] for r in rows} >= set(api.ALL_OPS)
     assert all(r[1] == "reference" for r in rows if r[0] in api.ALL_OPS)
+
+
+def test_every_backend_is_declared_once_and_named_in_the_settings():
+    from vllm_dsv4_hw import envs
+    from vllm_dsv4_hw.ops import backends
+    from vllm_dsv4_hw.platform.device import adaptor_for
+
+    assert tuple(backends.BACKENDS) == envs.BACKEND_NAMES
+    for device_type in ("cpu", "cuda", "npu"):
+        order = adaptor_for(device_type).backend_order
+        assert set(order) <= set(backends.BACKENDS), (device_type, order)
+        assert order[-1] == "reference", f"{device_type}: the reference must be the last resort"
+    assert backends._probe("nope", "cpu") == (False, "unknown backend 'nope'")

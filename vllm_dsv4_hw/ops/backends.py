@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 
 from vllm_dsv4_hw.platform.capabilities import DeviceCapabilities
 from vllm_dsv4_hw.platform.device import adaptor_for
@@ -52,6 +53,19 @@ def _npu_available(device_type: str) -> tuple[bool, str]:
     return True, f"torch_npu vendor operators ({why})"
 
 
+def _reference_available(device_type: str) -> tuple[bool, str]:
+    return True, "PyTorch reference runs on every device"
+
+
+# Every backend, declared once: its name (``envs.BACKEND_NAMES`` lists the same names for the
+# settings, a test checks both agree) and how to tell whether it runs on a device type. Which one
+# a device prefers is its adaptor's ``backend_order`` (``platform/device.py``).
+BACKENDS: dict[str, Callable[[str], tuple[bool, str]]] = {
+    "reference": _reference_available,
+    "triton": _triton_available,
+    "npu": _npu_available,
+}
+
 _AVAILABILITY: dict[tuple[str, str], tuple[bool, str]] = {}
 
 
@@ -64,13 +78,10 @@ def backend_available(backend: str, device_type: str) -> tuple[bool, str]:
 
 
 def _probe(backend: str, device_type: str) -> tuple[bool, str]:
-    if backend == "reference":
-        return True, "PyTorch reference runs on every device"
-    if backend == "triton":
-        return _triton_available(device_type)
-    if backend == "npu":
-        return _npu_available(device_type)
-    return False, f"unknown backend {backend!r}"
+    probe = BACKENDS.get(backend)
+    if probe is None:
+        return False, f"unknown backend {backend!r}"
+    return probe(device_type)
 
 
 def backend_order(device_type: str) -> tuple[str, ...]:
