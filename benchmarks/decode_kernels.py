@@ -36,7 +36,7 @@ Ops and knobs (the GEMM sweeps live in ``benchmarks.gemm_sweeps``, the timing in
 * ``index_e4m3``: the same kernel with an e4m3 query on FP8 dots against the bf16 query of the
   same values, decode (the batches) and prefill shapes (``benchmarks.index_sweeps``);
 * ``index_ab``: the score kernel's default launch only, at those decode and prefill shapes, with
-  a digest of its scores (two package versions timed on one machine: ``pending_ab.sh index-ab``);
+  a digest of its scores (two package versions timed on one machine: ``benchmarks/experiments/pending_ab.sh index-ab``);
 * ``topk``: ``torch.topk`` sorted vs unsorted over the score row vs ``radix_topk`` (one launch
   where the device allows it, and the six-launch form; its output's
   -1 fill is not timed: the indexer allocates that buffer anyway). A two-stage torch variant

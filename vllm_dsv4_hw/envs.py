@@ -202,8 +202,8 @@ INDEXER_Q = _Var(
     "VLLM_DSV4_HW_INDEXER_Q",
     "model",
     _choice("auto", "e4m3", "model"),
-    "The indexer's query q^I: model (the model dtype, bf16 dots; the default: the FP8-dot score "
-    "pass was slower on an H100, 2026-12-05, docs/performance.md), auto (e4m3 codes with one "
+    "The indexer's query q^I: model (the model dtype, bf16 dots; the default, see "
+    "docs/tuning.md), auto (e4m3 codes with one "
     "power-of-two scale per token and head, on FP8 tensor-core dots where the device has them, "
     "capability fp8_dot, as upstream vLLM's indexer quantizes q^I) or e4m3 (on every device).",
     developer=True,
@@ -223,9 +223,8 @@ WEIGHT_PREFETCH = _Var(
     _nonnegative_int,
     "Bytes of each weight row a GEMM's programs ask L2 for before they wait for the kernel "
     "before them (with PDL: CUDA sm_90+), so the weight starts streaming while that kernel "
-    "finishes; 0: none. Default 256 (two 128-column K blocks of an FP8 weight): V4-Flash decode "
-    "0.5-1.5% faster at 128K / 1M, B = 1 / 4 / 32, on an H100 (2026-12-05; 512 and 1,024 "
-    "bytes were slower on one GEMM).",
+    "finishes; 0: none. Default 256 (two 128-column K blocks of an FP8 weight; see "
+    "docs/tuning.md).",
     developer=True,
 )
 

@@ -1,8 +1,8 @@
 """The GEMV of the FP8 linears (``ops.triton.fp8_gemv``): its tiles and splits against the W8A8
 tile kernels on the decode step's weights at 1 and 4 rows, and the product check.
 
-    python -m benchmarks.gemv_probe [--rows 1,4] [--only NAMES] [--out DIR]  # sweep (CUDA GPU)
-    python -m benchmarks.gemv_probe --product-check [--out DIR]  # the default GEMV vs the tiles
+    python -m benchmarks.experiments.gemv_probe [--rows 1,4] [--only NAMES] [--out DIR]  # sweep (CUDA GPU)
+    python -m benchmarks.experiments.gemv_probe --product-check [--out DIR]  # the default GEMV vs the tiles
 
 Each projection is called as the layer calls it: x quantized in the launch (``quantize_x``),
 wo_a on the e4m3 codes + scales ``inv_rope_fp8_quant`` leaves (``x_scales``).
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("gemv_probe needs a CUDA GPU")
     dev = torch.device("cuda", torch.cuda.current_device())
-    command = "python -m benchmarks.gemv_probe " + " ".join(sys.argv[1:] if argv is None
+    command = "python -m benchmarks.experiments.gemv_probe " + " ".join(sys.argv[1:] if argv is None
                                                             else argv)
     if args.product_check:
         out, schema, rows = "gemv_check.json", "gemv_check/2", product_check(dev)

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.l2_prefetch_probe`` (CUDA sm_90+; ``OUT`` = where the JSON goes).
+"""``python -m benchmarks.experiments.l2_prefetch_probe`` (CUDA sm_90+; ``OUT`` = where the JSON goes).
 
 Should a decode GEMM's weight be read into L2 while the small kernels before it run?
 

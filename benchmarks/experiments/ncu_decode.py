@@ -1,7 +1,7 @@
 """Eager launches of the decode step's heaviest kernels at real shapes, for Nsight Compute.
 
     ncu --clock-control none --set full --kernel-name regex:'block_linear|indexer_score|radix|sparse'
-        --csv --page details python -m benchmarks.ncu_decode --only gemm,index,topk,attn
+        --csv --page details python -m benchmarks.experiments.ncu_decode --only gemm,index,topk,attn
 
 Why: the sweeps (``benchmarks.decode_kernels``) say how long each config takes, not why; the
 decode FP8 GEMM streams its weight at about 2.3 TB/s of the 4.3 the card copies at, and only the

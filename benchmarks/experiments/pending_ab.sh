@@ -2,29 +2,29 @@
 # The GPU measurements of the next device session, in device calls of under ten minutes each
 # (H200, from the project root, carry [".gpuserve"]):
 #
-#   bash benchmarks/pending_ab.sh tier    # GPU tier (checks + AOT launch records, native and sm_80)
-#   bash benchmarks/pending_ab.sh e4m3    # the indexer's e4m3 query: GPU check, FP8-dot sweep,
+#   bash benchmarks/experiments/pending_ab.sh tier    # GPU tier (checks + AOT launch records, native and sm_80)
+#   bash benchmarks/experiments/pending_ab.sh e4m3    # the indexer's e4m3 query: GPU check, FP8-dot sweep,
 #                                         # decode_stack at 1M, --indexer-q model / e4m3
-#   bash benchmarks/pending_ab.sh ab      # the knobs on the H200: read-ahead 0 / 256 interleaved,
+#   bash benchmarks/experiments/pending_ab.sh ab      # the knobs on the H200: read-ahead 0 / 256 interleaved,
 #                                         # flat inv_rope; the kernel sweeps; the L2 probe
-#   bash benchmarks/pending_ab.sh final   # streams on / off, V4-Flash 128K / 1M; V4-Pro 1M B=1; peer
-#   bash benchmarks/pending_ab.sh targets # the rows "final" has that the topk / GEMV pairs do not:
+#   bash benchmarks/experiments/pending_ab.sh final   # streams on / off, V4-Flash 128K / 1M; V4-Pro 1M B=1; peer
+#   bash benchmarks/experiments/pending_ab.sh targets # the rows "final" has that the topk / GEMV pairs do not:
 #                                         # V4-Flash 1M B=32, V4-Pro 1M B=1, the inv_rope peer row
-#   bash benchmarks/pending_ab.sh select  # 32 x 262,144 scores (1M B=32): radix blocks vs torch.topk,
+#   bash benchmarks/experiments/pending_ab.sh select  # 32 x 262,144 scores (1M B=32): radix blocks vs torch.topk,
 #                                         # decode_stack 1M B=32 --indexer-select auto / radix
-#   bash benchmarks/pending_ab.sh index-ab  # this checkout against .gpuserve/base, interleaved:
+#   bash benchmarks/experiments/pending_ab.sh index-ab  # this checkout against .gpuserve/base, interleaved:
 #                                         # the score pass's default launch (decode_kernels
 #                                         # --only index_ab, with digests), decode_stack 1M B=1,32
-#   bash benchmarks/pending_ab.sh gemv    # the GEMV (fp8_gemv) against the W8A8 tiles on every
+#   bash benchmarks/experiments/pending_ab.sh gemv    # the GEMV (fp8_gemv) against the W8A8 tiles on every
 #                                         # projection at 1 / 4 rows (same bits twice, error, us),
 #                                         # then its knob sweep (gemv_probe --rows 1,4)
-#   bash benchmarks/pending_ab.sh gemv-stack  # decode_stack 128K / 1M B=1,4: this checkout and
+#   bash benchmarks/experiments/pending_ab.sh gemv-stack  # decode_stack 128K / 1M B=1,4: this checkout and
 #                                         # .gpuserve/base's package, interleaved (BATCHES=1,4)
-#   bash benchmarks/pending_ab.sh ncu     # Nsight Compute (full set) of the decode GEMMs at M=1
+#   bash benchmarks/experiments/pending_ab.sh ncu     # Nsight Compute (full set) of the decode GEMMs at M=1
 #                                         # (W8A8, as the layers call them) and the score pass at
-#                                         # B=1 and 32 (benchmarks.ncu_decode); CSV under $OUT/ncu
+#                                         # B=1 and 32 (benchmarks.experiments.ncu_decode); CSV under $OUT/ncu
 # .gpuserve/base holds the package of an earlier commit, prepared on the CPU machine (after
-# prepare.sh) with: bash benchmarks/pending_ab.sh base COMMIT
+# prepare.sh) with: bash benchmarks/experiments/pending_ab.sh base COMMIT
 #
 # Knobs (docs/performance.md, "The 2026-12-05 knobs decided on an H100"):
 #   VLLM_DSV4_HW_WEIGHT_PREFETCH / decode_stack --weight-prefetch N: on (256) since 2026-12-05,
@@ -80,11 +80,11 @@ index-ab)
 gemv)
     mkdir -p "$OUT/gemv"
     stamp "gemv check"
-    timeout 150 $W python3 -m benchmarks.gemv_probe --product-check --out "$OUT/gemv" \
+    timeout 150 $W python3 -m benchmarks.experiments.gemv_probe --product-check --out "$OUT/gemv" \
         > "$OUT/gemv/log.txt" 2>&1
     echo "rc=$?"; grep -E "^gemv_check" "$OUT/gemv/log.txt" || tail -5 "$OUT/gemv/log.txt"
     stamp "gemv sweep"
-    timeout 270 $W python3 -m benchmarks.gemv_probe --rows ${ROWS:-1,4} --out "$OUT/gemv" \
+    timeout 270 $W python3 -m benchmarks.experiments.gemv_probe --rows ${ROWS:-1,4} --out "$OUT/gemv" \
         > "$OUT/gemv/sweep.txt" 2>&1
     echo "rc=$?"; grep -E " M=[0-9] floor" "$OUT/gemv/sweep.txt" || tail -5 "$OUT/gemv/sweep.txt"
     ;;
@@ -102,12 +102,12 @@ ncu)
     mkdir -p "$OUT/ncu"
     stamp "ncu gemm M=1"
     $W ncu --clock-control none --set full --kernel-name regex:'block_linear|quantize' --csv \
-        --page details python3 -m benchmarks.ncu_decode --only gemm --batches 1 --calls 1 \
+        --page details python3 -m benchmarks.experiments.ncu_decode --only gemm --batches 1 --calls 1 \
         > "$OUT/ncu/gemm-m1.csv" 2> "$OUT/ncu/gemm-m1.log"
     echo "rc=$?"; tail -3 "$OUT/ncu/gemm-m1.log"
     stamp "ncu index B=1,32"
     $W ncu --clock-control none --set full --kernel-name regex:'indexer_score' --csv \
-        --page details python3 -m benchmarks.ncu_decode --only index --batches 1,32 --calls 1 \
+        --page details python3 -m benchmarks.experiments.ncu_decode --only index --batches 1,32 --calls 1 \
         > "$OUT/ncu/index.csv" 2> "$OUT/ncu/index.log"
     echo "rc=$?"; tail -3 "$OUT/ncu/index.log"
     ;;
@@ -141,7 +141,7 @@ ab)
     run kernels $W python3 -m benchmarks.decode_kernels --only inv_rope,topk_sync,gemm_codes --batches 1,4,32
     mkdir -p "$OUT/l2"
     stamp l2_prefetch_probe
-    OUT=$OUT/l2 $W python3 -m benchmarks.l2_prefetch_probe > "$OUT/l2/log.txt" 2>&1
+    OUT=$OUT/l2 $W python3 -m benchmarks.experiments.l2_prefetch_probe > "$OUT/l2/log.txt" 2>&1
     echo "rc=$?"; tail -25 "$OUT/l2/log.txt"
     ;;
 final)

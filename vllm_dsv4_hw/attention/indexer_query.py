@@ -1,15 +1,14 @@
 """The indexer query's precision: e4m3 codes with a power-of-two scale per (token, head), or the
 model dtype (``envs.INDEXER_Q``).
 
-Why: the score pass is the c4a layer's heaviest kernel at large batch (1M context, B = 32: 512 of
-the layer's 831 us on the H200, 2026-12-03), compute-bound on bf16 dots. e4m3 q meets the keys on
+Why: the score pass is the c4a layer's heaviest kernel at large batch, compute-bound on bf16
+dots (evidence: docs/tuning.md, Indexer query dtype). e4m3 q meets the keys on
 FP8 dots (MXFP4 values are exact in e4m3), which run at twice the bf16 rate. Upstream vLLM's
 DeepSeek V4 indexer quantizes q^I to FP8 with its scale folded into the head weights, as this does
 (``ops.rope_fp8_quant``, then ``indexer_topk(..., q_scales=)``).
 
-Measured (H100, 2026-12-05, ``decode_kernels --only index_e4m3``): the FP8-dot pass is slower than
-the bf16 one at every shape (1M B=32: 643-707 us vs 507; prefill 8192 tokens at 128K: 14.5 ms vs
-9.0), so the default is the model dtype; e4m3 stays a setting until the kernel wins.
+The FP8-dot pass is slower than the bf16 one at every shape measured, so the default is the model
+dtype; e4m3 stays a setting until the kernel wins (evidence: docs/tuning.md, Indexer query dtype).
 """
 
 from __future__ import annotations

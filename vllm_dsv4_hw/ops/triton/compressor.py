@@ -267,8 +267,8 @@ def _block_r(ratio: int, d: int, gb: int) -> int:
 
 # GPU launch knobs of the pool kernel (benchmarks/decode_kernels.py sweeps them): member-row
 # elements per iteration (BLOCK_R = row_budget // d) and warps for d >= 512 / smaller d.
-# Sweep at decode (H200, 2026-11-29): row_budget 1024 (2 rows of d = 512 per iteration) pools a
-# completed c128a group in 32 us against 56 us at 4096; small d is insensitive.
+# A small row budget pools a completed group fastest at decode; small d is insensitive
+# (evidence: docs/tuning.md, Compressor pool launch).
 POOL_CONFIG = {"row_budget": 1024, "warps_large": 8, "warps_small": 4}
 
 

@@ -35,11 +35,11 @@ from vllm_dsv4_hw.ops.triton.norm import rsqrt_m
 
 # From this many tokens the query rows and the KV rows go to two launches of the kernel, each
 # specialized to one row kind (the fused program carries the quantizing insert's code into every
-# query row; H200, 4096 tokens x 64 heads: 376 us fused against upstream's 206).
+# query row; evidence: docs/tuning.md, qnorm_rope_kv_insert's query-row launch).
 SEPARATE_FROM_TOKENS = 256
-# Warps of the query-row launch (the fused launch keeps 4 / 2): one warp per 512-wide row
-# (H200 2026-12-02: 4096 tokens 260 -> 160 us, 16384: 1044 -> 601 us; docs/tuning.md;
-# 32 programs per SM as everywhere). The row's reduction order follows the warps: a fixed choice.
+# Warps of the query-row launch (the fused launch keeps 4 / 2): one warp per 512-wide row, the
+# fastest (evidence: docs/tuning.md, qnorm_rope_kv_insert's query-row launch). The row's reduction
+# order follows the warps: a fixed choice.
 SEPARATE_Q_WARPS = 1
 
 

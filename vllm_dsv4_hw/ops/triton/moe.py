@@ -84,9 +84,9 @@ def align_pairs(topk_ids: torch.Tensor, n_exp: int, bm: int):
 def launch_config(n_pairs: int, n_exp: int) -> dict:
     """BM by the mean pairs per expert (decode: 16), BN 64 (128 with BM 64), 4 warps, 2 stages.
 
-    Defaults, not tuned yet: a first sweep on an H200 (D 4096, I 2048, E 256, top-6; BN 32..128,
-    4 / 8 warps, 2 / 3 stages) found nothing faster except BN 128 at BM 64. The one-group-per-step
-    K loop (two K=16 dots per 32 elements) bounds the speed: ~0.8 ms at T=1, ~37 ms at T=4096."""
+    Defaults, not tuned yet: a first sweep found nothing faster except BN 128 at BM 64; the
+    one-group-per-step K loop (two K=16 dots per 32 elements) bounds the speed (evidence:
+    docs/tuning.md, Fused MoE launch)."""
     mean = n_pairs / max(n_exp, 1)
     bm = 16 if mean <= 16 else (32 if mean <= 64 else 64)
     return dict(BM=bm, BN=128 if bm == 64 else 64, num_warps=4, num_stages=2)

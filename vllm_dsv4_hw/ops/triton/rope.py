@@ -90,11 +90,9 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
 
 
 # Launch by row count: one (token, head) row per iteration; 1 warp per row from 257 rows, 4
-# below; the cvt encode below MANY_ROWS, the integer one from there (H200 2026-12-04, ``python -m
-# benchmarks.decode_kernels --only inv_rope``, us: 32 tokens x 64 heads 3.80 (cvt, 2 warps) ->
-# 3.26 (cvt, 1 warp; integer 1 warp 3.62); 8,192 tokens integer 1 warp 392 against cvt 446 (1
-# warp) / 406 (2); 1 token cvt 1.54 against integer 1.69). Tiles of several rows per iteration
-# (``rows``) were 5-7x slower.
+# below; the cvt encode below MANY_ROWS, the integer one from there: each the faster where it
+# applies; tiles of several rows per iteration were slower (evidence: docs/tuning.md,
+# inv_rope_fp8_quant launch).
 MANY_ROWS = 4096
 MANY_ROWS_TILE = 1
 MANY_ROWS_WARPS = 1

@@ -7,8 +7,8 @@ its own successor may launch, so the kernels still run one after another as far 
 concerned (each waits for the one before it) and only the next kernel's launch and start overlap
 this one's run. The other order (signal, then wait: what upstream vLLM's PDL kernels do) lets a
 whole chain of kernels launch at once, each holding its programs' registers and shared memory
-while it waits: on the H200 it made the decode step 0.5-6% slower at batch 1 and 4
-(``docs/performance.md``, 2026-12-04). Kernels without PDL (torch's, or any launched without
+while it waits, which made the decode step slower (evidence: docs/tuning.md, Launch choices in
+force, and their evidence: the PDL row). Kernels without PDL (torch's, or any launched without
 the attribute) keep the usual stream order; a PDL kernel after one of them starts when it ends.
 
 ``pdl_launch(device)`` gives the launch arguments: the kernel's ``PDL`` constexpr and Triton's

@@ -4,8 +4,7 @@ Why: a weight-streaming GEMM converts every byte it reads. The hardware conversi
 for e4m3 -> bf16 on sm_89 / sm_90 is a packed e4m3x2 -> f16x2 ``cvt`` plus one f16 -> bf16
 ``cvt`` per element, and conversions issue at 16 lanes per clock per SM (a quarter of the integer
 and a sixteenth of the half-precision FMA rate): at decode sizes that, not HBM, bounds the FP8
-GEMMs (~2.1 TB/s on the H200; cuobjdump of the decode tile: 16 F2FP + 32 F2F per 32 weight bytes
-and thread).
+GEMMs (evidence: docs/tuning.md, Packed e4m3 / e2m1 decode).
 
 How (exact for all 254 finite codes): an e4m3 byte's 7 exponent + mantissa bits moved into a
 16-bit lane at the right place *are* a bf16 (fp16) of the same value times 2^-120 (2^-8), for
@@ -94,7 +93,8 @@ def e4m3_bits_to_16bit(codes, DT: tl.constexpr):
 
 # -- e2m1 (MXFP4 keys) -> bf16 -------------------------------------------------------------------
 # The same idea for the indexer's MXFP4 keys, whose integer decode to fp32 plus the fp32 -> bf16
-# cvt bounded the score pass at 1M context (36 us against 4 us of key bytes on the H200). An e2m1
+# cvt bounded the score pass at 1M context, not the key bytes (evidence: docs/tuning.md, Packed
+# e4m3 / e2m1 decode). An e2m1
 # nibble's 3 magnitude bits at bits 6..8 of a bf16 lane are its value times 2^-126, the 0.5 code
 # included (a subnormal bf16 of the same mantissa): one packed FMA by 2^126 rescales it exactly,
 # a second one by the block's ue8m0 scale (exact: powers of two, every product representable).
@@ -105,8 +105,8 @@ def e4m3_bits_to_16bit(codes, DT: tl.constexpr):
 # writes two shifted copies that do not overlap (no carries): the one shifted by a puts the
 # magnitude at bits 6..8, the one shifted by b the sign at bit 15, and one mask keeps those bits
 # (low nibble: x 0x1040, shifts 6 and 12; high nibble: x 0x104, shifts 2 and 8). 3 integer ops
-# per lane pair where two shifts, a mask and a masked or took 4 (sm_90 SASS of the score loop:
-# 443 -> 411 instructions per 64-entry block and warp).
+# per lane pair where two shifts, a mask and a masked or took 4 (fewer instructions in the score
+# loop; evidence: docs/tuning.md, Packed e4m3 / e2m1 decode).
 _E2M1_HALF = """and.b32 m, {t}, {nib};
 mul.lo.u32 m, m, {mul};
 and.b32 m, m, 0x81c081c0;

@@ -175,7 +175,7 @@ def e4m3_bits_to_f32(c):
 def f32_to_e4m3_bits(v):
     """fp32 -> e4m3fn bit patterns (uint8): saturate to +-448 (Inf included), round to nearest even,
     NaN -> 0x7F with its sign: bit-exact with torch's ``.to(torch.float8_e4m3fn)`` and with
-    ``kv_cache.formats.fp8_ds_mla.e4m3_encode``."""
+    ``numerics.e4m3_encode``."""
     nan = v != v
     sign = (v.to(tl.uint32, bitcast=True) >> 24) & 0x80  # NaN keeps its sign bit, as in torch
     v = tl.where(nan, 0.0, tl.minimum(tl.maximum(v, -448.0), 448.0))

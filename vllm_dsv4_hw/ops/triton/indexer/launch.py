@@ -60,10 +60,7 @@ def _q_operand(q: torch.Tensor, dot: int) -> torch.Tensor:
 # Register cap of the decode tile (one token per program, MXFP4 keys on bf16 dots) for grids of
 # at least ``from_programs_per_sm`` programs per SM: 114 registers hold 4 programs on an SM, 80
 # hold 6, which the instruction-issue-bound loop turns into speed where the grid is many waves
-# deep, and loses where it is not. NVIDIA H100, 2026-12-06 ~04:03 UTC (a one-off timing of
-# ``indexer_scores(..., maxnreg=)``, which ``decode_kernels --only index`` now repeats; CUDA-graph
-# medians, scores equal bit for bit), us, no cap / 96 / 80: 1M B=32 (8,192 programs) 489-493 /
-# 467 / 447; 1M B=4 (1,024) 66 / 71 / 72; 128K B=1 4.6 / 4.6 / 5.2. Not yet timed on an H200.
+# deep, and loses where it is not (evidence: docs/tuning.md, Indexer score pass register cap).
 REG_CAP = {"maxnreg": 80, "from_programs_per_sm": 32}
 
 
@@ -89,19 +86,15 @@ def _launch_config(num_tokens: int, n_blocks: int, device: torch.device) -> int:
 
 
 # Tokens scored together (one key tile read and dequantized for all of them) from this many tokens
-# in a call on (prefill chunks; decode batches keep one token per program). H200, 2026-12-02
-# (benchmarks.decode_kernels --only index_prefill, mxfp4 keys, 64-entry blocks, 4 warps): 8192
-# tokens at the end of a 128K request 38.7 -> 32.4 ms, 2048 at the end of 1M 79.5 -> 66.1 ms
-# (2 tokens: 37.5 / 76.3; 8 tokens, 8 warps: 35.2 / 72.0).
+# in a call on (prefill chunks; decode batches keep one token per program): 4 tokens beat 1, 2
+# and 8 at prefill (evidence: docs/tuning.md, Indexer score pass token groups).
 GROUP_TOKENS = {"from_tokens": 512, "tokens": 4}
 
 
 # Keys as the dots' A operand (``_block_logits``'s KT): the logits come out as [BLOCK_S, TB * H],
 # the heads along the accumulator's columns, so the weighted head sum is mostly in-thread adds
-# (sm_90 SASS of the prefill program: 24 shuffles instead of 328). H200, 2026-12-02
-# (benchmarks.decode_kernels --only index_prefill,index, mxfp4 keys): 8192 tokens at the end of
-# 128K 23.2 -> 11.7 ms (floor 5.4), 2048 at the end of 1M 47.9 -> 23.8 ms; decode at 1M, B = 1
-# 59.5 -> 35.8 us, B = 32 1396 -> 894 us. False keeps the [TB * H, BLOCK_S] form (a knob).
+# (far fewer shuffles), faster at prefill and decode (evidence: docs/tuning.md, Indexer keys as
+# the dots' A operand). False keeps the [TB * H, BLOCK_S] form (a knob).
 KEYS_A = True
 
 

@@ -54,8 +54,9 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
                 else {}
             radix_topk(scores, k, dst, **bound)
             continue
-        # unsorted (the contract's order is a set's; sorting cost ~16 us per decode row on the
-        # H200), then one launch puts the selected entries first and -1 after, as int32
+        # unsorted (the contract's order is a set's, and sorting costs time; evidence:
+        # docs/tuning.md, torch.topk fallback), then one launch puts the selected entries first
+        # and -1 after, as int32
         vals, idx = torch.topk(scores, k, dim=-1, largest=True, sorted=False)
         compact_selected(vals, idx, dst)
     return out

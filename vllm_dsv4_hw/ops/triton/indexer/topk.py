@@ -10,8 +10,8 @@ index), so the same scores give the same bits every run (attention sums its cand
 order).
 
 Why: ``torch.topk`` over one long row (262,144 scores per decode token at 1M context) runs its
-multi-block radix select in ~9 launches on few SMs: 62 us per row on the H200, more than the scoring
-itself. Here every pass is spread over the whole row.
+multi-block radix select in several launches on few SMs, slower than the scoring itself. Here every
+pass is spread over the whole row (evidence: docs/tuning.md, Radix top-k).
 
 Keys: fp32 bits mapped to uint32 so that unsigned order is float order (negative: all bits
 flipped; positive: sign bit set); -inf maps to 0x007FFFFF (``NEG_INF_KEY``), below every finite
@@ -75,20 +75,16 @@ from vllm_dsv4_hw.platform.device import adaptor_for
 INTERP_BLOCK = 1 << 16
 ONE_LAUNCH = True
 # Histogram atomics relaxed (True) or acq_rel: relaxed is enough, since the arrival that follows
-# them (a block barrier, then one acq_rel atomic) releases them, as a grid sync does; measured
-# 21.8 -> 17.6 us for the one-launch select of 1 x 32,768 scores (``decode_kernels --only
-# topk_sync``, H200 2026-12-04 18:52 UTC; that sweep flipped it; since 2026-12-06 it leaves it on).
+# them (a block barrier, then one acq_rel atomic) releases them, as a grid sync does; and it is
+# faster (evidence: docs/tuning.md, Radix top-k).
 HIST_RELAXED = True
 
 
 def auto_block(rows: int, n: int, one_launch_programs: int = 0) -> int:
     """Scores per program on a GPU: the smallest of 512 / 1,024 / 2,048 whose programs all fit
     in one launch (``one_launch_programs``: the most a one-launch call may have, 0 where none
-    may), else 2,048 (the multi-launch form). H200 sweep (``decode_kernels --only topk_sync``,
-    2026-12-04 18:52 UTC, k = 512, bounded rows, us): 1 x 32,768 scores 17.6 at 1,024 -> 15.6 at
-    512; 4 x 32,768 18.2 at 1,024 (512: 256 programs, multi-launch, 29.1); 1 x 262,144 25.7 at
-    2,048; multi-launch 32 x 32,768 59.4 at 2,048 (70.0 at 4,096, 82.2 at 1,024), 4 x 262,144
-    57.4 (68.3, 81.5)."""
+    may), else 2,048 (the multi-launch form): one launch beats several, and smaller blocks win
+    within it (evidence: docs/tuning.md, Radix top-k)."""
     for blk in (512, 1024, 2048):
         if rows * cdiv(n, blk) <= one_launch_programs:
             return blk
@@ -97,8 +93,7 @@ def auto_block(rows: int, n: int, one_launch_programs: int = 0) -> int:
 
 def one_launch_warps(block: int) -> int:
     """Warps of the one-launch form: 4 up to 1,024 scores per program (8 per thread), 8 above
-    (same sweep: 512 / 1,024 scores 15.6 / 18.1 us at 4 warps, 16.4 / 19.4 at 8; 2,048 scores
-    25.6 at 4, 24.6 at 8)."""
+    (evidence: docs/tuning.md, Radix top-k)."""
     return 4 if block <= 1024 else 8
 
 

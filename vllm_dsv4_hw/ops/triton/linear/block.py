@@ -4,20 +4,21 @@
     y[m, n] = sum_kb s[n // bn, kb] * sum_{k in block kb} x[m, k] * e4m3(W[n, k])
 
 Grown from the W8A16 decode GEMM of ``benchmarks/stack/w8a16.py`` (its launch heuristics were
-measured there on an H200 and are kept). A program owns ``BM`` rows x ``BN`` output columns (of one
-group ``g`` of a grouped weight, the ``wo_a`` case) and a contiguous range of K blocks. Per K block:
-one [BM, BK] activation tile, one [BN, BK] tile of e4m3 bytes converted in registers to x's 16-bit
-dtype (exact: 3 mantissa bits), a tensor-core dot with fp32 accumulation, multiplied by the
-block's scale (decoded from its byte: a power of two, exact, so any byte 0..254 works as long as
-the result is representable) and accumulated. The K tile is ``bk`` rounded up to a power of two
->= 16 (extra lanes masked); ``bn`` only picks each column's scale row, so any block works. fp32 x
-runs an fp32 ``ieee`` dot. Any M: the grid covers ceil(M / BM) row tiles (BM <= 64; from 2048
-rows of a weight with >= 1024 columns, where the device's shared memory holds it, the
-``PREFILL_TILE``: 128 x 256 with the block scale folded into the converted weight tile, so the
-dot accumulates in place, ``FOLD``). Small grids get split-K (partials [S, M, G,
-N] in the accumulator dtype, summed and cast inside the launch or by a second one: ``split_k``); with more than one row
-tile, only while the grid does not fill the device (partials cost S * M * N * 4 bytes). float64 x
-(the exact test path) takes rank-1 float64 updates instead of a dot.
+measured there and are kept; evidence: docs/tuning.md, FP8 GEMM column block). A program owns
+``BM`` rows x ``BN`` output columns (of one group ``g`` of a grouped weight, the ``wo_a`` case) and
+a contiguous range of K blocks. Per K block: one [BM, BK] activation tile, one [BN, BK] tile of
+e4m3 bytes converted in registers to x's 16-bit dtype (exact: 3 mantissa bits), a tensor-core dot
+with fp32 accumulation, multiplied by the block's scale (decoded from its byte: a power of two,
+exact, so any byte 0..254 works as long as the result is representable) and accumulated. The K tile
+is ``bk`` rounded up to a power of two >= 16 (extra lanes masked); ``bn`` only picks each column's
+scale row, so any block works. fp32 x runs an fp32 ``ieee`` dot. Any M: the grid covers
+ceil(M / BM) row tiles (BM <= 64; from 2048 rows of a weight with >= 1024 columns, where the
+device's shared memory holds it, the ``PREFILL_TILE``: 128 x 256 with the block scale folded into
+the converted weight tile, so the dot accumulates in place, ``FOLD``). Small grids get split-K
+(partials [S, M, G, N] in the accumulator dtype, summed and cast inside the launch or by a second
+one: ``split_k``); with more than one row tile, only while the grid does not fill the device
+(partials cost S * M * N * 4 bytes). float64 x (the exact test path) takes rank-1 float64 updates
+instead of a dot.
 
 The e4m3 conversion follows the device's declared capabilities (``platform.device``): fp8 ->
 hardware cvt; no fp8 (sm_80 / sm_86, where Triton rejects fp8e4nv; Ascend) -> the bit-exact integer
@@ -203,27 +204,21 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
 
 
 def _auto_block_n(n: int, g: int, m: int = 1, k: int = 0) -> int:
-    """Column block below the prefill tile. Decode sweep (benchmarks/decode_kernels.py, H200):
-    32-wide column blocks win up to 8192 output columns in all (wq_a, wkv, wo_a, indexer wq_b,
-    wo_b) at M <= 16, 64 for the wide wq_b; from M = 17 (32-row tiles) 64 also wins on the long-K
-    weights (K >= 4096, at least 1024 columns; gemm_fold 2026-12-02, M = 32: wo_a 30.0 -> 22.3 us,
-    wo_b 30.1 -> 25.0, V4-Pro wo_b 84.2 -> 58.5, V4-Pro wq_a 17.6 -> 13.5; wkv's 512 columns
-    lose)."""
+    """Column block below the prefill tile: 32-wide column blocks win up to 8192 output
+    columns in all at M <= 16, 64 for wider weights; from M = 17 (32-row tiles) 64 also wins on
+    the long-K weights (K >= 4096, at least 1024 columns) (evidence: docs/tuning.md, FP8 GEMM
+    column block)."""
     if n * g > 8192 or (m > 16 and k >= 4096 and n * g >= 1024):
         return 64
     return 32
 
 
 # Prefill tile (from PREFILL_TILE["from_m"] rows): 128 x 256 blocks, 8 warps, 3 stages, the scale
-# folded into the weight tile (benchmarks.decode_kernels --only gemm_prefill, H200 2026-12-02, M =
-# 4096 / 8192, V4-Flash wq_a / wq_b / wo_a / wo_b: 1.55-1.63x the 64 x 32-64 tiles, e.g. wq_b at
-# 8192 rows 3075 -> 1992 us; still 2.7x cuBLAS on the dequantized weight: the e4m3 tile is
-# converted in registers, where an FP8 x FP8 dot would read both operands as they lie).
-# Only for weights of >= 1024 columns (the measured ones; a 256-wide tile leaves a narrow
-# weight's device mostly idle: in the stack the prefill chunk's constant part grew with every
-# weight on it). The tile needs 224 KiB of shared memory (sm_90's pipelined compile; sm_80's would
-# need 128.5, unmeasured): only where the device declares that much (sm_90 / sm_100), and in the
-# interpreter.
+# folded into the weight tile: faster than the smaller tiles at prefill (evidence:
+# docs/tuning.md, FP8 GEMM prefill tile). Only for weights of >= 1024 columns (the measured ones;
+# a 256-wide tile leaves a narrow weight's device mostly idle). The tile needs 224 KiB of shared
+# memory (sm_90's pipelined compile): only where the device declares that much (sm_90 / sm_100),
+# and in the interpreter.
 PREFILL_TILE = {"from_m": 2048, "from_n": 1024, "block_m": 128, "block_n": 256, "num_warps": 8,
                 "num_stages": 3, "fold": 1}
 PREFILL_TILE_SHARED = 224 * 1024

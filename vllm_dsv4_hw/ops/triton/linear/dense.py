@@ -3,9 +3,8 @@
 inside the launch.
 
 Why: at M = 1 cuBLAS runs these GEMMs as a split-K kernel plus a separate reduction, and the
-fp32-output form adds a cast: on the H200 (``decode_stack --profile``, 2026-12-03) the V4-Flash
-c4a layer spent 27 us in them (main compressor ``wkv | wgate`` 2048 x 4096, the indexer's
-compressor 512 x 4096 and its ``weights_proj`` 64 x 4096), against 5 us of weight bytes.
+fp32-output form adds a cast: several times the time of their weight bytes (evidence:
+docs/tuning.md, Dense linear for decode).
 
 Up to ``MAX_ROWS`` rows with x and weight in one 16-bit dtype; everything else (prefill, fp32
 weights) is the reference's cuBLAS / torch GEMM, which is at its best there.

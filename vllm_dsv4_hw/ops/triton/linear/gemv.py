@@ -14,12 +14,8 @@ Split-K as the tile kernels do it (``split_k``: partials summed in split order b
 last split), for grids too small to fill the device.
 
 Why: at one row the tile kernel's wgmma tiles hold a 16-row x tile for 1 live row and its grid
-leaves most of each SM's warp slots empty (Nsight Compute, H100, 2026-12-06: 6-24% achieved
-occupancy, 55-62% of DRAM throughput on the V4-Flash projections). The first form of
-``benchmarks.gemv_probe`` (commit 2ef58d6; H100, same day, CUDA-graph medians, us, W8A8 tiles ->
-a plain GEMV of its own): wq_a 4.37 -> 2.97, wq_b
-15.16 -> 13.71, wo_b 17.21 -> 13.63, indexer wq_b 6.78 -> 4.97, V4-Pro wq_a 8.22 -> 6.13,
-wq_b 38.44 -> 35.68, wo_b 46.26 -> 41.69.
+leaves most of each SM's warp slots empty, so a plain GEMV is faster on every projection
+(evidence: docs/tuning.md, FP8 GEMV).
 """
 
 from __future__ import annotations

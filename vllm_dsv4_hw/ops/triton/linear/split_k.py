@@ -69,10 +69,8 @@ def splitk_sum_kernel(part_ptr, out_ptr, n_splits, n_elems, stride_s, BLOCK: tl.
 
 # Split-K partials summed by the tile's last split inside the GEMM launch or by a second launch
 # (``splitk_sum_kernel``); same bits either way. In the launch for one row tile of <= 16 rows
-# (decode): ``decode_kernels --only gemm_split`` (H200, 2026-12-02, us, in launch / second launch):
-# M = 1 wq_a 4.79 / 5.90, wkv 4.12 / 5.07, wo_b 16.43 / 16.75, V4-Pro wq_a 9.20 / 10.42, wo_b
-# 43.64 / 45.14; at M = 32 the last split's sum of a 32-row tile loses (wq_a 8.36 / 7.36, wo_b
-# 24.82 / 23.14). Knob ``serial=`` for benchmarks and tests.
+# (decode), where it wins; at 32 rows the last split's sum loses (evidence: docs/tuning.md,
+# Split-K sum in the launch). Knob ``serial=`` for benchmarks and tests.
 SERIAL_SPLIT_K = True
 SERIAL_MAX_ROWS = 16
 _COUNTER_WORDS = 4096      # tiles of one split launch (decode launches have <= 1,024)

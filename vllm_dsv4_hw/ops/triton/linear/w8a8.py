@@ -12,9 +12,8 @@ launch before (``PRE``: the codes then stream into the dots like the weight, whi
 weights past 16 rows and for prefill). The weight tile goes from global memory to the tensor
 cores as the checkpoint ships it, with no e4m3 decode in registers. Each K block's dot is scaled
 and added to an fp32 accumulator, so the products of a block (exact in fp32) are summed in the
-tensor core only within the block. Measured on the H200 against the W8A16 kernel
-(``docs/performance.md``, "W8A8"): 4-14% faster at one row on the large weights (the decode GEMMs
-are not bound by the e4m3 decode alone), 17-26% at 32 rows, 1.5-2.0x at 4096 rows.
+tensor core only within the block. Faster than the W8A16 kernel at every row count (evidence:
+docs/tuning.md, W8A8 GEMM).
 
 Tiles: up to ``WT_MAX_ROWS`` rows the weight tile is the dot's A operand (y^T = W x^T: its BN rows
 fill Hopper's 64-row wgmma, x's few rows are the narrow N side); more rows take the x tile as A.
@@ -31,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_dsv4_hw.numerics import FP8_AMAX_FLOOR
 from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
 from vllm_dsv4_hw.ops.triton.common.launch import capabilities, cdiv, grid_limit, next_pow2
 from vllm_dsv4_hw.ops.triton.common.pdl import (
@@ -50,7 +50,7 @@ from vllm_dsv4_hw.ops.triton.linear import block as w16
 from vllm_dsv4_hw.ops.triton.linear import split_k as sk
 
 WT_MAX_ROWS = 64
-AMAX_FLOOR = tl.constexpr(1e-4)    # kv_cache.formats.fp8_ds_mla.FP8_AMAX_FLOOR
+AMAX_FLOOR = tl.constexpr(FP8_AMAX_FLOOR)
 
 
 @triton.jit
@@ -203,17 +203,13 @@ def supports(a: Fp8LinearArgs) -> bool:
 
 
 def _tile(m: int, n: int, g: int, k: int) -> dict:
-    """Launch tile by rows (``python -m benchmarks.decode_kernels --only gemm_w8a8 --batches
-    1,4,32``, H200 2026-12-03, every V4-Flash / V4-Pro projection,
-    ``results/gemm_w8a8-h200-2026-12-03.json``). Up to 16 rows: 64-column weight tiles, 3
-    stages, x quantized in the program with its next tile loaded ahead, ``fp8_linear``'s split-K
-    (the best config or within 3% of it on every weight). 17-64 rows: the weights that are wide
-    (>= 16K columns in all) or wide and long (>= 4K columns, K >= 4096) take x quantized by a
-    launch before, its codes then streaming like the weight, with 128-column tiles, 4 stages and
-    at most 4 splits (M=32: wq_b 16.9 -> 14.0 us against W8A16, wo_a 20.4 -> 17.5, wo_b 23.0 ->
-    17.2, V4-Pro wo_b 54.0 -> 40.0; the split rule's 5 splits of wo_a took 22.1); the others as
-    up to 16 rows. Prefill: 64 x 128 tiles, 4 warps, 4 stages, x quantized before (the best of
-    eight tiles at 4096 rows for wq_a / wq_b / wo_a / wo_b)."""
+    """Launch tile by rows. Up to 16 rows: 64-column weight tiles, 3 stages, x quantized in
+    the program with its next tile loaded ahead, ``fp8_linear``'s split-K. 17-64 rows: the
+    weights that are wide (>= 16K columns in all) or wide and long (>= 4K columns, K >= 4096)
+    take x quantized by a launch before, its codes then streaming like the weight, with
+    128-column tiles, 4 stages and at most 4 splits; the others as up to 16 rows. Prefill: 64 x
+    128 tiles, 4 warps, 4 stages, x quantized before. Each the best measured (evidence:
+    docs/tuning.md, W8A8 GEMM)."""
     small = dict(block_m=max(16, next_pow2(m)), block_n=64, wt=True, num_warps=4,
                  num_stages=3, pre=False, xpf=True, max_split=8)
     if m <= 16:

@@ -73,9 +73,8 @@ _KNOWN = {"bf16": FMT_BF16, "fp8_ds_mla": FMT_FP8_DS_MLA, "fp32": FMT_FP32}
 
 
 # Slots scanned per load when looking for a split's last compressed candidate (``TRIM``), and
-# whether calls trim by default: the -1 slots past a long --max-model-len's visible entries cost a
-# B=32 128K decode under 1M-wide tables 289 -> 174 us per c128a layer (H200, 2026-12-04 18:35 UTC,
-# docs/performance.md); the capture failure of the afternoon's run did not recur at 9556bac.
+# whether calls trim by default: walking the -1 slots past a long --max-model-len's visible
+# entries costs more than the scan (evidence: docs/tuning.md, Sparse walk trim).
 TRIM_BLOCK = 1024
 
 

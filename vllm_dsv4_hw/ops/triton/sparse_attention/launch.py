@@ -37,11 +37,9 @@ def _num_cores(device: torch.device) -> int:
 # (min_chunk: the smallest split when splitting for occupancy; max_chunk: the longest one, None =
 # no cap), register prefetch of the next tile, maxnreg (NVIDIA register cap; None = compiler's).
 # BLOCK_H is max(16, next_pow2(H)) capped at ``block_h`` (tl.dot needs M >= 16).
-# CUDA: from the decode sweep on the H200 (benchmarks/decode_kernels.py, 2026-11-29; window 128 +
-# 0 / 512 / 8192 compressed, B 1 / 4 / 32): 16 heads per program, 32-entry tiles, 4 warps, splits
-# of 32..256 candidates. Against the earlier 32 / 16 / 8 warps / >= 64: B=1 window only 19.1 ->
-# 10.8 us, c4a (512) 21.8 -> 13.4 us, c128a at 1M (8192) 42.0 -> 34.2 us; B=32 at 8192:
-# 1129 -> 659 us. Each entry tile is read once per head block (from L2 after the first).
+# CUDA: 16 heads per program, 32-entry tiles, 4 warps, splits of 32..256 candidates: smaller
+# programs than before, faster at decode (evidence: docs/tuning.md, Sparse attention
+# decode tiles). Each entry tile is read once per head block (from L2 after the first).
 CONFIGS = {
     "cuda": dict(block_h=16, block_n=32, num_warps=4, num_stages=1, min_chunk=32, max_chunk=256,
                  prefetch=True, maxnreg=None),
@@ -51,13 +49,10 @@ CONFIGS = {
                    max_chunk=None, prefetch=True, maxnreg=None),
 }
 
-# CUDA with many tokens at once (the H200 sweep of 2026-12-02, ``benchmarks.gpu.sparse_attention.
-# sweep_large``: H 64, 512 + 128 candidates over a 128K cache). Once the (token, head block)
-# programs fill the device, split-K only adds workspace traffic: splits of 256 cost 1.6x at a
-# decode batch of 64 (fp8 155 -> 96 us) and 2x at a 4096-token prefill chunk. Prefill chunks read
-# each candidate tile once for all 64 heads (block_h 64): bf16 10.28 -> 3.95 ms, fp8 8.75 ->
-# 3.89 ms; a batch of 64 bf16 tokens is best with 32 heads and 64-entry tiles (183 -> 86 us),
-# fp8 with the decode tiles (96 us against 108 for those).
+# CUDA with many tokens at once: once the (token, head block) programs fill the device, split-K
+# only adds workspace traffic; prefill chunks read each candidate tile once for all 64 heads
+# (block_h 64); a batch of bf16 tokens is best with 32 heads and 64-entry tiles, fp8 with the
+# decode tiles (evidence: docs/tuning.md, Sparse attention full-device tiles).
 PREFILL_TOKENS = 1024  # tokens in one call from which the prefill tiles apply
 FULL_DEVICE = dict(max_chunk=2048)  # keeps long c128a candidate lists (up to 8K at 1M) split
 
@@ -74,15 +69,10 @@ class TileChoice(NamedTuple):
         return self.shared if bf16_dots else self.shared_fp32_dots
 
 
-# The 64-head fp8 tiles (prefill chunks and long decode lists), best first. With the single loop
-# over both caches (H200, 2026-12-03 night, ``decode_kernels --only attn_loop``) 64-entry
-# tiles beat the 32-entry one by 16-22% at prefill (8,192 tokens x 640 candidates 5.30 ->
-# 4.24 ms, x 1,152 9.22 -> 7.24 ms, 2,048 x 8,320 17.95 -> 15.26 ms) and 3-11% at decode (B = 32
-# x 8,320 341 -> 305 us, B = 4 50.7 -> 48.7 us); pipelining them over 2 / 3 stages gains at most
-# 6% at decode and loses 2-4% at prefill, for 226 KiB instead of 192. sm_90 / sm_100 need 128 KiB
-# for the 64-entry tile, sm_80 192 KiB (no wgmma): sm_80 takes the 32-entry tile. With fp32 dots
-# the 64-head x 32-entry tiles and the 32 x 64 one need ~200 KiB on every target (sm_80's 163
-# KiB does not hold them: such a launch fails there), the 64 x 64 one 272 KiB (2026-12-05 AOT).
+# The 64-head fp8 tiles (prefill chunks and long decode lists), best first: 64-entry tiles beat
+# the 32-entry one with the single loop over both caches, unpipelined; sm_80 lacks the shared
+# memory for them and takes the 32-entry tile, and no target holds the 64 x 64 one with fp32 dots
+# (evidence and shared-memory figures: docs/tuning.md, Sparse attention 64-head fp8 tiles).
 _FP32_DOTS_32x64 = 205_056
 FP8_WIDE_TILES = (
     TileChoice(dict(block_h=64, block_n=64, num_warps=8, prefetch=False), 192 * 1024, None),
@@ -112,15 +102,12 @@ def _tiles_for(prefill: bool, fmt_name: str | None, device: torch.device,
     return None
 
 
-# Decode batches over long candidate lists on CUDA (H200 sweeps of 2026-12-03,
-# ``benchmarks.decode_kernels --only attn`` and an A/B of the candidate split; fp8, H 64, window
-# 128 + 512 / 8192 compressed; 32-entry tiles then): the 64-head fp8 tiles (``FP8_WIDE_TILES``: each entry tile
-# loaded and decoded once per token, not once per 16 heads), in splits of 512 candidates where
-# those (token, split) programs fill 3/4 of the device, else of 256 where those fill half of it.
-# One such program holds an SM: fewer, longer splits once the programs cover most of the device.
-# At 8K candidates B = 4 85 -> 70 us (256), B = 32 629 -> 467 us and B = 64 1235 -> 894 us
-# (512); at 640 B = 32 90 -> 76 us, B = 64 149 -> 85 us (512). Below (B = 1 at 8K: 33 programs;
-# B = 4 at 640: 12) the 16-head tiles stay ahead.
+# Decode batches over long candidate lists on CUDA: the 64-head fp8 tiles (``FP8_WIDE_TILES``:
+# each entry tile loaded and decoded once per token, not once per 16 heads), in splits of 512
+# candidates where those (token, split) programs fill 3/4 of the device, else of 256 where those
+# fill half of it. One such program holds an SM: fewer, longer splits once the programs cover
+# most of the device; below that the 16-head tiles stay ahead (evidence: docs/tuning.md, Sparse
+# attention long decode splits).
 LONG_DECODE_SPLITS = ((512, 0.75), (256, 0.5))  # (candidates per split, share of the cores)
 LONG_DECODE_FORMATS = ("fp8_ds_mla",)
 
