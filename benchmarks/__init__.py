@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Benchmarks (benchmarks/gpu: scripts the lead runs on the lent GPU).
 
 A kernel that cannot compile on the GPU at hand must fail a benchmark or a GPU check rather than be

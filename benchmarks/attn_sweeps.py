@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Sweeps of ``sparse_attention``'s candidate loop (``benchmarks.decode_kernels --only
 attn_loop``): one loop over both caches against one loop per cache, Triton's software pipelining
 (``num_stages``) and the 64-entry tiles that the single loop made the better choice, at the
@@ -39,18 +40,23 @@ def _variants(cfg: dict, n_cand: int, wide: dict) -> dict:
         out["prefetch=0"] = (dict(prefetch=False), False)
         for chunk in (256, 512):
             if n_cand > chunk:
-                out[f"64 heads, splits of {chunk}"] = (dict(
-                    wide, num_splits=-(-n_cand // chunk)), False)
+                out[f"64 heads, splits of {chunk}"] = (
+                    dict(wide, num_splits=-(-n_cand // chunk)),
+                    False,
+                )
     return out
 
 
 def _compare(got: torch.Tensor, want: torch.Tensor, same_tiles: bool) -> str | None:
     """None if ``got`` is as expected against the two-loop output, else why not."""
     if same_tiles:
-        return None if torch.equal(got, want) else (
-            f"differs: {float((got.float() - want.float()).abs().max()):.2e}")
+        return (
+            None
+            if torch.equal(got, want)
+            else (f"differs: {float((got.float() - want.float()).abs().max()):.2e}")
+        )
     err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
-    return None if err < 2 ** -6 else f"wrong: {err:.2e}"
+    return None if err < 2**-6 else f"wrong: {err:.2e}"
 
 
 def _sweep_case(tsa, launch, sets, outs, label, floor_us, t, n_cand):
@@ -65,8 +71,12 @@ def _sweep_case(tsa, launch, sets, outs, label, floor_us, t, n_cand):
             torch.cuda.synchronize()
             continue
         bad = _compare(got, want, same)
-        res[name] = bad or _try(lambda i, kw=kw: tsa.sparse_attention_triton(
-            *sets[i], out=outs[i], **kw), len(sets), 1 if t > 1024 else 8, 5)
+        res[name] = bad or _try(
+            lambda i, kw=kw: tsa.sparse_attention_triton(*sets[i], out=outs[i], **kw),
+            len(sets),
+            1 if t > 1024 else 8,
+            5,
+        )
         if bad is None and same:
             res[name + ": same bits as two loops"] = "True"
     return _summary("attn_loop", label, res, "one loop", floor_us)
@@ -80,21 +90,45 @@ def sweep_attn_loop(dev, batches):
     rows = []
     for k_comp in DECODE_K:
         for b in batches:
-            sets = [make_inputs(dev, "fp8_ds_mla", b, topk=k_comp, cache_entries=1 << 20)[0]
-                    for _ in range(3)]
+            sets = [
+                make_inputs(dev, "fp8_ds_mla", b, topk=k_comp, cache_entries=1 << 20)[0]
+                for _ in range(3)
+            ]
             outs = [torch.empty_like(a[0]) for a in sets]
             n_cand = 128 + k_comp
-            rows.append(_sweep_case(tsa, launch, sets, outs, f"decode W=128 K={k_comp} B={b}",
-                                    b * n_cand * 584 / HBM * 1e6, b, n_cand))
+            rows.append(
+                _sweep_case(
+                    tsa,
+                    launch,
+                    sets,
+                    outs,
+                    f"decode W=128 K={k_comp} B={b}",
+                    b * n_cand * 584 / HBM * 1e6,
+                    b,
+                    n_cand,
+                )
+            )
             del sets, outs
             torch.cuda.empty_cache()
     for t, k_comp, entries, n_sets in PREFILL_CASES:
-        sets = [make_inputs(dev, "fp8_ds_mla", t, topk=k_comp, cache_entries=entries)[0]
-                for _ in range(n_sets)]
+        sets = [
+            make_inputs(dev, "fp8_ds_mla", t, topk=k_comp, cache_entries=entries)[0]
+            for _ in range(n_sets)
+        ]
         outs = [torch.empty_like(a[0]) for a in sets]
         flops = 4 * t * 64 * (128 + k_comp) * 512
-        rows.append(_sweep_case(tsa, launch, sets, outs, f"prefill T={t} W=128 K={k_comp}",
-                                flops / 790e12 * 1e6, t, 128 + k_comp))
+        rows.append(
+            _sweep_case(
+                tsa,
+                launch,
+                sets,
+                outs,
+                f"prefill T={t} W=128 K={k_comp}",
+                flops / 790e12 * 1e6,
+                t,
+                128 + k_comp,
+            )
+        )
         del sets, outs
         torch.cuda.empty_cache()
     return rows

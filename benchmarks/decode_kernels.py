@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Launch-parameter sweep of the decode-path kernels at the shapes of one decode step (issue 6).
 
     python -m benchmarks.decode_kernels --out $OUT            # H200: all ops (~4 min)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Decode of the whole DeepSeek V4 attention stack at 8K / 128K / 1M tokens on one GPU (issue 6).
 
     python -m benchmarks.decode_stack                      # the prioritized matrix (H200, ~8 min)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which op makes the decode step differ from run to run: the GPU tier's determinism case
 (``benchmarks.stack.decode_case``, checked by ``tests/gpu/test_determinism.py``) stepped twice with each op in turn on the reference backend
 (``VLLM_DSV4_HW_OP_BACKENDS``); prints the max |logit difference| per setting.
@@ -12,8 +13,16 @@ import os
 
 import torch
 
-OPS = ("", "indexer_topk", "sparse_attention", "moe_experts", "compressor_store",
-       "fp8_block_linear", "qnorm_rope_kv_insert", "decode_metadata")
+OPS = (
+    "",
+    "indexer_topk",
+    "sparse_attention",
+    "moe_experts",
+    "compressor_store",
+    "fp8_block_linear",
+    "qnorm_rope_kv_insert",
+    "decode_metadata",
+)
 
 
 def main() -> int:
@@ -29,8 +38,9 @@ def main() -> int:
         REGISTRY.clear_cache()
         for streams in (True, False):
             a, b = decode_step(case, streams), decode_step(case, streams)
-            rows[f"{op or 'all triton'} streams={'on' if streams else 'off'}"] = \
-                float((a - b).abs().max())
+            rows[f"{op or 'all triton'} streams={'on' if streams else 'off'}"] = float(
+                (a - b).abs().max()
+            )
     print(json.dumps(rows, indent=1))
     return 0
 

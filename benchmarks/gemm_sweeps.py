@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The FP8 weight GEMM's sweeps (``ops.triton.fp8_linear``, the product's op), run through
 ``python -m benchmarks.decode_kernels --only gemm,gemm_fold,gemm_prefill,gemm_cvt``: shapes of
 every V4-Flash / V4-Pro projection, the weights as shipped (e4m3 + ue8m0 128x128 blocks)."""
@@ -11,9 +12,15 @@ import torch
 from benchmarks.sweep_common import HBM, _summary, _try
 
 GEMM_SHAPES = {  # name: (groups, N, K)
-    "flash wq_a": (1, 1024, 4096), "flash wkv": (1, 512, 4096), "flash wq_b": (1, 32768, 1024),
-    "flash wo_a": (8, 1024, 4096), "flash wo_b": (1, 4096, 8192), "flash idx wq_b": (1, 8192, 1024),
-    "pro wq_a": (1, 1536, 7168), "pro wq_b": (1, 65536, 1536), "pro wo_b": (1, 7168, 16384),
+    "flash wq_a": (1, 1024, 4096),
+    "flash wkv": (1, 512, 4096),
+    "flash wq_b": (1, 32768, 1024),
+    "flash wo_a": (8, 1024, 4096),
+    "flash wo_b": (1, 4096, 8192),
+    "flash idx wq_b": (1, 8192, 1024),
+    "pro wq_a": (1, 1536, 7168),
+    "pro wq_b": (1, 65536, 1536),
+    "pro wo_b": (1, 7168, 16384),
 }
 
 
@@ -64,8 +71,10 @@ def sweep_gemm(dev, batches):
                     continue
                 for st in (3, 4, 6):
                     key = f"bn={bn} split={sk} stages={st}"
-                    res[key] = _try(lambda i: w8a16_matmul(x, *ws[i], block_n=bn, split_k=sk,
-                                                           num_stages=st), n_sets)
+                    res[key] = _try(
+                        lambda i: w8a16_matmul(x, *ws[i], block_n=bn, split_k=sk, num_stages=st),
+                        n_sets,
+                    )
         rows.append(_summary("gemm", label, res, "default", floor))
     return rows
 
@@ -87,9 +96,11 @@ def sweep_gemm_split(dev, batches):
             for serial in (True, False):
                 kw = dict(split_k=sk, serial=serial)
                 same = torch.equal(fp8_block_linear(x, *ws[0], (128, 128), **kw), want)
-                res[f"split={sk or 'auto'} serial={serial}"] = (_try(
-                    lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128), **kw), n_sets)
-                    if same else "wrong: differs from the separate sum")
+                res[f"split={sk or 'auto'} serial={serial}"] = (
+                    _try(lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128), **kw), n_sets)
+                    if same
+                    else "wrong: differs from the separate sum"
+                )
         rows.append(_summary("gemm_split", label, res, "default", floor))
     return rows
 
@@ -110,9 +121,11 @@ def sweep_gemm_fold(dev, batches):
                     kw = dict(fold=fold, block_n=bn, num_stages=st)
                     got = fp8_block_linear(x, *ws[0], (128, 128), **kw).float()
                     err = float((got - want).abs().max() / want.abs().max())
-                    res[key] = (_try(lambda i, kw=kw: fp8_block_linear(
-                        x, *ws[i], (128, 128), **kw), n_sets) if err < 1e-2
-                        else f"wrong: rel err {err:.2e}")
+                    res[key] = (
+                        _try(lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128), **kw), n_sets)
+                        if err < 1e-2
+                        else f"wrong: rel err {err:.2e}"
+                    )
         rows.append(_summary("gemm_fold", label, res, "default", floor))
     return rows
 
@@ -135,16 +148,27 @@ def sweep_gemm_cvt(dev, batches, prefill_ms=(4096,)):
         res = {"default": _try(lambda i: fp8_block_linear(x, *ws[i], (128, 128)), n_sets)}
         configs = [{"cvt": c} for c in (CVT_INT, CVT_HW, CVT_PTX)]
         if m <= 64:
-            configs += [{"cvt": CVT_PTX, "block_n": bn, "num_stages": st}
-                        for bn in (32, 64) for st in (3, 4)]
+            configs += [
+                {"cvt": CVT_PTX, "block_n": bn, "num_stages": st}
+                for bn in (32, 64)
+                for st in (3, 4)
+            ]
         for kw in configs:
             key = " ".join(f"{a}={b}" for a, b in kw.items())
             got = fp8_block_linear(x, *ws[0], (128, 128), **kw)
-            ok = torch.equal(got, want) if len(kw) == 1 else (
-                float((got.float() - want.float()).abs().max() / want.float().abs().max())
-                < 2 ** -7)
-            res[key] = (_try(lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128), **kw),
-                             n_sets) if ok else "wrong: differs from the hardware cvt")
+            ok = (
+                torch.equal(got, want)
+                if len(kw) == 1
+                else (
+                    float((got.float() - want.float()).abs().max() / want.float().abs().max())
+                    < 2**-7
+                )
+            )
+            res[key] = (
+                _try(lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128), **kw), n_sets)
+                if ok
+                else "wrong: differs from the hardware cvt"
+            )
         if m > 64:  # weight elements = g * n * k
             floor = max(floor, 2 * m * ws[0][0].numel() / 790e12 * 1e6)
         rows.append(_summary("gemm_cvt", label, res, "default", floor))
@@ -161,43 +185,81 @@ def sweep_gemm_prefill(dev, batches=None, ms=(4096, 8192)):
     # 1 = scale folded into the weight tile, 2 = 1 with the weight tile as the dot's A (y^T)
     configs = [(64, 128, 4, 3, 0), (128, 128, 8, 3, 0)]
     for fold in (1, 2):
-        configs += [(bm, bn, nw, st, fold) for bm, bn, nw, st in (
-            (64, 128, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4),
-            (128, 256, 8, 3), (256, 128, 8, 3), (64, 256, 8, 3), (128, 64, 4, 4))]
+        configs += [
+            (bm, bn, nw, st, fold)
+            for bm, bn, nw, st in (
+                (64, 128, 4, 3),
+                (128, 128, 4, 3),
+                (128, 128, 8, 3),
+                (128, 128, 8, 4),
+                (128, 256, 8, 3),
+                (256, 128, 8, 3),
+                (64, 256, 8, 3),
+                (128, 64, 4, 4),
+            )
+        ]
     rows = []
     for name in ("flash wq_a", "flash wq_b", "flash wo_b", "flash wo_a"):
         g, n, k = GEMM_SHAPES[name]
-        (w8, s), = _shipped_weights(dev, g, n, k, 1)
+        ((w8, s),) = _shipped_weights(dev, g, n, k, 1)
         from vllm_dsv4_hw.ops.api import fp8_block_linear as product_op
+
         for m in ms:
             x = torch.randn((m, g, k) if g > 1 else (m, k), device=dev, dtype=torch.bfloat16)
             want = fp8_block_linear(x, w8, s, (128, 128)).float()
             ref_w = _dequant(w8, s)
-            dense = (lambda: torch.einsum("mgk,gnk->mgn", x, ref_w)) if g > 1 else \
-                (lambda: x @ ref_w.t())
+            dense = (
+                (lambda: torch.einsum("mgk,gnk->mgn", x, ref_w))
+                if g > 1
+                else (lambda: x @ ref_w.t())
+            )
             res = {"dense bf16 (cuBLAS)": _try(lambda i: dense(), 1)}
             res["default"] = _try(lambda i: product_op(x, w8, s, (128, 128)), 1)
             for bm, bn, nw, st, fold in configs:
                 key = f"bm={bm} bn={bn} warps={nw} stages={st} fold={fold}"
 
                 def run(i, bm=bm, bn=bn, nw=nw, st=st, fold=fold):
-                    return fp8_block_linear(x, w8, s, (128, 128), block_m=bm, block_n=bn,
-                                            split_k=1, num_warps=nw, num_stages=st, fold=fold)
+                    return fp8_block_linear(
+                        x,
+                        w8,
+                        s,
+                        (128, 128),
+                        block_m=bm,
+                        block_n=bn,
+                        split_k=1,
+                        num_warps=nw,
+                        num_stages=st,
+                        fold=fold,
+                    )
+
                 try:
                     got = run(0).float()
                     err = float((got - want).abs().max() / want.abs().max())
                 except Exception as exc:  # out of shared memory / registers
                     res[key] = None
-                    rows.append(dict(op="gemm_prefill", shape=f"{name} M={m}", config=key,
-                                     error=f"{type(exc).__name__}"))
+                    rows.append(
+                        dict(
+                            op="gemm_prefill",
+                            shape=f"{name} M={m}",
+                            config=key,
+                            error=f"{type(exc).__name__}",
+                        )
+                    )
                     continue
                 res[key] = _try(run, 1) if err < 1e-2 else None
                 if err >= 1e-2:
-                    rows.append(dict(op="gemm_prefill", shape=f"{name} M={m}", config=key,
-                                     error=f"wrong: rel err {err:.2e}"))
+                    rows.append(
+                        dict(
+                            op="gemm_prefill",
+                            shape=f"{name} M={m}",
+                            config=key,
+                            error=f"wrong: rel err {err:.2e}",
+                        )
+                    )
             flops = 2 * m * g * n * k
-            rows.append(_summary("gemm_prefill", f"{name} M={m}", res, "default",
-                                 flops / 790e12 * 1e6))
+            rows.append(
+                _summary("gemm_prefill", f"{name} M={m}", res, "default", flops / 790e12 * 1e6)
+            )
         del w8, s
         torch.cuda.empty_cache()
     return rows
@@ -231,20 +293,24 @@ def sweep_dense(dev, batches):
     rows = []
     for name, (n, k, odt) in DENSE_SHAPES.items():
         n_sets = max(2, min(6, math.ceil(200e6 / (2 * n * k))))
-        ws = [(torch.randn(n, k, device=dev) / k ** 0.5).bfloat16() for _ in range(n_sets)]
+        ws = [(torch.randn(n, k, device=dev) / k**0.5).bfloat16() for _ in range(n_sets)]
         floor = 2 * n * k / HBM * 1e6
         for m in batches:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             want = x.double() @ ws[0].double().t()
             top = float(want.abs().max())
             res = {"cuBLAS (reference)": _try(lambda i: ref(x, ws[i], odt), n_sets)}
-            for kw in [{}] + [{"block_n": bn, "split_k": sk} for bn in (32, 64)
-                              for sk in (1, 2, 4, 8, 16)]:
+            for kw in [{}] + [
+                {"block_n": bn, "split_k": sk} for bn in (32, 64) for sk in (1, 2, 4, 8, 16)
+            ]:
                 key = " ".join(f"{a}={b}" for a, b in kw.items()) or "default"
                 err = float((dense_linear(x, ws[0], odt, **kw).double() - want).abs().max()) / top
-                ok = err < (2 ** -7 if odt == torch.bfloat16 else 1e-5)
-                res[key] = (_try(lambda i, kw=kw: dense_linear(x, ws[i], odt, **kw), n_sets)
-                            if ok else f"wrong: rel err {err:.2e}")
+                ok = err < (2**-7 if odt == torch.bfloat16 else 1e-5)
+                res[key] = (
+                    _try(lambda i, kw=kw: dense_linear(x, ws[i], odt, **kw), n_sets)
+                    if ok
+                    else f"wrong: rel err {err:.2e}"
+                )
             rows.append(_summary("dense", f"{name} M={m}", res, "default", floor))
         del ws
         torch.cuda.empty_cache()
@@ -261,7 +327,9 @@ def sweep_gemm_w8a8(dev, batches, prefill_ms=(4096,)):
     from vllm_dsv4_hw.ops.triton.linear.fp8_block_linear import fp8_block_linear
 
     def extra(name):
-        return prefill_ms if name in ("flash wq_a", "flash wq_b", "flash wo_b", "flash wo_a") else ()
+        return (
+            prefill_ms if name in ("flash wq_a", "flash wq_b", "flash wo_b", "flash wo_a") else ()
+        )
 
     rows = []
     for label, ws, n_sets, x, floor in _shape_cases(dev, batches, extra):
@@ -273,19 +341,45 @@ def sweep_gemm_w8a8(dev, batches, prefill_ms=(4096,)):
         # (pre, that launch timed with it)
         modes = (dict(pre=False, xpf=True), dict(pre=False, xpf=False), dict(pre=True))
         if m <= 64:
-            configs = [{}] + [dict(md, block_n=bn, num_stages=st, split_k=sk) for md in modes
-                              for bn in (64, 128) for st in (3, 4) for sk in (None, 4)]
+            configs = [{}] + [
+                dict(md, block_n=bn, num_stages=st, split_k=sk)
+                for md in modes
+                for bn in (64, 128)
+                for st in (3, 4)
+                for sk in (None, 4)
+            ]
         else:
-            configs = [{}] + [dict(block_m=bm, block_n=bn, num_warps=nw, num_stages=st,
-                                   split_k=1, wt=False, pre=True)
-                              for bm, bn, nw, st in ((128, 128, 8, 3), (128, 128, 8, 4),
-                                                     (128, 256, 8, 3), (64, 128, 4, 4),
-                                                     (128, 128, 4, 3), (256, 128, 8, 3))]
-            configs += [dict(block_m=128, block_n=128, num_warps=8, num_stages=3, wt=False,
-                             pre=False, xpf=x) for x in (False, True)]
+            configs = [{}] + [
+                dict(
+                    block_m=bm,
+                    block_n=bn,
+                    num_warps=nw,
+                    num_stages=st,
+                    split_k=1,
+                    wt=False,
+                    pre=True,
+                )
+                for bm, bn, nw, st in (
+                    (128, 128, 8, 3),
+                    (128, 128, 8, 4),
+                    (128, 256, 8, 3),
+                    (64, 128, 4, 4),
+                    (128, 128, 4, 3),
+                    (256, 128, 8, 3),
+                )
+            ]
+            configs += [
+                dict(
+                    block_m=128, block_n=128, num_warps=8, num_stages=3, wt=False, pre=False, xpf=x
+                )
+                for x in (False, True)
+            ]
             ref_w = _dequant(*ws[0])
-            dense = ((lambda: torch.einsum("mgk,gnk->mgn", x, ref_w)) if x.dim() == 3
-                     else (lambda: x @ ref_w.t()))
+            dense = (
+                (lambda: torch.einsum("mgk,gnk->mgn", x, ref_w))
+                if x.dim() == 3
+                else (lambda: x @ ref_w.t())
+            )
             res["dense bf16 (cuBLAS)"] = _try(lambda i: dense(), 1)
             floor = max(floor, 2 * m * ws[0][0].numel() / 790e12 * 1e6)
         for kw in configs:
@@ -296,9 +390,14 @@ def sweep_gemm_w8a8(dev, batches, prefill_ms=(4096,)):
             except Exception as exc:  # out of shared memory / registers
                 res[key] = f"{type(exc).__name__}: {str(exc)[:100]}"
                 continue
-            res[key] = (_try(lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128),
-                                                               quantize_x=True, **kw), n_sets)
-                        if err < 2 ** -7 else f"wrong: rel err {err:.2e}")
+            res[key] = (
+                _try(
+                    lambda i, kw=kw: fp8_block_linear(x, *ws[i], (128, 128), quantize_x=True, **kw),
+                    n_sets,
+                )
+                if err < 2**-7
+                else f"wrong: rel err {err:.2e}"
+            )
         rows.append(_summary("gemm_w8a8", label, res, "default", floor))
     return rows
 
@@ -321,10 +420,14 @@ def sweep_gemm_codes(dev, batches):
         codes, xs = quantize(x, 128)
         base = fp8_block_linear(x, *ws[0], (128, 128), quantize_x=True)
         got = fp8_block_linear(codes, *ws[0], (128, 128), x_scales=xs)
-        res = {"in-program": _try(lambda i: fp8_block_linear(x, *ws[i], (128, 128),
-                                                             quantize_x=True), n_sets),
-               "codes given": _try(lambda i: fp8_block_linear(codes, *ws[i], (128, 128),
-                                                              x_scales=xs), n_sets),
-               "codes given, same bits": bool(torch.equal(got, base))}
+        res = {
+            "in-program": _try(
+                lambda i: fp8_block_linear(x, *ws[i], (128, 128), quantize_x=True), n_sets
+            ),
+            "codes given": _try(
+                lambda i: fp8_block_linear(codes, *ws[i], (128, 128), x_scales=xs), n_sets
+            ),
+            "codes given, same bits": bool(torch.equal(got, base)),
+        }
         rows.append(_summary("gemm_codes", label, res, "in-program", floor))
     return rows

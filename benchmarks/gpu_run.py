@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The whole GPU check and benchmark in one call (``make bench`` on a CUDA machine).
 
     python -m benchmarks.gpu_run [--out DIR] [--skip-bench] [--only fused,sparse_attention,...]
@@ -46,7 +47,7 @@ def measure_ceilings(torch) -> dict:
     a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
     ms = triton.testing.do_bench(lambda: a @ b, return_mode="median")
-    tflops = 2 * m ** 3 / (ms * 1e-3) / 1e12
+    tflops = 2 * m**3 / (ms * 1e-3) / 1e12
     return {"copy_tb_s": round(copy_tb_s, 3), "bf16_matmul_tflops": round(tflops, 1)}
 
 
@@ -81,8 +82,10 @@ def streams_check(torch) -> list[dict]:
         aux.join()
 
     rows = []
-    for name, aux in (("inline", AuxStreams(dev, 2, enabled=False)),
-                      ("aux streams", AuxStreams(dev, 2, enabled=True))):
+    for name, aux in (
+        ("inline", AuxStreams(dev, 2, enabled=False)),
+        ("aux streams", AuxStreams(dev, 2, enabled=True)),
+    ):
         run(aux)
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -95,9 +98,14 @@ def streams_check(torch) -> list[dict]:
             times.append(start.elapsed_time(end))
         rows.append((name, sorted(times)[len(times) // 2], aux.parallel))
     (_, serial, _), (_, par, parallel) = rows
-    return [{"check": "streams/overlap", "ok": bool(parallel and par < 0.75 * serial),
-             "detail": f"two 400k-cycle spin branches: inline {serial:.3f} ms, "
-                       f"aux streams {par:.3f} ms (must be < 0.75x)"}]
+    return [
+        {
+            "check": "streams/overlap",
+            "ok": bool(parallel and par < 0.75 * serial),
+            "detail": f"two 400k-cycle spin branches: inline {serial:.3f} ms, "
+            f"aux streams {par:.3f} ms (must be < 0.75x)",
+        }
+    ]
 
 
 def _fmt(v):
@@ -111,7 +119,10 @@ def print_checks(rows: list[dict]) -> None:
     for r in rows:
         name = r.get("check") or "/".join(str(r[k]) for k in ("op", "case") if k in r)
         detail = r.get("detail") or ", ".join(
-            f"{k}={_fmt(v)}" for k, v in r.items() if k not in ("op", "case", "ok", "module", "check"))
+            f"{k}={_fmt(v)}"
+            for k, v in r.items()
+            if k not in ("op", "case", "ok", "module", "check")
+        )
         print(f"{'PASS' if r.get('ok') else 'FAIL'}  {name}  {detail}"[:240])
     n_fail = sum(1 for r in rows if not r.get("ok"))
     print(f"{len(rows) - n_fail} passed, {n_fail} failed")
@@ -173,10 +184,14 @@ def main(argv=None) -> int:
 
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": torch.cuda.get_device_name(), "host": platform.node(),
-        "torch": torch.__version__, "triton": triton.__version__,
+        "machine": torch.cuda.get_device_name(),
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
         "command": "python -m benchmarks.gpu_run " + " ".join(argv or sys.argv[1:]),
-        "ceilings": {}, "checks": [], "bench": [],
+        "ceilings": {},
+        "checks": [],
+        "bench": [],
     }
     t0 = time.time()
     report["ceilings"] = measure_ceilings(torch)
@@ -192,8 +207,13 @@ def main(argv=None) -> int:
             try:
                 rows = getattr(mod, phase)(dev)
             except Exception as exc:
-                report["checks"].append({"check": f"{name}/{phase}", "ok": False,
-                                         "detail": f"{type(exc).__name__}: {exc}"})
+                report["checks"].append(
+                    {
+                        "check": f"{name}/{phase}",
+                        "ok": False,
+                        "detail": f"{type(exc).__name__}: {exc}",
+                    }
+                )
                 traceback.print_exc()
                 continue
             for r in rows:
@@ -206,8 +226,9 @@ def main(argv=None) -> int:
         try:
             report["checks"].extend(fn(torch))
         except Exception as exc:
-            report["checks"].append({"check": fn.__name__, "ok": False,
-                                     "detail": f"{type(exc).__name__}: {exc}"})
+            report["checks"].append(
+                {"check": fn.__name__, "ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+            )
             traceback.print_exc()
     try:
         from benchmarks.gpu import timing
@@ -221,9 +242,11 @@ def main(argv=None) -> int:
         json.dump(report, f, indent=1, default=str)
     roofline_png(report["bench"], os.path.join(args.out, "roofline.png"))
     print_bench(report["bench"])
-    print(f"\nceilings: {report['ceilings']}  launch floor (graph replay of 1/2 empty kernels, ms): "
-          f"{report.get('launch_floor_ms')}  timing modes: {report.get('timing_modes')}  "
-          f"wall {report['wall_s']} s")
+    print(
+        f"\nceilings: {report['ceilings']}  launch floor (graph replay of 1/2 empty kernels, ms): "
+        f"{report.get('launch_floor_ms')}  timing modes: {report.get('timing_modes')}  "
+        f"wall {report['wall_s']} s"
+    )
     print_checks(report["checks"])
     return 1 if any(not r.get("ok") for r in report["checks"]) else 0
 

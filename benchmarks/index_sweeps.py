@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The indexer score pass with an e4m3 query (``decode_kernels --only index_e4m3``): FP8 dots
 against bf16 dots on the same query values, at decode and prefill shapes.
 
@@ -29,8 +30,16 @@ def prefill_floor_us(ctx: int, t: int, n_max: int) -> float:
     return 2 * 64 * 128 * visible / 790e12 * 1e6
 
 
-DECODE_CONFIGS = ((64, None, 4, 2), (128, None, 4, 2), (128, None, 8, 2), (64, None, 8, 2),
-                  (32, None, 4, 2), (64, 4, 4, 2), (64, None, 4, 3), (128, None, 8, 3))
+DECODE_CONFIGS = (
+    (64, None, 4, 2),
+    (128, None, 4, 2),
+    (128, None, 8, 2),
+    (64, None, 8, 2),
+    (32, None, 4, 2),
+    (64, 4, 4, 2),
+    (64, None, 4, 3),
+    (128, None, 8, 3),
+)
 PREFILL_CONFIGS = ((1, 4, 64), (4, 4, 64), (4, 8, 64), (4, 8, 128), (8, 8, 64), (2, 4, 64))
 
 
@@ -71,17 +80,34 @@ def sweep_index_e4m3(dev, batches):
             n_max = sets[0][0][4].shape[1] * fmt.entries_per_page
             bufs = [torch.empty(b, n_max, device=dev) for _ in range(n_sets)]
             want = ti.indexer_scores(*sets[0][0], 4).clone()
-            res = {"q=bf16 default": _try(lambda i: ti.indexer_scores(
-                *sets[i][0], 4, out=bufs[i]), n_sets)}
+            res = {
+                "q=bf16 default": _try(
+                    lambda i: ti.indexer_scores(*sets[i][0], 4, out=bufs[i]), n_sets
+                )
+            }
             for bs, it, nw, st in DECODE_CONFIGS:
                 kw = dict(block_s=bs, iters=it, num_warps=nw, num_stages=st)
-                key = ("q=e4m3 default" if (bs, it, nw, st) == DECODE_CONFIGS[0] else
-                       f"q=e4m3 block_s={bs} iters={it or 'auto'} warps={nw} stages={st}")
+                key = (
+                    "q=e4m3 default"
+                    if (bs, it, nw, st) == DECODE_CONFIGS[0]
+                    else f"q=e4m3 block_s={bs} iters={it or 'auto'} warps={nw} stages={st}"
+                )
                 bad = _checked(ti, *sets[0][:2], sets[0][2], bufs[0], want, **kw)
-                res[key] = bad or _try(lambda i, kw=kw: ti.indexer_scores(
-                    *sets[i][1], 4, out=bufs[i], q_scales=sets[i][2], **kw), n_sets)
-            rows.append(_summary("index_e4m3", f"ctx={ctx} B={b}", res, "q=e4m3 default",
-                                 decode_floor_us(b, ctx, fmt)))
+                res[key] = bad or _try(
+                    lambda i, kw=kw: ti.indexer_scores(
+                        *sets[i][1], 4, out=bufs[i], q_scales=sets[i][2], **kw
+                    ),
+                    n_sets,
+                )
+            rows.append(
+                _summary(
+                    "index_e4m3",
+                    f"ctx={ctx} B={b}",
+                    res,
+                    "q=e4m3 default",
+                    decode_floor_us(b, ctx, fmt),
+                )
+            )
             del sets, bufs, want
             torch.cuda.empty_cache()
     for ctx, t in ((131072, 8192), (1048576, 2048)):
@@ -92,13 +118,24 @@ def sweep_index_e4m3(dev, batches):
         res = {"q=bf16 default": _try(lambda i: ti.indexer_scores(*b_args, 4, out=buf), 1, 1, 3)}
         for tb, nw, bs in PREFILL_CONFIGS:
             kw = dict(tokens_per_program=tb, num_warps=nw, block_s=bs)
-            key = ("q=e4m3 default" if (tb, nw, bs) == PREFILL_CONFIGS[1] else
-                   f"q=e4m3 tb={tb} warps={nw} block_s={bs}")
+            key = (
+                "q=e4m3 default"
+                if (tb, nw, bs) == PREFILL_CONFIGS[1]
+                else f"q=e4m3 tb={tb} warps={nw} block_s={bs}"
+            )
             bad = _checked(ti, b_args, e_args, qs, buf, want, **kw)
-            res[key] = bad or _try(lambda i, kw=kw: ti.indexer_scores(
-                *e_args, 4, out=buf, q_scales=qs, **kw), 1, 1, 3)
-        rows.append(_summary("index_e4m3_prefill", f"ctx={ctx} T={t}", res, "q=e4m3 default",
-                             prefill_floor_us(ctx, t, n_max)))
+            res[key] = bad or _try(
+                lambda i, kw=kw: ti.indexer_scores(*e_args, 4, out=buf, q_scales=qs, **kw), 1, 1, 3
+            )
+        rows.append(
+            _summary(
+                "index_e4m3_prefill",
+                f"ctx={ctx} T={t}",
+                res,
+                "q=e4m3 default",
+                prefill_floor_us(ctx, t, n_max),
+            )
+        )
         del b_args, e_args, buf, want
         torch.cuda.empty_cache()
     return rows
@@ -131,8 +168,13 @@ def sweep_index_ab(dev, batches):
         n_max = sets[0][4].shape[1] * fmt.entries_per_page
         bufs = [torch.empty(sets[0][0].shape[0], n_max, device=dev) for _ in range(n_sets)]
         digest = _digest(ti.indexer_scores(*sets[0], 4))
-        res = {"default": _try(lambda i: ti.indexer_scores(*sets[i], 4, out=bufs[i]), n_sets,
-                               *((1, 3) if t else ()))}
+        res = {
+            "default": _try(
+                lambda i: ti.indexer_scores(*sets[i], 4, out=bufs[i]),
+                n_sets,
+                *((1, 3) if t else ()),
+            )
+        }
         if t is None:
             floor, shape = decode_floor_us(b, ctx, fmt), f"ctx={ctx} B={b}"
         else:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The product's network split over several GPUs: one process per GPU in one vLLM tensor-parallel
 group (NCCL, vLLM's parallel state set up as its workers do: ``benchmarks.vllm_state``), V4-Flash
 dimensions with a few layers of each kind, FP8 linears and FP4 experts resident
@@ -48,10 +49,10 @@ def _collective_ms(cfg, batch: int, timer, reps: int) -> float:
     logits = torch.zeros(batch, cfg.vocab_size // tp, dtype=torch.bfloat16, device="cuda")
 
     def collectives():
-        tensor_model_parallel_all_reduce(bf)                      # embedding
+        tensor_model_parallel_all_reduce(bf)  # embedding
         for _ in range(cfg.num_layers):
-            tensor_model_parallel_all_reduce(bf)                  # wo_b
-            tensor_model_parallel_all_reduce(f32)                 # MoE partial sums
+            tensor_model_parallel_all_reduce(bf)  # wo_b
+            tensor_model_parallel_all_reduce(f32)  # MoE partial sums
         return tensor_model_parallel_all_gather(logits, dim=-1)
 
     g, _ = capture_cuda_graph(collectives)
@@ -89,10 +90,18 @@ def _run(rank: int, args) -> dict:
     contexts = [CONTEXTS[c] for c in args.contexts.split(",")]
     t0 = time.time()
     net = build_network(cfg, device, max(contexts), seed=args.seed, layout=layout)
-    whole = (build_network(cfg, device, max(contexts), seed=args.seed, layout=ParallelLayout())
-             if rank == 0 and layout.sharded and args.compare else None)
-    out = {"layout": layout.describe(), "layers": list(cfg.compress_ratios),
-           "weight_gib": resident_bytes(net) / 2**30, "build_s": time.time() - t0, "rows": []}
+    whole = (
+        build_network(cfg, device, max(contexts), seed=args.seed, layout=ParallelLayout())
+        if rank == 0 and layout.sharded and args.compare
+        else None
+    )
+    out = {
+        "layout": layout.describe(),
+        "layers": list(cfg.compress_ratios),
+        "weight_gib": resident_bytes(net) / 2**30,
+        "build_s": time.time() - t0,
+        "rows": [],
+    }
     os.environ["VLLM_DSV4_HW_MULTI_STREAM"] = "1"
     aux_streams(device)
     timer = Timer(device)
@@ -102,8 +111,13 @@ def _run(rank: int, args) -> dict:
             caches.fill_random(seed=args.seed)
             dm = DecodeInputs(caches, device)
             dm.set_position(context - 2)
-            ids = torch.randint(0, cfg.vocab_size, (batch,), device=device,
-                                generator=torch.Generator(device=device).manual_seed(3))
+            ids = torch.randint(
+                0,
+                cfg.vocab_size,
+                (batch,),
+                device=device,
+                generator=torch.Generator(device=device).manual_seed(3),
+            )
 
             def step(model=net):
                 with running_step(dm.derive(), caches.layers):
@@ -113,17 +127,30 @@ def _run(rank: int, args) -> dict:
             got = step()
             step_ms, _ = _graph(step, timer, args.reps, True)
             comm_ms = _collective_ms(cfg, batch, timer, args.reps)
-            row = {"context": context, "batch": batch, "step_ms": step_ms, "comm_ms": comm_ms,
-                   "compute_ms": max(0.0, step_ms - comm_ms),
-                   "max_abs_logit_diff_vs_whole": float((got - ref).abs().max()),
-                   "compared_with_whole": whole is not None,
-                   "greedy_equal": bool(torch.equal(got.argmax(-1), ref.argmax(-1))),
-                   "finite": bool(torch.isfinite(got).all())}
+            row = {
+                "context": context,
+                "batch": batch,
+                "step_ms": step_ms,
+                "comm_ms": comm_ms,
+                "compute_ms": max(0.0, step_ms - comm_ms),
+                "max_abs_logit_diff_vs_whole": float((got - ref).abs().max()),
+                "compared_with_whole": whole is not None,
+                "greedy_equal": bool(torch.equal(got.argmax(-1), ref.argmax(-1))),
+                "finite": bool(torch.isfinite(got).all()),
+            }
             out["rows"].append(row)
             if rank == 0:
-                logger.info("world %d %s, %d B=%d: step %.3f ms (collectives alone %.3f ms), "
-                            "logits vs whole max %.4g", args.world, layout.describe(), context,
-                            batch, step_ms, comm_ms, row["max_abs_logit_diff_vs_whole"])
+                logger.info(
+                    "world %d %s, %d B=%d: step %.3f ms (collectives alone %.3f ms), "
+                    "logits vs whole max %.4g",
+                    args.world,
+                    layout.describe(),
+                    context,
+                    batch,
+                    step_ms,
+                    comm_ms,
+                    row["max_abs_logit_diff_vs_whole"],
+                )
             del caches, dm
             torch.cuda.empty_cache()
     return out
@@ -138,26 +165,37 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-compare", dest="compare", action="store_false",
-                   help="skip the unsplit network on rank 0 (when it does not fit)")
+    p.add_argument(
+        "--no-compare",
+        dest="compare",
+        action="store_false",
+        help="skip the unsplit network on rank 0 (when it does not fit)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if torch.cuda.device_count() < args.world:
-        raise SystemExit(f"--world {args.world} needs {args.world} GPUs, "
-                         f"{torch.cuda.device_count()} visible")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # the device docs: NVLink multicast off
+        raise SystemExit(
+            f"--world {args.world} needs {args.world} GPUs, {torch.cuda.device_count()} visible"
+        )
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # the device docs: NVLink multicast off
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out_dir = Path(os.environ.get("OUT", "/tmp")) / "multi_gpu_ranks"
     out_dir.mkdir(parents=True, exist_ok=True)
-    mp.start_processes(_rank, args=(args, port, str(out_dir)), nprocs=args.world,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        _rank, args=(args, port, str(out_dir)), nprocs=args.world, start_method="spawn", join=True
+    )
     ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(args.world)]
-    report = {"what": "multi_gpu_decode", "world": args.world,
-              "expert_parallel": args.expert_parallel, "device": torch.cuda.get_device_name(0),
-              "date": time.strftime("%Y-%m-%d"), "ranks": ranks}
+    report = {
+        "what": "multi_gpu_decode",
+        "world": args.world,
+        "expert_parallel": args.expert_parallel,
+        "device": torch.cuda.get_device_name(0),
+        "date": time.strftime("%Y-%m-%d"),
+        "ranks": ranks,
+    }
     text = json.dumps(report, indent=2)
     if args.json:
         Path(args.json).write_text(text)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Timing and reporting shared by the kernel sweeps (``benchmarks.decode_kernels``,
 ``benchmarks.gemm_sweeps``): CUDA-graph medians over rotating input sets, one summary row per
 op and shape."""
@@ -47,11 +48,21 @@ def _try(fn, n_sets, inner: int = INNER, reps: int = 7):
 def _summary(op, shape, results: dict, default_key, floor_us):
     ok = {k: v for k, v in results.items() if isinstance(v, float)}
     best = min(ok, key=ok.get) if ok else None
-    row = {"op": op, "shape": shape, "floor_us": floor_us, "best": best,
-           "best_us": ok.get(best), "default": default_key,
-           "default_us": results.get(default_key), "configs": results}
-    print(f"{op:6s} {shape:42s} default {_f(row['default_us'])} best {_f(row['best_us'])} "
-          f"floor {floor_us:6.2f}  {best}", flush=True)
+    row = {
+        "op": op,
+        "shape": shape,
+        "floor_us": floor_us,
+        "best": best,
+        "best_us": ok.get(best),
+        "default": default_key,
+        "default_us": results.get(default_key),
+        "configs": results,
+    }
+    print(
+        f"{op:6s} {shape:42s} default {_f(row['default_us'])} best {_f(row['best_us'])} "
+        f"floor {floor_us:6.2f}  {best}",
+        flush=True,
+    )
     return row
 
 

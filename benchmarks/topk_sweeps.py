@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The radix top-k's warps and block size at decode rows
 (``python -m benchmarks.decode_kernels --only topk_sync``), the product's ``radix_topk`` bounded
 as the indexer calls it (k = 512, each row's visible entries from its position).
@@ -72,10 +73,14 @@ def sweep_topk_sync(dev, batches):
             if not torch.equal(got, want):
                 res[label] = "differs from the default's output"
                 continue
-            res[label] = _try(lambda i, block=block, warps=warps:
-                              tk.radix_topk(sets[i], K, outs[i], block=block, num_warps=warps,
-                                            **bound), 3)
-        rows.append(_summary("topk_sync", f"{name} B={b}", res, default,
-                             b * visible * 4 / HBM * 1e6))
+            res[label] = _try(
+                lambda i, block=block, warps=warps: tk.radix_topk(
+                    sets[i], K, outs[i], block=block, num_warps=warps, **bound
+                ),
+                3,
+            )
+        rows.append(
+            _summary("topk_sync", f"{name} B={b}", res, default, b * visible * 4 / HBM * 1e6)
+        )
         print("    " + "; ".join(f"{k}: {_f(v)}" for k, v in res.items()), flush=True)
     return rows

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM's parallel state for one process, as a worker sets it up, for code that builds the model's
 vLLM layers outside vLLM's engine (benchmarks, tests): vLLM's linear layers and parameters read
 the tensor-parallel rank and size from it. Not part of the runtime package (the served path gets
@@ -35,14 +36,20 @@ def single_rank() -> None:
         _DONE["ok"] = True
         return
     with set_current_vllm_config(VllmConfig()):
-        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+        ps.init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            backend="gloo",
+            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+        )
         ps.ensure_model_parallel_initialized(1, 1)
     _DONE["ok"] = True
 
 
-def tensor_parallel_rank(world: int, rank: int, init_method: str, backend: str = "gloo",
-                         local_rank: int | None = None) -> None:
+def tensor_parallel_rank(
+    world: int, rank: int, init_method: str, backend: str = "gloo", local_rank: int | None = None
+) -> None:
     """Join a ``world``-rank tensor-parallel group as ``rank`` (every rank calls it)."""
     import os
     import zlib
@@ -53,8 +60,12 @@ def tensor_parallel_rank(world: int, rank: int, init_method: str, backend: str =
     # vLLM's CPU executor names the group's shared-memory segment (the same on every rank).
     os.environ.setdefault("VLLM_DIST_IDENT", f"dsv4hw-{zlib.crc32(init_method.encode()):08x}")
     with set_current_vllm_config(VllmConfig()):
-        ps.init_distributed_environment(world_size=world, rank=rank,
-                                        local_rank=rank if local_rank is None else local_rank,
-                                        backend=backend, distributed_init_method=init_method)
+        ps.init_distributed_environment(
+            world_size=world,
+            rank=rank,
+            local_rank=rank if local_rank is None else local_rank,
+            backend=backend,
+            distributed_init_method=init_method,
+        )
         ps.ensure_model_parallel_initialized(world, 1)
     _DONE["ok"] = True

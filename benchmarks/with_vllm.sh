@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Run a command on the GPU machine with vLLM 0.32's Python tree importable (no vLLM wheel fits the
 # H200's torch): the product's layers are vLLM layers, so the benchmarks need vLLM's modules.
 #   bash benchmarks/with_vllm.sh python3 -m benchmarks.decode_stack ...

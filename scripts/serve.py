@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``make serve``: serve the tiny DeepSeek V4 checkpoint with ``vllm serve`` through this plugin.
 
 Builds ``checkpoints/tiny-flash-fp8`` (``vllm-dsv4-hw make-checkpoint --preset tiny-flash
@@ -33,16 +34,40 @@ def ensure_checkpoint(path: Path) -> None:
         print(f"serve: checkpoint {path.relative_to(ROOT)} (already built)", flush=True)
         return
     print(f"serve: building {path.relative_to(ROOT)} (tiny-flash, fp8) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "vllm_dsv4_hw", "make-checkpoint", str(path),
-                    "--preset", "tiny-flash", "--dtype", "fp8", "--force", "-q"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_dsv4_hw",
+            "make-checkpoint",
+            str(path),
+            "--preset",
+            "tiny-flash",
+            "--dtype",
+            "fp8",
+            "--force",
+            "-q",
+        ],
+        check=True,
+    )
 
 
 def vllm_command(model: Path, port: int, max_model_len: int, extra: list[str]) -> list[str]:
     cli = Path(sys.executable).with_name("vllm")
-    head = [str(cli), "serve", str(model)] if cli.exists() else \
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-    args = ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
-            "--enforce-eager"]
+    head = (
+        [str(cli), "serve", str(model)]
+        if cli.exists()
+        else [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    )
+    args = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(max_model_len),
+        "--enforce-eager",
+    ]
     if "--served-model-name" not in extra:
         args += ["--served-model-name", SERVED_NAME]
     return head + args + extra
@@ -67,12 +92,18 @@ def main(argv: list[str]) -> int:
     env.pop("TRITON_INTERPRET", None)
 
     cmd = vllm_command(model, port, max_model_len, argv)
-    name = argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv \
+    name = (
+        argv[argv.index("--served-model-name") + 1]
+        if "--served-model-name" in argv
         else SERVED_NAME
+    )
     url = f"http://127.0.0.1:{port}"
     print(f"serve: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
-    print("serve: starting vLLM (about 50 s to healthy on 2 CPU cores; the ready line with "
-          "requests to paste follows vLLM's start-up log)", flush=True)
+    print(
+        "serve: starting vLLM (about 50 s to healthy on 2 CPU cores; the ready line with "
+        "requests to paste follows vLLM's start-up log)",
+        flush=True,
+    )
     proc = subprocess.Popen(cmd, env=env)
     t0 = time.monotonic()
     try:
@@ -100,8 +131,14 @@ def _healthy(url: str) -> bool:
 
 
 def ready_text(url: str, name: str, seconds: float) -> str:
-    body = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello!"}],
-                       "max_tokens": 32, "temperature": 0})
+    body = json.dumps(
+        {
+            "model": name,
+            "messages": [{"role": "user", "content": "Hello!"}],
+            "max_tokens": 32,
+            "temperature": 0,
+        }
+    )
     return f"""
 serve: READY after {seconds:.0f} s: model {name!r} at {url}/v1 (OpenAI API; Ctrl-C stops it)
   curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\

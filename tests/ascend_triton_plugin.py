@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pytest plugin of ``make test-ascend-triton``: Triton kernels under triton-ascend's interpreter.
 
 Loaded only by that target (``-p tests.ascend_triton_plugin``). Ascend A2/A3 have no float64 and no
@@ -49,9 +50,14 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if (call.when == "call" and _LIMIT in item.stash and hasattr(report, "wasxfail")
-            and report.skipped and call.excinfo is not None
-            and UNSUPPORTED not in str(call.excinfo.value)):
+    if (
+        call.when == "call"
+        and _LIMIT in item.stash
+        and hasattr(report, "wasxfail")
+        and report.skipped
+        and call.excinfo is not None
+        and UNSUPPORTED not in str(call.excinfo.value)
+    ):
         # failed, but not on the rejected dtype: a real failure the mark must not cover
         report.outcome = "failed"
         del report.wasxfail
@@ -60,5 +66,7 @@ def pytest_runtest_makereport(item, call):
 def pytest_report_header(config):
     import triton
 
-    return (f"triton-ascend interpreter run: triton {triton.__version__}; float64 / fp8 cases are "
-            f"strict xfails (Ascend A2/A3 hardware limit)")
+    return (
+        f"triton-ascend interpreter run: triton {triton.__version__}; float64 / fp8 cases are "
+        f"strict xfails (Ascend A2/A3 hardware limit)"
+    )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which implementations of an op the CPU suite runs: every registered backend that can execute
 here (the reference always; Triton kernels under TRITON_INTERPRET=1; the npu backend with the stub).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How far the compact caches (fp8 main + MXFP4 indexer: the served default) may move the tiny
 model's prompt logprobs from transformers' fp32 forward, and the measurement behind the bounds.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 import os
 import sys
 import time
@@ -73,7 +74,8 @@ def pytest_collection_finish(session):
     from tests.aot import background
 
     session.config._dsv4_aot_wanted = not session.config.option.collectonly and any(
-        background.uses_matrix(i) for i in session.items)
+        background.uses_matrix(i) for i in session.items
+    )
 
 
 def pytest_runtest_setup(item):
@@ -100,7 +102,9 @@ def pytest_report_header(config):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     # again at the end: CI logs are often cut to their tail, and a failure needs the seed to replay
     if exitstatus != 0:
-        terminalreporter.write_line(f"dsv4 test seed: DSV4_TEST_SEED={SESSION_SEED} replays this run")
+        terminalreporter.write_line(
+            f"dsv4 test seed: DSV4_TEST_SEED={SESSION_SEED} replays this run"
+        )
 
 
 @pytest.fixture(scope="module")

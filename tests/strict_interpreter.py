@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Triton interpreter, as strict about launch keywords as a GPU launch.
 
 A GPU launch rejects a keyword that is neither a parameter of the kernel nor a compile / launch
@@ -13,8 +14,10 @@ import dataclasses
 import inspect
 
 # compile and launch options a GPU launch takes besides the kernel's parameters
-_BACKEND_OPTIONS = (("triton.backends.nvidia.compiler", "CUDAOptions"),
-                    ("triton.backends.amd.compiler", "HIPOptions"))
+_BACKEND_OPTIONS = (
+    ("triton.backends.nvidia.compiler", "CUDAOptions"),
+    ("triton.backends.amd.compiler", "HIPOptions"),
+)
 
 
 def launch_options() -> frozenset[str]:
@@ -23,8 +26,9 @@ def launch_options() -> frozenset[str]:
     names: set[str] = set()
     for module, cls in _BACKEND_OPTIONS:
         try:
-            names |= {f.name for f in dataclasses.fields(getattr(importlib.import_module(module),
-                                                                  cls))}
+            names |= {
+                f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls))
+            }
         except (ImportError, AttributeError):
             continue
     return frozenset(names)
@@ -53,9 +57,11 @@ def install():
     def strict_call(self, *args, **kwargs):
         bad = unknown_keywords(self.fn, kwargs, options)
         if bad:
-            raise TypeError(f"{self.fn.__name__}: keyword argument(s) {', '.join(bad)} are not "
-                            f"parameters of the kernel (a GPU launch rejects them; the "
-                            f"interpreter would drop them)")
+            raise TypeError(
+                f"{self.fn.__name__}: keyword argument(s) {', '.join(bad)} are not "
+                f"parameters of the kernel (a GPU launch rejects them; the "
+                f"interpreter would drop them)"
+            )
         return real(self, *args, **kwargs)
 
     executor.__call__ = strict_call

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Test scripts that run in a fresh interpreter at the repository root and report one marked
 stdout line: ahead-of-time Triton compiles for NVIDIA targets on a machine without a GPU
 (:func:`compile_results`: without ``TRITON_INTERPRET``, under which the kernels are not compilable
@@ -27,11 +28,17 @@ HAS_PTXAS = PTXAS is not None and PTXAS.exists()
 
 def marked_line(script: str, marker: str, what: str, env: dict, timeout: float) -> str:
     """The last stdout line of ``script`` that starts with ``marker``, without the marker."""
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith(marker)]
     assert line, f"{what} script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return line[-1][len(marker):]
+    return line[-1][len(marker) :]
 
 
 def compile_results(script: str) -> list:

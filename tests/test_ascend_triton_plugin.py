@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The marks of ``tests/ascend_triton_plugin.py`` (``make test-ascend-triton``) cover exactly the
 hardware limit: a float64 case rejected by triton-ascend is a strict xfail, the same case failing
 for another reason or passing fails the run, other cases are untouched. Runs a small pytest session
@@ -44,14 +45,40 @@ def test_marks_cover_only_the_hardware_limit(tmp_path):
     (tmp_path / "test_cases.py").write_text(CASES)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "tests.ascend_triton_plugin",
-         "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(tmp_path), "test_cases.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rA",
+            "-p",
+            "tests.ascend_triton_plugin",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            os.devnull,
+            "--rootdir",
+            str(tmp_path),
+            "test_cases.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = run.stdout
-    outcome = {line.split()[1].split("::")[1]: line.split()[0] for line in out.splitlines()
-               if line.split()[:1] and line.split()[0] in ("PASSED", "FAILED", "XFAIL", "XPASS")}
-    assert outcome == {"test_limit[dtype0]": "XFAIL", "test_other_error[dtype0]": "FAILED",
-                       "test_stale_mark[dtype0]": "FAILED", "test_fp8_limit[dtype0]": "XFAIL",
-                       "test_plain_fails[dtype0]": "FAILED"}, out
+    outcome = {
+        line.split()[1].split("::")[1]: line.split()[0]
+        for line in out.splitlines()
+        if line.split()[:1] and line.split()[0] in ("PASSED", "FAILED", "XFAIL", "XPASS")
+    }
+    assert outcome == {
+        "test_limit[dtype0]": "XFAIL",
+        "test_other_error[dtype0]": "FAILED",
+        "test_stale_mark[dtype0]": "FAILED",
+        "test_fp8_limit[dtype0]": "XFAIL",
+        "test_plain_fails[dtype0]": "FAILED",
+    }, out
     assert "hardware limit: Ascend A2/A3 have no float64" in out
     assert "3 failed, 2 xfailed" in out

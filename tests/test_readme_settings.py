@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The README's settings tables are the ones ``envs.py`` generates (every setting, once)."""
 
 from pathlib import Path
@@ -14,7 +15,8 @@ def test_readme_settings_are_generated_from_envs():
     text = README.read_text()
     assert settings_table.rewrite(text) == text, (
         "README.md's settings tables are stale: python -m vllm_dsv4_hw.tools.settings_table "
-        "--write README.md")
+        "--write README.md"
+    )
     for v in envs.ALL_VARS:
         assert text.count(f"`{v.name}`") >= 1, v.name
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The interpreter rejects a launch keyword that a GPU launch rejects (tests/strict_interpreter)."""
 
 import os
@@ -7,8 +8,9 @@ import torch
 import triton
 import triton.language as tl
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="the interpreter runs only without a GPU")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter runs only without a GPU"
+)
 
 
 @triton.jit

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tests' access to a module's weights by official checkpoint name (``model.loader``'s mapping:
 merged linears such as ``compressor.wkv_wgate`` answer to ``compressor.wkv.weight`` and
 ``compressor.wgate.weight``), and random weights of a sensible scale for dense test layers."""
@@ -30,8 +31,9 @@ def assign(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
 
 
 @torch.no_grad()
-def init_random_(module: nn.Module, generator: torch.Generator | None = None,
-                 std_scale: float = 1.0) -> nn.Module:
+def init_random_(
+    module: nn.Module, generator: torch.Generator | None = None, std_scale: float = 1.0
+) -> nn.Module:
     """Random dense weights (benchmarks, tests): N(0, 1/fan_in) matrices, norms around 1, ape and
     sink N(0, 1/4) / N(0, 1)."""
     for name, p in checkpoint_state(module).items():
@@ -43,7 +45,8 @@ def init_random_(module: nn.Module, generator: torch.Generator | None = None,
         elif name.endswith("attn_sink"):
             v = torch.randn(shape, generator=generator, dtype=torch.float64)
         else:
-            v = torch.randn(shape, generator=generator, dtype=torch.float64) \
-                * (std_scale / math.sqrt(shape[-1]))
+            v = torch.randn(shape, generator=generator, dtype=torch.float64) * (
+                std_scale / math.sqrt(shape[-1])
+            )
         p.copy_(v.to(p.dtype))
     return module

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``python -m vllm_dsv4_hw``: the ``vllm-dsv4-hw`` command line."""
 
 from vllm_dsv4_hw.cli.main import main

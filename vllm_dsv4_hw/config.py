@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DeepSeek V4 attention configuration, typed, from presets or a checkpoint's config.json.
 
 Reads the official field names (``compress_ratios`` per layer, ``rope_scaling``, ``num_hash_layers``)
@@ -83,7 +84,9 @@ class DSV4Config:
                 f"num_attention_heads={self.num_heads} is not divisible by o_groups={self.o_groups}"
             )
         if self.rope_dim % 2 or self.rope_dim > self.head_dim:
-            raise ConfigError(f"rope dim {self.rope_dim} must be even and <= head_dim {self.head_dim}")
+            raise ConfigError(
+                f"rope dim {self.rope_dim} must be even and <= head_dim {self.head_dim}"
+            )
 
     # -- derived ------------------------------------------------------------------------------
     @property
@@ -96,7 +99,7 @@ class DSV4Config:
 
     @property
     def softmax_scale(self) -> float:
-        return self.head_dim ** -0.5
+        return self.head_dim**-0.5
 
     def layers_with_ratio(self, ratio: int) -> int:
         return sum(1 for r in self.compress_ratios if r == ratio)
@@ -197,38 +200,48 @@ def validate_hf_config(cfg: dict, name: str = "config.json") -> DSV4Config:
     except KeyError:
         raise ConfigError(f"{name}: required field 'num_hidden_layers' is missing") from None
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}: num_hidden_layers={cfg['num_hidden_layers']!r} is not an "
-                          f"integer") from None
+        raise ConfigError(
+            f"{name}: num_hidden_layers={cfg['num_hidden_layers']!r} is not an integer"
+        ) from None
     n_mtp = cfg.get("num_nextn_predict_layers", 0)
     if not isinstance(n_mtp, int) or isinstance(n_mtp, bool) or n_mtp < 0:
-        raise ConfigError(f"{name}: num_nextn_predict_layers={n_mtp!r} is not a non-negative "
-                          f"integer")
+        raise ConfigError(
+            f"{name}: num_nextn_predict_layers={n_mtp!r} is not a non-negative integer"
+        )
     allowed = ", ".join(str(r) for r in SUPPORTED_RATIOS)
     if "compress_ratios" in cfg:
         ratios = cfg["compress_ratios"]
         if not isinstance(ratios, (list, tuple)):
-            raise ConfigError(f"{name}: compress_ratios must be a list of integers, got "
-                              f"{type(ratios).__name__}")
+            raise ConfigError(
+                f"{name}: compress_ratios must be a list of integers, got {type(ratios).__name__}"
+            )
         for i, r in enumerate(ratios):
             if isinstance(r, bool) or not isinstance(r, int) or r not in SUPPORTED_RATIOS:
                 where = f"layer {i}" if i < n_layers else f"MTP layer {i - n_layers}"
-                raise ConfigError(f"{name}: compress_ratios[{i}] = {r!r} ({where}) is not "
-                                  f"supported; allowed values: {allowed}")
+                raise ConfigError(
+                    f"{name}: compress_ratios[{i}] = {r!r} ({where}) is not "
+                    f"supported; allowed values: {allowed}"
+                )
         want = {n_layers, n_layers + n_mtp}
         if len(ratios) not in want:
             raise ConfigError(
                 f"{name}: compress_ratios has {len(ratios)} entries; expected "
                 f"{n_layers + n_mtp} (num_hidden_layers={n_layers} + num_nextn_predict_layers="
-                f"{n_mtp})" + (f" or {n_layers}" if n_mtp else ""))
+                f"{n_mtp})" + (f" or {n_layers}" if n_mtp else "")
+            )
     for key, choices in _SUPPORTED_CHOICES.items():
         value = cfg.get(key, choices[0])
         if value not in choices:
-            raise ConfigError(f"{name}: {key}={value!r} is not supported; allowed: "
-                              f"{', '.join(map(repr, choices))}")
+            raise ConfigError(
+                f"{name}: {key}={value!r} is not supported; allowed: "
+                f"{', '.join(map(repr, choices))}"
+            )
     out = DSV4Config.from_hf_dict(cfg, name=name)
     checks = (
-        (out.num_experts_per_tok <= out.n_routed_experts,
-         f"num_experts_per_tok={out.num_experts_per_tok} > n_routed_experts={out.n_routed_experts}"),
+        (
+            out.num_experts_per_tok <= out.n_routed_experts,
+            f"num_experts_per_tok={out.num_experts_per_tok} > n_routed_experts={out.n_routed_experts}",
+        ),
         (0 <= out.num_hash_layers, f"num_hash_layers={out.num_hash_layers} is negative"),
         (out.n_shared_experts >= 0, f"n_shared_experts={out.n_shared_experts} is negative"),
         (out.hc_mult >= 1, f"hc_mult={out.hc_mult} must be >= 1"),
@@ -251,8 +264,10 @@ def _ratios_from_dict(cfg: dict, n_layers: int) -> tuple[int, ...]:
         return tuple(ratios[:n_layers])
     if cfg.get("layer_types"):
         if len(cfg["layer_types"]) < n_layers:
-            raise ConfigError(f"layer_types has {len(cfg['layer_types'])} entries, fewer than "
-                              f"num_hidden_layers={n_layers}")
+            raise ConfigError(
+                f"layer_types has {len(cfg['layer_types'])} entries, fewer than "
+                f"num_hidden_layers={n_layers}"
+            )
         rates = {4: 4, 128: 128}
         custom = cfg.get("compress_rates") or {}
         out = []
@@ -276,14 +291,16 @@ def _num_hash_layers_from_dict(cfg: dict, n_layers: int) -> int:
     types = list(types)[:n_layers]
     for i, t in enumerate(types):
         if t not in ("hash_moe", "moe"):
-            raise ConfigError(f"mlp_layer_types[{i}] = {t!r} is not a DeepSeek V4 MLP type "
-                              f"('hash_moe', 'moe')")
+            raise ConfigError(
+                f"mlp_layer_types[{i}] = {t!r} is not a DeepSeek V4 MLP type ('hash_moe', 'moe')"
+            )
     n = 0
     while n < len(types) and types[n] == "hash_moe":
         n += 1
     if "hash_moe" in types[n:]:
-        raise ConfigError(f"mlp_layer_types: the hash_moe layers must be the first ones, got "
-                          f"{types}")
+        raise ConfigError(
+            f"mlp_layer_types: the hash_moe layers must be the first ones, got {types}"
+        )
     return n
 
 
@@ -312,14 +329,30 @@ def _pro_ratios() -> tuple[int, ...]:
 
 
 V4_FLASH = DSV4Config(
-    name="v4-flash", hidden_size=4096, num_heads=64, q_lora_rank=1024, o_groups=8,
-    o_lora_rank=1024, index_topk=512, compress_ratios=_flash_ratios(),
-    moe_intermediate_size=2048, n_routed_experts=256, routed_scaling_factor=1.5,
+    name="v4-flash",
+    hidden_size=4096,
+    num_heads=64,
+    q_lora_rank=1024,
+    o_groups=8,
+    o_lora_rank=1024,
+    index_topk=512,
+    compress_ratios=_flash_ratios(),
+    moe_intermediate_size=2048,
+    n_routed_experts=256,
+    routed_scaling_factor=1.5,
 )
 V4_PRO = DSV4Config(
-    name="v4-pro", hidden_size=7168, num_heads=128, q_lora_rank=1536, o_groups=16,
-    o_lora_rank=1024, index_topk=1024, compress_ratios=_pro_ratios(),
-    moe_intermediate_size=3072, n_routed_experts=384, routed_scaling_factor=2.5,
+    name="v4-pro",
+    hidden_size=7168,
+    num_heads=128,
+    q_lora_rank=1536,
+    o_groups=16,
+    o_lora_rank=1024,
+    index_topk=1024,
+    compress_ratios=_pro_ratios(),
+    moe_intermediate_size=3072,
+    n_routed_experts=384,
+    routed_scaling_factor=2.5,
 )
 PRESETS = {"v4-flash": V4_FLASH, "v4-pro": V4_PRO}
 

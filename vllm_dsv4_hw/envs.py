@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Typed settings: every ``VLLM_DSV4_HW_*`` environment variable, in one place.
 
 Each variable is read through a small parser so that a bad value fails with a message naming the
@@ -32,7 +33,7 @@ class _Var(Generic[T]):
     default: str
     parse: Callable[[str, str], T]
     doc: str
-    developer: bool = False   # a developer-only switch (A/B, debugging), not a user setting
+    developer: bool = False  # a developer-only switch (A/B, debugging), not a user setting
 
     def get(self) -> T:
         raw = os.environ.get(self.name, self.default)
@@ -43,9 +44,7 @@ def _choice(*allowed: str) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         value = raw.lower()
         if value not in allowed:
-            raise SettingError(
-                f"{name}={raw!r} is not supported; use one of: {', '.join(allowed)}"
-            )
+            raise SettingError(f"{name}={raw!r} is not supported; use one of: {', '.join(allowed)}")
         return value
 
     return parse
@@ -142,14 +141,17 @@ DEVICE = _Var(
     "Device type to plan and run for (auto: cuda, then npu, else cpu).",
 )
 
+
 def parse_capability(name: str, raw: str) -> tuple[int, int] | None:
     if not raw:
         return None
     try:
         major, minor = (int(part) for part in raw.split("."))
     except ValueError:
-        raise SettingError(f"{name}={raw!r} is not a compute capability; use major.minor, "
-                           f"e.g. 8.0 (A100), 8.6, 8.9, 9.0, 10.0, 12.0") from None
+        raise SettingError(
+            f"{name}={raw!r} is not a compute capability; use major.minor, "
+            f"e.g. 8.0 (A100), 8.6, 8.9, 9.0, 10.0, 12.0"
+        ) from None
     if not 7 <= major <= 12 or not 0 <= minor <= 9:
         raise SettingError(f"{name}={raw!r}: compute capability outside 7.0 .. 12.x")
     return major, minor
@@ -228,9 +230,23 @@ WEIGHT_PREFETCH = _Var(
     developer=True,
 )
 
-ALL_VARS = (DEVICE, BACKEND, OP_BACKENDS, KV_FORMAT, INDEXER_FORMAT, MULTI_STREAM, CUDA_GRAPHS,
-            CUDA_CAPABILITY, PLATFORM, MODEL_OWNER, KERNEL_FAILURES, FP8_ACTIVATIONS, INDEXER_Q,
-            PDL, WEIGHT_PREFETCH)
+ALL_VARS = (
+    DEVICE,
+    BACKEND,
+    OP_BACKENDS,
+    KV_FORMAT,
+    INDEXER_FORMAT,
+    MULTI_STREAM,
+    CUDA_GRAPHS,
+    CUDA_CAPABILITY,
+    PLATFORM,
+    MODEL_OWNER,
+    KERNEL_FAILURES,
+    FP8_ACTIVATIONS,
+    INDEXER_Q,
+    PDL,
+    WEIGHT_PREFETCH,
+)
 USER_VARS = tuple(v for v in ALL_VARS if not v.developer)
 DEVELOPER_VARS = tuple(v for v in ALL_VARS if v.developer)
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The three DeepSeek V4 attention layer kinds, each fact about them said once.
 
 A layer's kind follows from its ``compress_ratios`` entry: 0 = window only, 4 = c4a (compressed
@@ -11,8 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AttentionKind", "WINDOW", "C4A", "C128A", "KINDS", "SUPPORTED_RATIOS", "CACHE_FIELDS",
-           "INDEXER_COMPRESSOR", "kind_of"]
+__all__ = [
+    "AttentionKind",
+    "WINDOW",
+    "C4A",
+    "C128A",
+    "KINDS",
+    "SUPPORTED_RATIOS",
+    "CACHE_FIELDS",
+    "INDEXER_COMPRESSOR",
+    "kind_of",
+]
 
 # Every cache field a layer may own, in the order a layer's caches register with vLLM.
 CACHE_FIELDS = ("window", "comp", "indexer", "main_state", "indexer_state")
@@ -20,8 +30,8 @@ CACHE_FIELDS = ("window", "comp", "indexer", "main_state", "indexer_state")
 
 @dataclass(frozen=True)
 class AttentionKind:
-    name: str    # "window", "c4a", "c128a"
-    ratio: int   # tokens per compressed entry (0: none)
+    name: str  # "window", "c4a", "c128a"
+    ratio: int  # tokens per compressed entry (0: none)
 
     @property
     def compressed(self) -> bool:
@@ -76,8 +86,13 @@ class AttentionKind:
     def cache_spec_kinds(self) -> dict[str, str]:
         """Each cache this layer owns -> its planner (``kv_cache.specs``) kind, in the order the
         caches register with vLLM (:data:`CACHE_FIELDS` order: entry caches, then states)."""
-        spec = {"window": "window_kv", "comp": self.comp_spec_kind, "indexer": "indexer_kv",
-                "main_state": self.state_spec_kind, "indexer_state": "indexer_state"}
+        spec = {
+            "window": "window_kv",
+            "comp": self.comp_spec_kind,
+            "indexer": "indexer_kv",
+            "main_state": self.state_spec_kind,
+            "indexer_state": "indexer_state",
+        }
         return {c: spec[c] for c in CACHE_FIELDS if c in self.caches}
 
     @property
@@ -100,5 +115,7 @@ def kind_of(ratio: int) -> AttentionKind:
     try:
         return KINDS[ratio]
     except (KeyError, TypeError):
-        raise ValueError(f"compress ratio {ratio!r} is not one of {SUPPORTED_RATIOS} (0 = window "
-                         f"only, 4 = c4a with indexer, 128 = c128a)") from None
+        raise ValueError(
+            f"compress ratio {ratio!r} is not one of {SUPPORTED_RATIOS} (0 = window "
+            f"only, 4 = c4a with indexer, 128 = c128a)"
+        ) from None

@@ -22,16 +22,16 @@ import torch
 
 # -- block sizes ---------------------------------------------------------------------------------
 FP8_WEIGHT_BLOCK = 128  # FP8 linear weights: one ue8m0 scale per 128x128 block
-FP4_BLOCK = 32          # MXFP4 (expert weights, indexer keys): one ue8m0 scale per 32 elements
-KV_FP8_BLOCK = 64       # fp8_ds_mla main KV: one ue8m0 scale per 64 dims
+FP4_BLOCK = 32  # MXFP4 (expert weights, indexer keys): one ue8m0 scale per 32 elements
+KV_FP8_BLOCK = 64  # fp8_ds_mla main KV: one ue8m0 scale per 64 dims
 
 # -- limits and amax floors ----------------------------------------------------------------------
 FP8_E4M3_MAX = 448.0
 FP8_AMAX_FLOOR = 1e-4  # vLLM / official: fmaxf(amax, 1e-4) before computing an activation scale
 E2M1_MAX = 6.0
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-MXFP4_AMAX_FLOOR = E2M1_MAX * 2.0 ** -126  # vLLM's MXFP4 quantizer: the smallest normal scale
-WEIGHT_AMAX_FLOOR = 2.0 ** -100  # weight quantization: all-zero blocks still get a normal scale
+MXFP4_AMAX_FLOOR = E2M1_MAX * 2.0**-126  # vLLM's MXFP4 quantizer: the smallest normal scale
+WEIGHT_AMAX_FLOOR = 2.0**-100  # weight quantization: all-zero blocks still get a normal scale
 
 
 # -- powers of two and ue8m0 ---------------------------------------------------------------------
@@ -133,16 +133,23 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     a = v.float().abs()
     # Midpoints between consecutive magnitudes; '>' where the lower code is even (tie stays),
     # '>=' where the upper code is even (tie goes up).
-    code = ((a > 0.25).to(torch.int32) + (a >= 0.75).to(torch.int32) + (a > 1.25).to(torch.int32)
-            + (a >= 1.75).to(torch.int32) + (a > 2.5).to(torch.int32) + (a >= 3.5).to(torch.int32)
-            + (a > 5.0).to(torch.int32))
+    code = (
+        (a > 0.25).to(torch.int32)
+        + (a >= 0.75).to(torch.int32)
+        + (a > 1.25).to(torch.int32)
+        + (a >= 1.75).to(torch.int32)
+        + (a > 2.5).to(torch.int32)
+        + (a >= 3.5).to(torch.int32)
+        + (a > 5.0).to(torch.int32)
+    )
     return (code | (torch.signbit(v).to(torch.int32) << 3)).to(torch.uint8)
 
 
 def e2m1_decode(code: torch.Tensor) -> torch.Tensor:
     """e2m1 nibble codes (0..15) -> float32."""
-    lut = torch.tensor(E2M1_VALUES + tuple(-x for x in E2M1_VALUES), dtype=torch.float32,
-                       device=code.device)
+    lut = torch.tensor(
+        E2M1_VALUES + tuple(-x for x in E2M1_VALUES), dtype=torch.float32, device=code.device
+    )
     return lut[code.long() & 0xF]
 
 

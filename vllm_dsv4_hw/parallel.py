@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How the model is split over vLLM's tensor-parallel ranks: what each rank holds, and which splits
 a checkpoint allows.
 
@@ -27,8 +28,14 @@ from dataclasses import dataclass
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.numerics import FP4_BLOCK
 
-__all__ = ["ParallelLayout", "SplitError", "check_split", "current_layout", "shard_rows",
-           "working_sizes"]
+__all__ = [
+    "ParallelLayout",
+    "SplitError",
+    "check_split",
+    "current_layout",
+    "shard_rows",
+    "working_sizes",
+]
 
 
 class SplitError(ValueError):
@@ -84,9 +91,11 @@ class ParallelLayout:
             return
         got = current_layout()
         if (got.tp_size, got.tp_rank) != (self.tp_size, self.tp_rank):
-            raise ValueError(f"layout TP rank {self.tp_rank} of {self.tp_size} does not match "
-                             f"vLLM's tensor-parallel group (rank {got.tp_rank} of "
-                             f"{got.tp_size}); build split models with current_layout()")
+            raise ValueError(
+                f"layout TP rank {self.tp_rank} of {self.tp_size} does not match "
+                f"vLLM's tensor-parallel group (rank {got.tp_rank} of "
+                f"{got.tp_size}); build split models with current_layout()"
+            )
 
     def describe(self) -> str:
         if not self.sharded:
@@ -135,9 +144,11 @@ def _split_problems(cfg: DSV4Config, tp: int, expert_parallel: bool) -> list[str
     w = cfg.weights
     if w.fp8_linears:
         bn, bk = w.block
-        shards = [("wq_b rows per rank", cfg.num_heads * cfg.head_dim, bn),
-                  ("wo_a rows per rank", cfg.o_groups * cfg.o_lora_rank, bn),
-                  ("wo_b input per rank", cfg.o_groups * cfg.o_lora_rank, bk)]
+        shards = [
+            ("wq_b rows per rank", cfg.num_heads * cfg.head_dim, bn),
+            ("wo_a rows per rank", cfg.o_groups * cfg.o_lora_rank, bn),
+            ("wo_b input per rank", cfg.o_groups * cfg.o_lora_rank, bk),
+        ]
         if cfg.n_shared_experts:
             inter = cfg.moe_intermediate_size * cfg.n_shared_experts
             shards += [("shared expert intermediate per rank", inter, max(bn, bk))]
@@ -145,13 +156,18 @@ def _split_problems(cfg: DSV4Config, tp: int, expert_parallel: bool) -> list[str
             if n % tp == 0 and (n // tp) % block:
                 out.append(f"{name} {n}/{tp} = {n // tp} cuts the {block}-wide FP8 block")
     if expert_parallel:
-        need("n_routed_experts", cfg.n_routed_experts, " (expert parallelism: whole experts per "
-             "rank)")
+        need(
+            "n_routed_experts",
+            cfg.n_routed_experts,
+            " (expert parallelism: whole experts per rank)",
+        )
     else:
         i = cfg.moe_intermediate_size
         if need("moe_intermediate_size", i) and w.fp4_experts and (i // tp) % FP4_BLOCK:
-            out.append(f"routed expert intermediate per rank {i}/{tp} = {i // tp} cuts the "
-                       f"{FP4_BLOCK}-wide FP4 scale block (or use --enable-expert-parallel)")
+            out.append(
+                f"routed expert intermediate per rank {i}/{tp} = {i // tp} cuts the "
+                f"{FP4_BLOCK}-wide FP4 scale block (or use --enable-expert-parallel)"
+            )
     return out
 
 
@@ -166,5 +182,7 @@ def check_split(cfg: DSV4Config, tp: int, expert_parallel: bool = False) -> None
     if problems:
         ok = ", ".join(str(t) for t in working_sizes(cfg, expert_parallel))
         ep = " with --enable-expert-parallel" if expert_parallel else ""
-        raise SplitError(f"--tensor-parallel-size {tp}{ep}: {problems[0]}; sizes that split this "
-                         f"checkpoint: {ok}")
+        raise SplitError(
+            f"--tensor-parallel-size {tp}{ep}: {problems[0]}; sizes that split this "
+            f"checkpoint: {ok}"
+        )

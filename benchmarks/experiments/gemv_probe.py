@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The GEMV of the FP8 linears (``ops.triton.fp8_gemv``): its tiles and splits against the W8A8
 tile kernels on the decode step's weights at 1 and 4 rows, and the product check.
 
@@ -33,10 +34,16 @@ from benchmarks.sweep_common import HBM, _f, graph_us
 
 # (block_n, block_k, split_k, num_warps, num_stages, ahead; None: the rule's); warps 8 and
 # stages 1-3 were swept on 2026-12-06 (H100): 8 warps lost everywhere, the stages tied
-CONFIGS = ((None,) * 6, (None,) * 5 + (True,)) + tuple(
-    (bn, bk, split, 4, 3, None) for bn in (4, 8, 16) for bk in (512, 1024)
-    for split in (None, 1, 2, 4)) + tuple(
-    (bn, bk, None, 4, 3, True) for bn in (4, 8, 16) for bk in (512, 1024))
+CONFIGS = (
+    ((None,) * 6, (None,) * 5 + (True,))
+    + tuple(
+        (bn, bk, split, 4, 3, None)
+        for bn in (4, 8, 16)
+        for bk in (512, 1024)
+        for split in (None, 1, 2, 4)
+    )
+    + tuple((bn, bk, None, 4, 3, True) for bn in (4, 8, 16) for bk in (512, 1024))
+)
 # the merged projections the layers call (wq_a | wkv: one GEMM) besides GEMM_SHAPES'
 MERGED = {"flash wq_a|wkv": (1, 1536, 4096), "pro wq_a|wkv": (1, 2048, 7168)}
 
@@ -62,10 +69,12 @@ def _call(dev, name: str, rows: int, codes: bool | None = None):
 
         def call(w, out=None, **kw):
             return fp8_block_linear(q, *w, (128, 128), out, x_scales=scales, **kw)
+
         return call
 
     def call(w, out=None, **kw):
         return fp8_block_linear(x, *w, (128, 128), out, True, **kw)
+
     return call
 
 
@@ -84,14 +93,18 @@ def product_check(dev) -> list[dict]:
             same = torch.equal(got, call(ws[0], torch.float32, gemv=True))
             err = float((got - tile).abs().max() / tile.abs().max())
             coded = _call(dev, name, m, codes=True)  # what x given as codes would save
-            res = {"tiles": graph_us(lambda i: call(ws[i], gemv=False), 2),
-                   "gemv": graph_us(lambda i: call(ws[i], gemv=True), 2),
-                   "gemv on codes": graph_us(lambda i: coded(ws[i], gemv=True), 2)}
-            print(f"gemv_check {name:14s} M={m} rel err vs tiles {err:.1e} same bits twice "
-                  f"{same} us tiles {res['tiles']:.2f} gemv {res['gemv']:.2f} on codes "
-                  f"{res['gemv on codes']:.2f}", flush=True)
-            rows.append({"shape": f"{name} M={m}", "rel_err": err, "same_bits": same,
-                         "us": res})
+            res = {
+                "tiles": graph_us(lambda i: call(ws[i], gemv=False), 2),
+                "gemv": graph_us(lambda i: call(ws[i], gemv=True), 2),
+                "gemv on codes": graph_us(lambda i: coded(ws[i], gemv=True), 2),
+            }
+            print(
+                f"gemv_check {name:14s} M={m} rel err vs tiles {err:.1e} same bits twice "
+                f"{same} us tiles {res['tiles']:.2f} gemv {res['gemv']:.2f} on codes "
+                f"{res['gemv on codes']:.2f}",
+                flush=True,
+            )
+            rows.append({"shape": f"{name} M={m}", "rel_err": err, "same_bits": same, "us": res})
         del ws
         torch.cuda.empty_cache()
     return rows
@@ -109,22 +122,32 @@ def _sweep(dev, name: str, m: int) -> dict:
     res = {"w8a8 tiles": graph_us(lambda i: call(ws[i], gemv=False), n_sets)}
     want = call(ws[0], torch.float32, gemv=False)
     for cfg in CONFIGS:
-        kw = {kk: v for kk, v in zip(("block_n", "block_k", "split_k", "num_warps",
-                                      "num_stages", "ahead"), cfg)
-              if v is not None}
+        kw = {
+            kk: v
+            for kk, v in zip(
+                ("block_n", "block_k", "split_k", "num_warps", "num_stages", "ahead"), cfg
+            )
+            if v is not None
+        }
         key = "gemv " + (" ".join(f"{kk}={v}" for kk, v in kw.items()) or "default")
         try:
             got = call(ws[0], torch.float32, gemv=kw)
             err = float((got - want).abs().max() / want.abs().max())
-            res[key] = (graph_us(lambda i, kw=kw: call(ws[i], gemv=kw), n_sets) if err <= 1e-2
-                        else f"wrong: rel err {err:.1e}")
+            res[key] = (
+                graph_us(lambda i, kw=kw: call(ws[i], gemv=kw), n_sets)
+                if err <= 1e-2
+                else f"wrong: rel err {err:.1e}"
+            )
         except Exception as exc:  # out of resources at this tile
             torch.cuda.synchronize()
             res[key] = f"{type(exc).__name__}: {str(exc)[:80]}"
     ok = {kk: v for kk, v in res.items() if isinstance(v, float)}
     best = min((kk for kk in ok if kk.startswith("gemv")), key=ok.get, default=None)
-    print(f"{name:14s} M={m} floor {floor:6.2f}  w8a8 tiles {_f(res['w8a8 tiles'])}  default "
-          f"{_f(ok.get('gemv default'))}  best {_f(ok.get(best))}  {best}", flush=True)
+    print(
+        f"{name:14s} M={m} floor {floor:6.2f}  w8a8 tiles {_f(res['w8a8 tiles'])}  default "
+        f"{_f(ok.get('gemv default'))}  best {_f(ok.get(best))}  {best}",
+        flush=True,
+    )
     del ws
     torch.cuda.empty_cache()
     return {"shape": f"{name} M={m}", "floor_us": floor, "configs": res, "best": best}
@@ -135,14 +158,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--only", default=None, help="comma-separated shape names (shapes())")
     ap.add_argument("--rows", default="1,4", help="comma-separated row counts")
-    ap.add_argument("--product-check", action="store_true",
-                    help="the default GEMV (fp8_gemv) against the tiles instead of the sweep")
+    ap.add_argument(
+        "--product-check",
+        action="store_true",
+        help="the default GEMV (fp8_gemv) against the tiles instead of the sweep",
+    )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_probe needs a CUDA GPU")
     dev = torch.device("cuda", torch.cuda.current_device())
-    command = "python -m benchmarks.experiments.gemv_probe " + " ".join(sys.argv[1:] if argv is None
-                                                            else argv)
+    command = "python -m benchmarks.experiments.gemv_probe " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
     if args.product_check:
         out, schema, rows = "gemv_check.json", "gemv_check/2", product_check(dev)
     else:
@@ -151,9 +178,17 @@ def main(argv=None) -> int:
         rows = [_sweep(dev, name, int(m)) for m in args.rows.split(",") for name in names]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, out), "w") as f:
-        json.dump({"schema": schema, "machine": torch.cuda.get_device_name(),
-                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                       timespec="seconds"), "command": command, "rows": rows}, f, indent=1)
+        json.dump(
+            {
+                "schema": schema,
+                "machine": torch.cuda.get_device_name(),
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "command": command,
+                "rows": rows,
+            },
+            f,
+            indent=1,
+        )
     return 0
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``python -m benchmarks.experiments.l2_prefetch_probe`` (CUDA sm_90+; ``OUT`` = where the JSON goes).
 
 Should a decode GEMM's weight be read into L2 while the small kernels before it run?
@@ -25,6 +26,7 @@ Four weight copies rotate (134 MB > the 50 MB L2), so each GEMM starts cold. Eve
 output is compared with ``base``'s, bit for bit. This is a measurement for deciding whether the
 product should read ahead, not a product path.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +48,14 @@ def _bulk_prefetch_kernel(ptr, n_bytes, CHUNK: tl.constexpr):
     off = tl.program_id(0).to(tl.int64) * CHUNK
     p = ptr + off + tl.zeros([1], dtype=tl.int64)
     size = (tl.minimum(n_bytes - off, CHUNK) + tl.zeros([1], dtype=tl.int64)).to(tl.int32)
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;",
-                              "=r,l,r", [p, size], dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise(
+        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;",
+        "=r,l,r",
+        [p, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
@@ -71,8 +79,10 @@ def main() -> None:
     single_rank()
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=dev).manual_seed(0)
-    ws = [torch.randn(N, K, device=dev, generator=gen).clamp(-400, 400).to(torch.float8_e4m3fn)
-          for _ in range(COPIES)]
+    ws = [
+        torch.randn(N, K, device=dev, generator=gen).clamp(-400, 400).to(torch.float8_e4m3fn)
+        for _ in range(COPIES)
+    ]
     sc = torch.full((N // 128, K // 128), 120, dtype=torch.uint8, device=dev)
     x = torch.randn(1, K, device=dev, generator=gen).to(torch.bfloat16)
     row = torch.randn(1, 4096, device=dev, generator=gen).to(torch.bfloat16)
@@ -84,12 +94,20 @@ def main() -> None:
 
     def read_ahead(kind, w):
         if kind == "bulk":
-            _bulk_prefetch_kernel[(triton.cdiv(n_bytes, CHUNK),)](w.view(torch.uint8), n_bytes,
-                                                                 CHUNK=CHUNK, num_warps=1)
+            _bulk_prefetch_kernel[(triton.cdiv(n_bytes, CHUNK),)](
+                w.view(torch.uint8), n_bytes, CHUNK=CHUNK, num_warps=1
+            )
         elif kind == "load":
             words = n_bytes // 4
-            _load_kernel[(264,)](w.view(torch.int32), words, sink, 0, BLOCK=1024,
-                                 ITERS=triton.cdiv(words, 264 * 1024), num_warps=4)
+            _load_kernel[(264,)](
+                w.view(torch.int32),
+                words,
+                sink,
+                0,
+                BLOCK=1024,
+                ITERS=triton.cdiv(words, 264 * 1024),
+                num_warps=4,
+            )
 
     def seq(kind, n_small):
         def fn(i):  # one step on weight copy i (graph_us cycles over the copies)
@@ -103,6 +121,7 @@ def main() -> None:
                 torch.cuda.current_stream().wait_stream(side)
             pf = {"prefetch": int(kind.split()[1])} if kind.startswith("pdl") else {}
             outs[i].copy_(tri_linear(x, ws[i], sc, (128, 128), quantize_x=True, **pf))
+
         return fn
 
     rows = []
@@ -110,8 +129,16 @@ def main() -> None:
         ref = None
         for kind in ("base", "bulk", "load", "pdl 256", "pdl 512", "pdl 1024", "chain only"):
             if kind == "chain only":
-                us = graph_us(lambda i: [ops.rms_norm(row, nw, 1e-6) for _ in range(n_small)],
-                              1, inner=1, reps=30) if n_small else 0.0
+                us = (
+                    graph_us(
+                        lambda i: [ops.rms_norm(row, nw, 1e-6) for _ in range(n_small)],
+                        1,
+                        inner=1,
+                        reps=30,
+                    )
+                    if n_small
+                    else 0.0
+                )
                 same = None
             else:
                 us = graph_us(seq(kind, n_small), COPIES, inner=COPIES, reps=30)
@@ -124,8 +151,17 @@ def main() -> None:
     print(f"floor (weight bytes / 4.3 TB/s): {floor:.2f} us", flush=True)
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "l2_prefetch_probe.json"), "w") as f:
-        json.dump({"machine": torch.cuda.get_device_name(), "N": N, "K": K, "floor_us": floor,
-                   "rows": rows}, f, indent=1)
+        json.dump(
+            {
+                "machine": torch.cuda.get_device_name(),
+                "N": N,
+                "K": K,
+                "floor_us": floor,
+                "rows": rows,
+            },
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Eager launches of the decode step's heaviest kernels at real shapes, for Nsight Compute.
 
     ncu --clock-control none --set full --kernel-name regex:'block_linear|indexer_score|radix|sparse'
@@ -43,8 +44,11 @@ def cases_gemm(dev, calls, batches):
 
     w8a8 = e4m3_activations(dev)
     for label, ws, _, x, floor in _shape_cases(dev, batches):
-        _run(f"gemm {label} {'w8a8' if w8a8 else 'w8a16'} floor {floor:.2f} us",
-             lambda: fp8_block_linear(x, *ws[0], (128, 128), quantize_x=w8a8), calls)
+        _run(
+            f"gemm {label} {'w8a8' if w8a8 else 'w8a16'} floor {floor:.2f} us",
+            lambda: fp8_block_linear(x, *ws[0], (128, 128), quantize_x=w8a8),
+            calls,
+        )
 
 
 def cases_index(dev, calls, batches):
@@ -77,8 +81,11 @@ def cases_attn(dev, calls, batches):
         for b in batches:
             args = make_inputs(dev, "fp8_ds_mla", b, topk=k_comp, cache_entries=1 << 20)[0]
             out = torch.empty_like(args[0])
-            _run(f"attn W=128 K={k_comp} B={b}",
-                 lambda: tsa.sparse_attention_triton(*args, out=out), calls)
+            _run(
+                f"attn W=128 K={k_comp} B={b}",
+                lambda: tsa.sparse_attention_triton(*args, out=out),
+                calls,
+            )
             del args
             torch.cuda.empty_cache()
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The GPU measurements of the next device session, in device calls of under ten minutes each
 # (H200, from the project root, carry [".gpuserve"]):
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """compressor_store on the GPU: correctness check and benchmark of the Triton kernels.
 
     python -m benchmarks.gpu.compressor            # check + bench on cuda, prints tables
@@ -94,8 +95,9 @@ def make_step(device, case, fmt_name, reqs, seed=None):
     lens = torch.tensor([n for _, n in reqs])
     qsl = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
     seq_start = torch.tensor([s for s, _ in reqs])
-    plan = compressor_plan(qsl.to(device), seq_start.to(device), sbt.to(device), rpp, ratio,
-                           kbt.to(device), e)
+    plan = compressor_plan(
+        qsl.to(device), seq_start.to(device), sbt.to(device), rpp, ratio, kbt.to(device), e
+    )
     t = int(lens.sum())
     kv = torch.randn(t, coff * d, generator=gen)
     score = 2.0 * torch.randn(t, coff * d, generator=gen)
@@ -103,9 +105,23 @@ def make_step(device, case, fmt_name, reqs, seed=None):
     norm_w = 1.0 + 0.3 * torch.randn(d, generator=gen)
     cos_sin = rope_cos_sin(160000.0, 64, max_pos + 1, YarnParams(), device=device)
     dev = torch.device(device)
-    args = [kv.to(dev), score.to(dev), plan.positions, ape.to(dev), state.to(dev),
-            plan.state_slots, plan.group_rows, ratio, norm_w.to(dev), 1e-6, cos_sin,
-            plan.group_entry_index, cache.to(dev), plan.cache_slots, fmt]
+    args = [
+        kv.to(dev),
+        score.to(dev),
+        plan.positions,
+        ape.to(dev),
+        state.to(dev),
+        plan.state_slots,
+        plan.group_rows,
+        ratio,
+        norm_w.to(dev),
+        1e-6,
+        cos_sin,
+        plan.group_entry_index,
+        cache.to(dev),
+        plan.cache_slots,
+        fmt,
+    ]
     return dict(args=args, fmt=fmt, plan=plan, d=d, ratio=ratio, coff=coff)
 
 
@@ -160,17 +176,18 @@ def _entry_bound(fmt, exact):
     if fmt.name == "fp32":
         return 1e-5 * (1 + a)
     if fmt.name == "bf16":
-        return 2 ** -8 * a + 1e-6
+        return 2**-8 * a + 1e-6
     if fmt.name == "fp8_ds_mla":
         blocks = exact[:, :448].reshape(-1, 7, 64).abs().amax(-1).clamp_min(1e-4)
         scale = 2.0 ** torch.ceil(torch.log2(blocks / 448.0))
-        b = torch.cat([2 ** -4 * a[:, :448] + 2 ** -9 * scale.repeat_interleave(64, 1),
-                       2 ** -8 * a[:, 448:]], dim=1)
+        b = torch.cat(
+            [2**-4 * a[:, :448] + 2**-9 * scale.repeat_interleave(64, 1), 2**-8 * a[:, 448:]], dim=1
+        )
         return 1.05 * b + 1e-6
     if fmt.name == "fp8_indexer":
         scale = 2.0 ** torch.ceil(torch.log2(a.amax(-1, keepdim=True).clamp_min(1e-4) / 448.0))
-        return 1.05 * (2 ** -4 * a + 2 ** -9 * scale) + 1e-6
-    blocks = exact.reshape(-1, fmt.dim // 32, 32).abs().amax(-1).clamp_min(6 * 2.0 ** -126)
+        return 1.05 * (2**-4 * a + 2**-9 * scale) + 1e-6
+    blocks = exact.reshape(-1, fmt.dim // 32, 32).abs().amax(-1).clamp_min(6 * 2.0**-126)
     scale = 2.0 ** torch.ceil(torch.log2(blocks / 6.0))
     return 1.05 * (0.25 * a + 0.25 * scale.repeat_interleave(32, 1)) + 1e-6
 
@@ -190,7 +207,7 @@ def _nan_equal(a, b) -> bool:
 
 def _clone_args(args):
     out = list(args)
-    out[4] = args[4].clone()   # state
+    out[4] = args[4].clone()  # state
     out[12] = args[12].clone()  # cache
     return out
 
@@ -208,8 +225,14 @@ def check(device, smoke: bool = False) -> list[dict]:
         n_dec, pre = (3, (50, 20)) if smoke else (16, (100, 600))
         if ratio == 128:
             pre = (60, 200) if smoke else (100, 1000)
-        reqs = _decode_reqs(n_dec, ratio, gen, all_complete=False,
-                            lo=256 if smoke else 4096, hi=1024 if smoke else 131072) + [pre]
+        reqs = _decode_reqs(
+            n_dec,
+            ratio,
+            gen,
+            all_complete=False,
+            lo=256 if smoke else 4096,
+            hi=1024 if smoke else 131072,
+        ) + [pre]
         for fmt_name in CHECK_FORMATS[kind]:
             seed = int(torch.randint(0, 2**31, (1,), generator=gen))
             step = make_step(device, case, fmt_name, reqs, seed=seed)
@@ -230,7 +253,8 @@ def check(device, smoke: bool = False) -> list[dict]:
             vt = fmt.dequantize(dt, st)
             exact = exact_fmt.dequantize(*_entries(a_x[12], exact_fmt, slots))
             err_ok = bool(torch.isfinite(vt).all()) and bool(
-                (((vt - exact).abs()) <= _entry_bound(fmt, exact)).all())
+                (((vt - exact).abs()) <= _entry_bound(fmt, exact)).all()
+            )
             max_err = float((vt - exact).abs().max()) if vt.numel() else 0.0
             byte_diff = float((dt != dr).float().mean()) if dt.numel() else 0.0
             mask = torch.ones_like(a_t[12])
@@ -243,13 +267,22 @@ def check(device, smoke: bool = False) -> list[dict]:
             untouched_ok = bool((a_t[12][mask.bool()] == 0x5A).all())
             bytes_ok = fmt.name == "fp32" or byte_diff <= 0.01
             ok = state_ok and err_ok and untouched_ok and bytes_ok and plan.num_groups > 0
-            rows.append(dict(op="compressor_store", case=f"{case} {fmt.name} T={len(plan.positions)} "
-                             f"G={plan.num_groups}", state_equal=state_ok, within_format_err=err_ok,
-                             max_abs_err=max_err, bytes_diff_vs_ref=byte_diff,
-                             untouched_poison=untouched_ok, ok=ok))
+            rows.append(
+                dict(
+                    op="compressor_store",
+                    case=f"{case} {fmt.name} T={len(plan.positions)} G={plan.num_groups}",
+                    state_equal=state_ok,
+                    within_format_err=err_ok,
+                    max_abs_err=max_err,
+                    bytes_diff_vs_ref=byte_diff,
+                    untouched_poison=untouched_ok,
+                    ok=ok,
+                )
+            )
         # compressor_pool
-        step = make_step(device, case, "fp32", reqs, seed=int(torch.randint(0, 2**31, (1,),
-                                                                          generator=gen)))
+        step = make_step(
+            device, case, "fp32", reqs, seed=int(torch.randint(0, 2**31, (1,), generator=gen))
+        )
         args = step["args"]
         st_t, st_r = args[4].clone(), args[4].clone()
         out_t = tri_pool(*args[:4], st_t, *args[5:8])
@@ -257,15 +290,27 @@ def check(device, smoke: bool = False) -> list[dict]:
             out_r = ref_pool(*args[:4], st_r, *args[5:8])
         err = float((out_t - out_r).abs().max() / out_r.abs().max().clamp_min(1e-30))
         ok = _nan_equal(st_t, st_r) and err <= 1e-5 and bool(torch.isfinite(out_t).all())
-        rows.append(dict(op="compressor_pool", case=f"{case} T={len(step['plan'].positions)} "
-                         f"G={step['plan'].num_groups}", max_err_rel=err, ok=ok))
+        rows.append(
+            dict(
+                op="compressor_pool",
+                case=f"{case} T={len(step['plan'].positions)} G={step['plan'].num_groups}",
+                max_err_rel=err,
+                ok=ok,
+            )
+        )
     if device.type == "cuda":
         from vllm_dsv4_hw.ops.registry import REGISTRY
 
         for op in ("compressor_store", "compressor_pool"):
             res = REGISTRY.resolve(op, device)
-            rows.append(dict(op=op, case="dispatch on cuda", backend=res.impl.backend,
-                             ok=res.impl.backend == "triton"))
+            rows.append(
+                dict(
+                    op=op,
+                    case="dispatch on cuda",
+                    backend=res.impl.backend,
+                    ok=res.impl.backend == "triton",
+                )
+            )
     return rows
 
 
@@ -281,8 +326,14 @@ def _floor_ms(step) -> float:
     new = plan.state_slots[plan.state_slots >= 0]
     members = plan.group_rows[plan.group_rows >= 0]
     old_rows = int((~torch.isin(members, new)).sum()) if members.numel() else 0
-    bytes_moved = (t * coff * d * 4 * 2 + t * 2 * coff * d * 4 + old_rows * 2 * d * 4
-                   + g * fmt.entry_bytes + g * 64 * 4 + ratio * coff * d * 4)
+    bytes_moved = (
+        t * coff * d * 4 * 2
+        + t * 2 * coff * d * 4
+        + old_rows * 2 * d * 4
+        + g * fmt.entry_bytes
+        + g * 64 * 4
+        + ratio * coff * d * 4
+    )
     flops = 6 * g * coff * ratio * d + 30 * g * d
     return max(bytes_moved / HBM_BYTES_PER_S, flops / PEAK_FLOPS) * 1e3
 
@@ -299,8 +350,15 @@ def bench(device, smoke: bool = False) -> list[dict]:
     rows = []
     for case, fmt_name in configs:
         ratio = CASES[case][2]
-        shapes = [(f"decode B={b}", _decode_reqs(b, ratio, gen, lo=256 if smoke else 4096,
-                                                 hi=1024 if smoke else 131072)) for b in batches]
+        shapes = [
+            (
+                f"decode B={b}",
+                _decode_reqs(
+                    b, ratio, gen, lo=256 if smoke else 4096, hi=1024 if smoke else 131072
+                ),
+            )
+            for b in batches
+        ]
         shapes += [(f"prefill T={t}", [(0, t)]) for t in prefills]
         for label, reqs in shapes:
             step = make_step(device, case, fmt_name, reqs)
@@ -309,9 +367,17 @@ def bench(device, smoke: bool = False) -> list[dict]:
             with _pure_reference():
                 ref = time_ms(lambda: ref_store(*args), device)
             floor = _floor_ms(step)
-            rows.append(dict(op="compressor_store", case=f"{case} {step['fmt'].name} {label} "
-                             f"G={step['plan'].num_groups}", ref_ms=ref, ours_ms=ours,
-                             speedup=ref / ours, floor_ms=floor, frac_of_floor=floor / ours))
+            rows.append(
+                dict(
+                    op="compressor_store",
+                    case=f"{case} {step['fmt'].name} {label} G={step['plan'].num_groups}",
+                    ref_ms=ref,
+                    ours_ms=ours,
+                    speedup=ref / ours,
+                    floor_ms=floor,
+                    frac_of_floor=floor / ours,
+                )
+            )
     return rows
 
 

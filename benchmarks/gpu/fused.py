@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU checks and benchmarks of the Triton row-wise and fused prologue / epilogue ops.
 
 Ops: rms_norm, rope, kv_insert, qnorm_rope_kv_insert, inv_rope_fp8_quant, qkv_rms_norm, at
@@ -114,8 +115,8 @@ def _written_mask(torch, cache, fmt, slots):
         page, off = divmod(s, fmt.entries_per_page)
         d0 = off * fmt.data_bytes
         s0 = fmt.entries_per_page * fmt.data_bytes + off * fmt.scale_bytes
-        m[page, d0:d0 + fmt.data_bytes] = True
-        m[page, s0:s0 + fmt.scale_bytes] = True
+        m[page, d0 : d0 + fmt.data_bytes] = True
+        m[page, s0 : s0 + fmt.scale_bytes] = True
     return m.to(cache.device)
 
 
@@ -126,7 +127,8 @@ def _compare_caches(torch, got, want, fmt, slots, before) -> dict:
 
     mask = _written_mask(torch, got, fmt, slots)
     intact = bool(torch.equal(got[~mask], before[~mask])) and bool(
-        torch.equal(want[~mask], before[~mask]))
+        torch.equal(want[~mask], before[~mask])
+    )
     live = slots[slots >= 0].to(got.device)
     a = paged.gather_rows(got, live, fmt).double()
     b = paged.gather_rows(want, live, fmt).double()
@@ -134,16 +136,20 @@ def _compare_caches(torch, got, want, fmt, slots, before) -> dict:
     if fmt.name == "fp8_ds_mla":
         sb = fmt.page_views(want)[1][live // fmt.entries_per_page, live % fmt.entries_per_page]
         s = torch.exp2(sb[:, :7].double() - 127).repeat_interleave(64, -1)
-        tol = torch.cat([0.125 * b[:, :448].abs() + s * 2 ** -9, 2 ** -7 * b[:, 448:].abs()], -1)
+        tol = torch.cat([0.125 * b[:, :448].abs() + s * 2**-9, 2**-7 * b[:, 448:].abs()], -1)
     elif fmt.name == "bf16":
-        tol = 2 ** -7 * b.abs()
+        tol = 2**-7 * b.abs()
     else:
         tol = 1e-6 * b.abs() + 1e-6
     err = (a - b).abs()
     byte_diff = int((got != want).sum())
-    return dict(ok=intact and finite and torch_all(err <= tol), neighbours_intact=intact,
-                finite=finite, max_err=float(err.max()) if err.numel() else 0.0,
-                bytes_differing=byte_diff)
+    return dict(
+        ok=intact and finite and torch_all(err <= tol),
+        neighbours_intact=intact,
+        finite=finite,
+        max_err=float(err.max()) if err.numel() else 0.0,
+        bytes_differing=byte_diff,
+    )
 
 
 # -- checks --------------------------------------------------------------------------------------------
@@ -157,7 +163,7 @@ def check(device, smoke: bool | None = None) -> list[dict]:
     gen = torch.Generator().manual_seed(1234)
     table = _table(device)
     rows: list[dict] = []
-    ulp_bf16 = dict(rtol=2 ** -7, atol=1e-5)  # one bf16 ulp: approximate rsqrt, reduction order
+    ulp_bf16 = dict(rtol=2**-7, atol=1e-5)  # one bf16 ulp: approximate rsqrt, reduction order
 
     for t in cases:
         pos = _positions(torch, t, device, gen)
@@ -170,12 +176,26 @@ def check(device, smoke: bool | None = None) -> list[dict]:
         _poison_allocator(device, x.numel() * 2)
         got = ours(x, w, EPS)
         ok, err = _rel_close(got, want, **ulp_bf16)
-        rows.append(dict(op="rms_norm", case=f"T={t} [T,{HIDDEN}] w", ok=ok and torch_all(
-            torch.isfinite(got)), max_err=err, tol="2^-7 rel + 1e-5"))
+        rows.append(
+            dict(
+                op="rms_norm",
+                case=f"T={t} [T,{HIDDEN}] w",
+                ok=ok and torch_all(torch.isfinite(got)),
+                max_err=err,
+                tol="2^-7 rel + 1e-5",
+            )
+        )
         xq = _rows(torch, (t, h, D), device, gen)
         ok, err = _rel_close(ours(xq, None, EPS), ref(xq, None, EPS), **ulp_bf16)
-        rows.append(dict(op="rms_norm", case=f"T={t} [T,{h},{D}] no w", ok=ok, max_err=err,
-                         tol="2^-7 rel + 1e-5"))
+        rows.append(
+            dict(
+                op="rms_norm",
+                case=f"T={t} [T,{h},{D}] no w",
+                ok=ok,
+                max_err=err,
+                tol="2^-7 rel + 1e-5",
+            )
+        )
 
         # rope (forward and inverse)
         ref, ours = _impls("rope")
@@ -184,10 +204,20 @@ def check(device, smoke: bool | None = None) -> list[dict]:
             _poison_allocator(device, xq.numel() * 2)
             got = ours(xq, pos, table, inverse)
             ok, err = _rel_close(got, want, **ulp_bf16)
-            ok = ok and torch_all(torch.isfinite(got)) and bool(
-                torch.equal(got[..., :D - R], xq[..., :D - R]))
-            rows.append(dict(op="rope", case=f"T={t} H={h} inverse={inverse}", ok=ok, max_err=err,
-                             tol="2^-7 rel + 1e-5; nope dims exact"))
+            ok = (
+                ok
+                and torch_all(torch.isfinite(got))
+                and bool(torch.equal(got[..., : D - R], xq[..., : D - R]))
+            )
+            rows.append(
+                dict(
+                    op="rope",
+                    case=f"T={t} H={h} inverse={inverse}",
+                    ok=ok,
+                    max_err=err,
+                    tol="2^-7 rel + 1e-5; nope dims exact",
+                )
+            )
 
         # kv_insert (pure quantization of identical inputs: bytes must be identical)
         ref, ours = _impls("kv_insert")
@@ -200,8 +230,9 @@ def check(device, smoke: bool | None = None) -> list[dict]:
             ours(cache_ours, slots, kv, fmt)
             res = _compare_caches(torch, cache_ours, cache_ref, fmt, slots.cpu(), before)
             res["ok"] = res["ok"] and res["bytes_differing"] == 0
-            rows.append(dict(op="kv_insert", case=f"T={t} {fmt.name}", tol="bytes identical",
-                             **res))
+            rows.append(
+                dict(op="kv_insert", case=f"T={t} {fmt.name}", tol="bytes identical", **res)
+            )
 
         # qnorm_rope_kv_insert
         ref, ours = _impls("qnorm_rope_kv_insert")
@@ -216,11 +247,17 @@ def check(device, smoke: bool | None = None) -> list[dict]:
             got = ours(q, kv, pos, table, EPS, cache_ours, slots, fmt)
             ok, err = _rel_close(got, want, **ulp_bf16)
             res = _compare_caches(torch, cache_ours, cache_ref, fmt, slots.cpu(), before)
-            rows.append(dict(op="qnorm_rope_kv_insert", case=f"T={t} H={h} {fmt.name}",
-                             ok=ok and res["ok"] and torch_all(torch.isfinite(got)), max_err=err,
-                             cache_max_err=res["max_err"],
-                             cache_bytes_differing=res["bytes_differing"],
-                             tol="q_out 2^-7 rel + 1e-5; cache within 1 ulp of its format"))
+            rows.append(
+                dict(
+                    op="qnorm_rope_kv_insert",
+                    case=f"T={t} H={h} {fmt.name}",
+                    ok=ok and res["ok"] and torch_all(torch.isfinite(got)),
+                    max_err=err,
+                    cache_max_err=res["max_err"],
+                    cache_bytes_differing=res["bytes_differing"],
+                    tol="q_out 2^-7 rel + 1e-5; cache within 1 ulp of its format",
+                )
+            )
 
         # inv_rope_fp8_quant
         ref, ours = _impls("inv_rope_fp8_quant")
@@ -237,22 +274,36 @@ def check(device, smoke: bool | None = None) -> list[dict]:
         # even both; only a GPU rounds the cvt as the hardware does)
         q_int, s_int = ours(o, pos, table, hw_enc=False)
         q_hw, s_hw = ours(o, pos, table, hw_enc=True)
-        enc_diff = int((q_int.view(torch.uint8) != q_hw.view(torch.uint8)).sum()) \
-            + int((s_int != s_hw).sum())
+        enc_diff = int((q_int.view(torch.uint8) != q_hw.view(torch.uint8)).sum()) + int(
+            (s_int != s_hw).sum()
+        )
         # the memory-order kernel (``flat``) gives the pairs kernel's bytes, either encode
         for hw, (q_p, s_p) in ((False, (q_int, s_int)), (True, (q_hw, s_hw))):
             q_f, s_f = ours(o, pos, table, hw_enc=hw, flat=True)
-            enc_diff += int((q_f.view(torch.uint8) != q_p.view(torch.uint8)).sum()) \
-                + int((s_f != s_p).sum())
-        ok = torch_all(torch.isfinite(a)) and torch_all(err <= 0.125 * b.abs() + s_el * 2 ** -9) \
-            and scale_mismatch <= max(1, s_ref.numel() // 1000) and enc_diff == 0
-        rows.append(dict(op="inv_rope_fp8_quant", case=f"T={t} H={h}", ok=ok,
-                         max_err=float(err.max()), scale_mismatch=scale_mismatch,
-                         code_bytes_differing=int((q_ours.view(torch.uint8)
-                                                   != q_ref.view(torch.uint8)).sum()),
-                         int_encode_bytes_differing=enc_diff,
-                         tol="dequant within 1 e4m3 ulp; scales equal in >= 99.9% of groups; "
-                             "hardware and integer encodes, pairs and flat kernels bit-equal"))
+            enc_diff += int((q_f.view(torch.uint8) != q_p.view(torch.uint8)).sum()) + int(
+                (s_f != s_p).sum()
+            )
+        ok = (
+            torch_all(torch.isfinite(a))
+            and torch_all(err <= 0.125 * b.abs() + s_el * 2**-9)
+            and scale_mismatch <= max(1, s_ref.numel() // 1000)
+            and enc_diff == 0
+        )
+        rows.append(
+            dict(
+                op="inv_rope_fp8_quant",
+                case=f"T={t} H={h}",
+                ok=ok,
+                max_err=float(err.max()),
+                scale_mismatch=scale_mismatch,
+                code_bytes_differing=int(
+                    (q_ours.view(torch.uint8) != q_ref.view(torch.uint8)).sum()
+                ),
+                int_encode_bytes_differing=enc_diff,
+                tol="dequant within 1 e4m3 ulp; scales equal in >= 99.9% of groups; "
+                "hardware and integer encodes, pairs and flat kernels bit-equal",
+            )
+        )
 
         # qkv_rms_norm (inputs: column slices of one fused projection)
         ref, ours = _impls("qkv_rms_norm")
@@ -265,9 +316,15 @@ def check(device, smoke: bool | None = None) -> list[dict]:
         g1, g2 = ours(q_r, qw, kvr, kw, EPS)
         ok1, e1 = _rel_close(g1, w1, **ulp_bf16)
         ok2, e2 = _rel_close(g2, w2, **ulp_bf16)
-        rows.append(dict(op="qkv_rms_norm", case=f"T={t} q_lora={Q_LORA}",
-                         ok=ok1 and ok2 and torch_all(torch.isfinite(g1)) and torch_all(
-                             torch.isfinite(g2)), max_err=max(e1, e2), tol="2^-7 rel + 1e-5"))
+        rows.append(
+            dict(
+                op="qkv_rms_norm",
+                case=f"T={t} q_lora={Q_LORA}",
+                ok=ok1 and ok2 and torch_all(torch.isfinite(g1)) and torch_all(torch.isfinite(g2)),
+                max_err=max(e1, e2),
+                tol="2^-7 rel + 1e-5",
+            )
+        )
     _sync(device)
     return rows
 
@@ -279,8 +336,11 @@ def bench(device, smoke: bool | None = None) -> list[dict]:
     device = torch.device(device)
     smoke = device.type == "cpu" if smoke is None else smoke
     h = 4 if smoke else H
-    cases = [("decode", 1), ("decode", 2)] if smoke else \
-        [("decode", 1), ("decode", 8), ("decode", 64), ("prefill", 4096), ("prefill", 16384)]
+    cases = (
+        [("decode", 1), ("decode", 2)]
+        if smoke
+        else [("decode", 1), ("decode", 8), ("decode", 64), ("prefill", 4096), ("prefill", 16384)]
+    )
     gen = torch.Generator().manual_seed(4321)
     table = _table(device)
     rows: list[dict] = []
@@ -291,9 +351,15 @@ def bench(device, smoke: bool | None = None) -> list[dict]:
         ref_ms = time_ms(ref_fn, device)
         ours_ms = time_ms(ours_fn, device)
         floor_ms = nbytes / HBM_BYTES_PER_S * 1e3
-        row = dict(op=op, case=case, ref_ms=round(ref_ms, 5), ours_ms=round(ours_ms, 5),
-                   speedup=round(ref_ms / ours_ms, 3),
-                   floor_ms=round(floor_ms, 5), frac_of_floor=round(floor_ms / ours_ms, 4))
+        row = dict(
+            op=op,
+            case=case,
+            ref_ms=round(ref_ms, 5),
+            ours_ms=round(ours_ms, 5),
+            speedup=round(ref_ms / ours_ms, 3),
+            floor_ms=round(floor_ms, 5),
+            frac_of_floor=round(floor_ms / ours_ms, 4),
+        )
         if device.type == "cuda" and case.startswith("prefill"):
             # grid cap sweep (rows per program loop beyond SMs x k programs; None = 1 row each)
             sweep = {}
@@ -311,39 +377,67 @@ def bench(device, smoke: bool | None = None) -> list[dict]:
         ref, ours = _impls("rms_norm")
         x = _rows(torch, (t, HIDDEN), device, gen)
         w = torch.ones(HIDDEN, dtype=torch.bfloat16, device=device)
-        add("rms_norm", f"{case} [T,{HIDDEN}]", lambda: ref(x, w, EPS), lambda: ours(x, w, EPS),
-            2 * x.numel() * 2 + HIDDEN * 2)
+        add(
+            "rms_norm",
+            f"{case} [T,{HIDDEN}]",
+            lambda: ref(x, w, EPS),
+            lambda: ours(x, w, EPS),
+            2 * x.numel() * 2 + HIDDEN * 2,
+        )
 
         ref, ours = _impls("rope")
         xq = _rows(torch, (t, h, D), device, gen)
-        add("rope", f"{case} H={h}", lambda: ref(xq, pos, table), lambda: ours(xq, pos, table),
-            2 * xq.numel() * 2 + cs_bytes)
+        add(
+            "rope",
+            f"{case} H={h}",
+            lambda: ref(xq, pos, table),
+            lambda: ours(xq, pos, table),
+            2 * xq.numel() * 2 + cs_bytes,
+        )
 
         ref, ours = _impls("kv_insert")
         fmt, cache, _ = _window(torch, "fp8", t, device, gen)
         slots = torch.randperm(cache.shape[0] * E, generator=gen)[:t].to(device)  # all written
         kv = _rows(torch, (t, D), device, gen)
-        add("kv_insert", f"{case} fp8_ds_mla", lambda: ref(cache, slots, kv, fmt),
-            lambda: ours(cache, slots, kv, fmt), kv.numel() * 2 + t * (fmt.entry_bytes + 8))
+        add(
+            "kv_insert",
+            f"{case} fp8_ds_mla",
+            lambda: ref(cache, slots, kv, fmt),
+            lambda: ours(cache, slots, kv, fmt),
+            kv.numel() * 2 + t * (fmt.entry_bytes + 8),
+        )
 
         ref, ours = _impls("qnorm_rope_kv_insert")
         q = _rows(torch, (t, h, D), device, gen)
-        add("qnorm_rope_kv_insert", f"{case} H={h} fp8_ds_mla",
+        add(
+            "qnorm_rope_kv_insert",
+            f"{case} H={h} fp8_ds_mla",
             lambda: ref(q, kv, pos, table, EPS, cache, slots, fmt),
             lambda: ours(q, kv, pos, table, EPS, cache, slots, fmt),
-            2 * q.numel() * 2 + kv.numel() * 2 + t * (fmt.entry_bytes + 8) + cs_bytes)
+            2 * q.numel() * 2 + kv.numel() * 2 + t * (fmt.entry_bytes + 8) + cs_bytes,
+        )
 
         ref, ours = _impls("inv_rope_fp8_quant")
-        add("inv_rope_fp8_quant", f"{case} H={h}", lambda: ref(q, pos, table),
-            lambda: ours(q, pos, table), q.numel() * 2 + q.numel() + q.numel() // 128 * 4 + cs_bytes)
+        add(
+            "inv_rope_fp8_quant",
+            f"{case} H={h}",
+            lambda: ref(q, pos, table),
+            lambda: ours(q, pos, table),
+            q.numel() * 2 + q.numel() + q.numel() // 128 * 4 + cs_bytes,
+        )
 
         ref, ours = _impls("qkv_rms_norm")
         fused = _rows(torch, (t, Q_LORA + D), device, gen)
         q_r, kvr = fused[:, :Q_LORA], fused[:, Q_LORA:]
         qw = torch.ones(Q_LORA, dtype=torch.bfloat16, device=device)
         kw = torch.ones(D, dtype=torch.bfloat16, device=device)
-        add("qkv_rms_norm", f"{case} q_lora={Q_LORA}", lambda: ref(q_r, qw, kvr, kw, EPS),
-            lambda: ours(q_r, qw, kvr, kw, EPS), 2 * fused.numel() * 2 + (Q_LORA + D) * 2)
+        add(
+            "qkv_rms_norm",
+            f"{case} q_lora={Q_LORA}",
+            lambda: ref(q_r, qw, kvr, kw, EPS),
+            lambda: ours(q_r, qw, kvr, kw, EPS),
+            2 * fused.numel() * 2 + (Q_LORA + D) * 2,
+        )
         del x, xq, q, fused, cache
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -362,7 +456,9 @@ def _print_rows(title: str, rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (Triton interpreter)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny sizes on the CPU (Triton interpreter)"
+    )
     ap.add_argument("--json", help="also write {'check': [...], 'bench': [...]} to this file")
     ap.add_argument("--skip-bench", action="store_true")
     args = ap.parse_args(argv)
@@ -382,8 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     _print_rows(f"bench on {device} (floor = bytes / {HBM_BYTES_PER_S:.1e} B/s)", benches)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": str(device), "check": checks, "bench": benches}, f, indent=1,
-                      default=str)
+            json.dump(
+                {"device": str(device), "check": checks, "bench": benches}, f, indent=1, default=str
+            )
     failed = [r for r in checks if not r["ok"]]
     print(f"checks: {len(checks) - len(failed)}/{len(checks)} ok")
     return 1 if failed else 0

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CUDA-graph capture/replay of the decode-path ops (V4-Flash decode shapes, batch 8).
 
 Each case builds static inputs, captures one call of the dispatched op (the triton backend on CUDA)
@@ -45,7 +46,7 @@ def case_sparse_attention(torch, gen):
     sink = torch.randn(H, generator=gen, device=dev)
 
     def fn():
-        return (ops.sparse_attention(q, cache, wslots, cache, cslots, fmt, sink, D ** -0.5),)
+        return (ops.sparse_attention(q, cache, wslots, cache, cslots, fmt, sink, D**-0.5),)
 
     def refresh():
         _rand_(q, gen)
@@ -162,8 +163,11 @@ CASES = {
 
 def _bit_equal(torch, a, b) -> bool:
     """Byte equality: NaN poison (state pages owned by nobody) must compare equal to itself."""
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    )
 
 
 def run_case(torch, make) -> tuple[bool, str]:
@@ -182,5 +186,8 @@ def run_case(torch, make) -> tuple[bool, str]:
     eager = list(fn()) + [m.clone() for m in mutated]
     torch.cuda.synchronize()
     bad = [i for i, (g, e) in enumerate(zip(got, eager)) if not _bit_equal(torch, g, e)]
-    return (not bad), ("replay == eager, bit-identical" if not bad
-                       else f"outputs {bad} differ between replay and eager")
+    return (not bad), (
+        "replay == eager, bit-identical"
+        if not bad
+        else f"outputs {bad} differ between replay and eager"
+    )

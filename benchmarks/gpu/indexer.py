@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """indexer_topk on the GPU: correctness check and benchmark of the Triton kernel.
 
     python -m benchmarks.gpu.indexer            # check + bench on cuda, prints tables
@@ -40,8 +41,17 @@ FORMATS = ("mxfp4", "fp8", "bf16")
 # ------------------------------------------------------------------------------------------------
 # inputs
 # ------------------------------------------------------------------------------------------------
-def make_inputs(device, fmt_name, reqs, h=HEADS, di=HEAD_DIM, q_dtype=None, seed=None,
-                entries_per_page=64, pad_tokens=0):
+def make_inputs(
+    device,
+    fmt_name,
+    reqs,
+    h=HEADS,
+    di=HEAD_DIM,
+    q_dtype=None,
+    seed=None,
+    entries_per_page=64,
+    pad_tokens=0,
+):
     """reqs: list of (first position, token count, cache entries) per request. Returns (args of the
     op without topk, fmt). Pages are shuffled across requests; every slot holds a distinct random key
     (generated and encoded on the device)."""
@@ -58,8 +68,9 @@ def make_inputs(device, fmt_name, reqs, h=HEADS, di=HEAD_DIM, q_dtype=None, seed
     pool_pages = len(reqs) * nb
     cache = fmt.new_cache(pool_pages, device=device)
     # distinct random keys for every slot (repeated rows would tie at the top-k boundary)
-    dgen = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**31, (1,),
-                                                                         generator=gen)))
+    dgen = torch.Generator(device=device).manual_seed(
+        int(torch.randint(0, 2**31, (1,), generator=gen))
+    )
     data_v, scale_v = fmt.page_views(cache)
     for p0 in range(0, pool_pages, 1024):  # chunks bound the fp32 temporaries (1M ctx: 4096 pages)
         p1 = min(pool_pages, p0 + 1024)
@@ -78,8 +89,15 @@ def make_inputs(device, fmt_name, reqs, h=HEADS, di=HEAD_DIM, q_dtype=None, seed
     t = len(token_req)
     q = torch.randn(t, h, di, generator=gen).to(q_dtype)
     w = indexer_head_weights(torch.randn(t, h, generator=gen), h, di)
-    args = (q.to(device), w.to(device), cache, fmt, bt.to(device),
-            torch.tensor(token_req, device=device), torch.tensor(token_pos, device=device))
+    args = (
+        q.to(device),
+        w.to(device),
+        cache,
+        fmt,
+        bt.to(device),
+        torch.tensor(token_req, device=device),
+        torch.tensor(token_pos, device=device),
+    )
     return args, fmt
 
 
@@ -93,8 +111,9 @@ def e4m3_query(args):
 
     q = args[0]
     zero = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
-    codes, scales = ops.rope_fp8_quant(q.to(torch.bfloat16), zero,
-                                       rope_cos_sin(10000.0, 64, 1).to(q.device))
+    codes, scales = ops.rope_fp8_quant(
+        q.to(torch.bfloat16), zero, rope_cos_sin(10000.0, 64, 1).to(q.device)
+    )
     return (codes,) + tuple(args[1:]), scales.view(q.shape[:2])
 
 
@@ -134,7 +153,7 @@ def _ref_scores(ref, args, n_max, ratio=4, q_scales=None):
         s = torch.arange(n, device=q.device)
         slots = paged.logical_to_slot(bt, torch.full_like(s, r), s, fmt.entries_per_page)
         keys = paged.gather_rows(cache, slots, fmt)
-        out[t, :n] = ref.score_entries(q[t:t + 1], w[t:t + 1], keys)[0]
+        out[t, :n] = ref.score_entries(q[t : t + 1], w[t : t + 1], keys)[0]
     return out
 
 
@@ -149,8 +168,9 @@ def _check_case(device, ref_fn, ref, ti, case, args, topk, tol=1e-4, q_scales=No
     q, w, cache, fmt, bt, token_req, token_pos = args
     n_max = bt.shape[1] * fmt.entries_per_page
     poisoned = torch.full((q.shape[0], n_max), float("nan"), device=device)
-    got = ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, out=poisoned,
-                            q_scales=q_scales)
+    got = ti.indexer_scores(
+        q, w, cache, fmt, bt, token_req, token_pos, 4, out=poisoned, q_scales=q_scales
+    )
     want = _ref_scores(ref, args, n_max, q_scales=q_scales)
     written = not bool(torch.isnan(got).any())
     mask_ok = bool(torch.equal(torch.isneginf(got), torch.isneginf(want)))
@@ -176,8 +196,17 @@ def _check_case(device, ref_fn, ref, ti, case, args, topk, tol=1e-4, q_scales=No
             if low < kth - tol * scale:
                 sel_ok = False
     ok = written and mask_ok and err <= tol and sel_ok and max_swaps <= 4
-    return dict(op="indexer_topk", case=case, max_err_rel=err, tol=tol, all_written=written,
-                mask_ok=mask_ok, max_swaps=max_swaps, selection_ok=sel_ok, ok=ok)
+    return dict(
+        op="indexer_topk",
+        case=case,
+        max_err_rel=err,
+        tol=tol,
+        all_written=written,
+        mask_ok=mask_ok,
+        max_swaps=max_swaps,
+        selection_ok=sel_ok,
+        ok=ok,
+    )
 
 
 def _radix_forms(torch, device, smoke):
@@ -188,10 +217,13 @@ def _radix_forms(torch, device, smoke):
 
     gen = torch.Generator(device=device).manual_seed(3)
     rows = []
-    for t, n in (((1, 4096),) if smoke else ((1, 32768), (1, 262144), (4, 32768), (32, 32768))):
+    for t, n in ((1, 4096),) if smoke else ((1, 32768), (1, 262144), (4, 32768), (32, 32768)):
         for ties in (False, True):
-            s = (torch.randint(-3, 4, (t, n), device=device, generator=gen).float() if ties else
-                 torch.randn(t, n, device=device, generator=gen))
+            s = (
+                torch.randint(-3, 4, (t, n), device=device, generator=gen).float()
+                if ties
+                else torch.randn(t, n, device=device, generator=gen)
+            )
             s[0, : n // 3] = float("-inf")
             outs = []
             for one in (True, False, True):
@@ -199,11 +231,18 @@ def _radix_forms(torch, device, smoke):
                 outs.append(radix_topk(s, 512, o, one_launch=one))
             kth = torch.topk(s, 512, dim=-1).values[:, -1:]
             picked = torch.gather(s, 1, outs[0].long().clamp_min(0))
-            ok = all(torch.equal(outs[0], o) for o in outs[1:]) and \
-                bool((picked >= kth).all()) and bool((outs[0] >= 0).all())
-            rows.append(dict(op="radix_topk", case=f"one launch == six launches "
-                             f"T={t} n={n} "
-                             f"{'ties' if ties else 'distinct'}", ok=ok))
+            ok = (
+                all(torch.equal(outs[0], o) for o in outs[1:])
+                and bool((picked >= kth).all())
+                and bool((outs[0] >= 0).all())
+            )
+            rows.append(
+                dict(
+                    op="radix_topk",
+                    case=f"one launch == six launches T={t} n={n} {'ties' if ties else 'distinct'}",
+                    ok=ok,
+                )
+            )
     return rows
 
 
@@ -218,48 +257,89 @@ def check(device, smoke: bool = False) -> list[dict]:
     for fmt_name in FORMATS:
         for ctx in contexts:
             args, _ = make_inputs(device, fmt_name, _decode_reqs(1, ctx), h=h)
-            rows.append(_check_case(device, ref_fn, ref, ti,
-                                    f"decode {fmt_name} B=1 ctx={size_label(ctx)}", args, topk))
+            rows.append(
+                _check_case(
+                    device,
+                    ref_fn,
+                    ref,
+                    ti,
+                    f"decode {fmt_name} B=1 ctx={size_label(ctx)}",
+                    args,
+                    topk,
+                )
+            )
     ctx = contexts[1]
     args, _ = make_inputs(device, "mxfp4", _decode_reqs(2, ctx), h=h, q_dtype=torch.float32)
-    rows.append(_check_case(device, ref_fn, ref, ti,
-                            f"decode mxfp4 q=fp32 B=2 ctx={size_label(ctx)}", args, topk))
+    rows.append(
+        _check_case(
+            device, ref_fn, ref, ti, f"decode mxfp4 q=fp32 B=2 ctx={size_label(ctx)}", args, topk
+        )
+    )
     # ragged: a decode token with < topk visible, two long decodes, a prefill chunk, padding
     small = 4 * (topk // 2)
-    reqs = [(small - 1, 1, small // 4 + 3), (ctx - 1, 1, ctx // 4), (ctx - 2, 1, ctx // 4),
-            (700, 33 if smoke else 200, 1000)]
+    reqs = [
+        (small - 1, 1, small // 4 + 3),
+        (ctx - 1, 1, ctx // 4),
+        (ctx - 2, 1, ctx // 4),
+        (700, 33 if smoke else 200, 1000),
+    ]
     for fmt_name in ("fp8", "bf16"):
         args, _ = make_inputs(device, fmt_name, reqs, h=h, pad_tokens=1)
-        rows.append(_check_case(device, ref_fn, ref, ti, f"ragged {fmt_name} (decode+prefill+pad)",
-                                args, topk))
+        rows.append(
+            _check_case(
+                device, ref_fn, ref, ti, f"ragged {fmt_name} (decode+prefill+pad)", args, topk
+            )
+        )
     # a prefill chunk long enough for tokens scored together (ops.triton.indexer.GROUP_TOKENS),
     # behind a decode token (a group across requests) and before a padding token
     n_pf = 40 if smoke else 1100
     c0 = contexts[0]
     reqs = [(c0 - 1, 1, c0 // 4), (c0 - n_pf, n_pf, c0 // 4)]
     args, _ = make_inputs(device, "mxfp4", reqs, h=h, pad_tokens=1)
-    rows.append(_check_case(device, ref_fn, ref, ti, f"prefill mxfp4 T={n_pf} after a decode",
-                            args, topk))
+    rows.append(
+        _check_case(device, ref_fn, ref, ti, f"prefill mxfp4 T={n_pf} after a decode", args, topk)
+    )
     # e4m3 q^I (the product's default where the device has FP8 dots): MXFP4 / fp8 keys on FP8
     # dots, fp32 sums of K = 32 (MXFP4 scale blocks) or K = 128 (fp8) products; decode and a
     # prefill chunk behind a decode token. Tolerance 1e-3: the tensor core's FP8 accumulation is
     # narrower than fp32 within a dot (products exact, sums to about 2^-13)
     for fmt_name in ("mxfp4", "fp8"):
-        for label, reqs in ((f"decode B=2 ctx={size_label(ctx)}", _decode_reqs(2, ctx)),
-                            (f"prefill T={n_pf} after a decode", [(c0 - 1, 1, c0 // 4),
-                                                                  (c0 - n_pf, n_pf, c0 // 4)])):
+        for label, reqs in (
+            (f"decode B=2 ctx={size_label(ctx)}", _decode_reqs(2, ctx)),
+            (
+                f"prefill T={n_pf} after a decode",
+                [(c0 - 1, 1, c0 // 4), (c0 - n_pf, n_pf, c0 // 4)],
+            ),
+        ):
             args, _ = make_inputs(device, fmt_name, reqs, h=h, pad_tokens=1)
             args, scales = e4m3_query(args)
             mode = ti._dot_mode(args[0], ti.quant.format_code(args[3]))
-            rows.append(_check_case(device, ref_fn, ref, ti, f"e4m3 q {fmt_name} {label} "
-                                    f"(dot mode {mode})", args, topk, tol=1e-3, q_scales=scales))
+            rows.append(
+                _check_case(
+                    device,
+                    ref_fn,
+                    ref,
+                    ti,
+                    f"e4m3 q {fmt_name} {label} (dot mode {mode})",
+                    args,
+                    topk,
+                    tol=1e-3,
+                    q_scales=scales,
+                )
+            )
     rows += _radix_forms(torch, device, smoke)
     if device.type == "cuda":
         from vllm_dsv4_hw.ops.registry import REGISTRY
 
         res = REGISTRY.resolve("indexer_topk", device)
-        rows.append(dict(op="indexer_topk", case="dispatch on cuda", backend=res.impl.backend,
-                         ok=res.impl.backend == "triton"))
+        rows.append(
+            dict(
+                op="indexer_topk",
+                case="dispatch on cuda",
+                backend=res.impl.backend,
+                ok=res.impl.backend == "triton",
+            )
+        )
     return rows
 
 
@@ -267,8 +347,7 @@ def check(device, smoke: bool = False) -> list[dict]:
 # bench
 # ------------------------------------------------------------------------------------------------
 def _floor_ms(t, h, di, n_per_tok, n_keys_read, entry_bytes, q_bytes):
-    bytes_moved = (n_keys_read * entry_bytes + t * h * di * q_bytes + t * h * 4
-                   + t * n_per_tok * 4)
+    bytes_moved = n_keys_read * entry_bytes + t * h * di * q_bytes + t * h * 4 + t * n_per_tok * 4
     flops = 2 * t * h * di * n_per_tok + 3 * t * h * n_per_tok
     return max(bytes_moved / HBM_BYTES_PER_S, flops / PEAK_FLOPS) * 1e3
 
@@ -285,12 +364,27 @@ def _bench_case(device, ref_fn, ti, case, args, topk, n_keys_read, n_per_tok, **
     buf = torch.empty(q.shape[0], n_max, device=device)
     score_ms = time_ms(lambda: ti.indexer_scores(*args, 4, out=buf), device)
     topk_ms = time_ms(lambda: torch.topk(buf, min(topk, n_max), dim=-1), device)
-    floor = _floor_ms(q.shape[0], q.shape[1], q.shape[2], n_per_tok, n_keys_read, fmt.entry_bytes,
-                      q.element_size())
-    return dict(op="indexer_topk", case=case, ref_ms=ref_ms, ours_ms=ours,
-                speedup=(ref_ms / ours) if ref_ms else None, floor_ms=floor,
-                frac_of_floor=floor / ours, score_ms=score_ms, topk_ms=topk_ms,
-                score_frac_of_floor=floor / score_ms)
+    floor = _floor_ms(
+        q.shape[0],
+        q.shape[1],
+        q.shape[2],
+        n_per_tok,
+        n_keys_read,
+        fmt.entry_bytes,
+        q.element_size(),
+    )
+    return dict(
+        op="indexer_topk",
+        case=case,
+        ref_ms=ref_ms,
+        ours_ms=ours,
+        speedup=(ref_ms / ours) if ref_ms else None,
+        floor_ms=floor,
+        frac_of_floor=floor / ours,
+        score_ms=score_ms,
+        topk_ms=topk_ms,
+        score_frac_of_floor=floor / score_ms,
+    )
 
 
 def bench(device, smoke: bool = False, sweep: bool = False) -> list[dict]:
@@ -303,17 +397,36 @@ def bench(device, smoke: bool = False, sweep: bool = False) -> list[dict]:
     rows = []
     for fmt_name in FORMATS:
         for ctx in contexts:
-            for b in ((1, 8) if smoke else (1, 8, 64)):
+            for b in (1, 8) if smoke else (1, 8, 64):
                 args, _ = make_inputs(device, fmt_name, _decode_reqs(b, ctx), h=h)
                 n = ctx // 4
-                rows.append(_bench_case(device, ref_fn, ti,
-                                        f"decode {fmt_name} B={b} ctx={size_label(ctx)}", args,
-                                        topk, n_keys_read=b * n, n_per_tok=n))
+                rows.append(
+                    _bench_case(
+                        device,
+                        ref_fn,
+                        ti,
+                        f"decode {fmt_name} B={b} ctx={size_label(ctx)}",
+                        args,
+                        topk,
+                        n_keys_read=b * n,
+                        n_per_tok=n,
+                    )
+                )
         # prefill: the first T tokens of one request in one chunk (causal over its T/4 entries)
-        for t in ((16,) if smoke else (4096, 16384)):
+        for t in (16,) if smoke else (4096, 16384):
             args, _ = make_inputs(device, fmt_name, [(0, t, t // 4)], h=h)
-            rows.append(_bench_case(device, ref_fn, ti, f"prefill {fmt_name} T={t}", args, topk,
-                                    n_keys_read=t // 4, n_per_tok=t // 4))
+            rows.append(
+                _bench_case(
+                    device,
+                    ref_fn,
+                    ti,
+                    f"prefill {fmt_name} T={t}",
+                    args,
+                    topk,
+                    n_keys_read=t // 4,
+                    n_per_tok=t // 4,
+                )
+            )
     if sweep:
         rows += _sweep(device, ti, smoke)
     return rows
@@ -327,25 +440,38 @@ def _sweep(device, ti, smoke: bool) -> list[dict]:
     h = 16 if smoke else HEADS
     rows = []
     for fmt_name in ("mxfp4", "bf16"):
-        for ctx in ((2048,) if smoke else CONTEXTS[2:]):
+        for ctx in (2048,) if smoke else CONTEXTS[2:]:
             args, fmt = make_inputs(device, fmt_name, _decode_reqs(1, ctx), h=h)
             n = ctx // 4
             buf = torch.empty(1, args[4].shape[1] * fmt.entries_per_page, device=device)
             floor = _floor_ms(1, h, HEAD_DIM, n, n, fmt.entry_bytes, 2)
-            for block_s in ((64,) if smoke else (32, 64, 128)):
-                for warps in ((4,) if smoke else (4, 8)):
-                    for iters in ((1, 2) if smoke else (1, 4, 16)):
+            for block_s in (64,) if smoke else (32, 64, 128):
+                for warps in (4,) if smoke else (4, 8):
+                    for iters in (1, 2) if smoke else (1, 4, 16):
                         kw = dict(block_s=block_s, num_warps=warps, iters=iters)
                         case = f"sweep {fmt_name} ctx={size_label(ctx)}"
                         try:
-                            ms = time_ms(lambda: ti.indexer_scores(*args, 4, out=buf, **kw),
-                                          device)
+                            ms = time_ms(lambda: ti.indexer_scores(*args, 4, out=buf, **kw), device)
                         except Exception as exc:  # e.g. out of resources for a config
-                            rows.append(dict(op="indexer_scores", case=case, config=str(kw),
-                                             error=f"{type(exc).__name__}: {exc}"[:200]))
+                            rows.append(
+                                dict(
+                                    op="indexer_scores",
+                                    case=case,
+                                    config=str(kw),
+                                    error=f"{type(exc).__name__}: {exc}"[:200],
+                                )
+                            )
                             continue
-                        rows.append(dict(op="indexer_scores", case=case, config=str(kw),
-                                         ours_ms=ms, floor_ms=floor, frac_of_floor=floor / ms))
+                        rows.append(
+                            dict(
+                                op="indexer_scores",
+                                case=case,
+                                config=str(kw),
+                                ours_ms=ms,
+                                floor_ms=floor,
+                                frac_of_floor=floor / ms,
+                            )
+                        )
     return rows
 
 

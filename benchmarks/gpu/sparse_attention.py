@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """sparse_attention on the GPU: correctness check and benchmark of the Triton kernel.
 
     python -m benchmarks.gpu.sparse_attention            # check + bench on cuda, prints tables
@@ -56,8 +57,21 @@ def _fill_cache(fmt, num_entries, device, gen, pool_rows=4096, key_scale=1.0):
     return cache
 
 
-def make_inputs(device, fmt_name, t, h=64, d=512, window=128, topk=512, cache_entries=131072,
-                q_dtype=None, holes=0.0, empty_tokens=(), seed=None, entries_per_page=64):
+def make_inputs(
+    device,
+    fmt_name,
+    t,
+    h=64,
+    d=512,
+    window=128,
+    topk=512,
+    cache_entries=131072,
+    q_dtype=None,
+    holes=0.0,
+    empty_tokens=(),
+    seed=None,
+    entries_per_page=64,
+):
     """(args tuple of the op, fmt): decode-style inputs, one token per request."""
     import torch
 
@@ -68,7 +82,7 @@ def make_inputs(device, fmt_name, t, h=64, d=512, window=128, topk=512, cache_en
     fmt = make_format(fmt_name, "main", entries_per_page)
     comp_cache = _fill_cache(fmt, cache_entries, device, gen)
     win_cache = _fill_cache(fmt, t * window, device, gen)
-    window_slots = (torch.arange(t)[:, None] * window + torch.arange(window)[None, :])
+    window_slots = torch.arange(t)[:, None] * window + torch.arange(window)[None, :]
     comp_slots = torch.randint(0, cache_entries, (t, topk), generator=gen)
     if holes:
         window_slots = torch.where(torch.rand(t, window, generator=gen) < holes, -1, window_slots)
@@ -78,8 +92,16 @@ def make_inputs(device, fmt_name, t, h=64, d=512, window=128, topk=512, cache_en
         comp_slots[tok] = -1
     q = (torch.randn(t, h, d, generator=gen) * 3).to(q_dtype)
     sink = torch.randn(h, generator=gen)
-    args = (q.to(device), win_cache, window_slots.to(torch.int32).to(device), comp_cache,
-            comp_slots.to(torch.int32).to(device), fmt, sink.to(device), d ** -0.5)
+    args = (
+        q.to(device),
+        win_cache,
+        window_slots.to(torch.int32).to(device),
+        comp_cache,
+        comp_slots.to(torch.int32).to(device),
+        fmt,
+        sink.to(device),
+        d**-0.5,
+    )
     return args, fmt
 
 
@@ -118,8 +140,13 @@ def check(device, smoke: bool = False) -> list[dict]:
         shape = dict(h=4, d=512, window=8, topk=24, cache_entries=512)
         batches = [(2, None), (3, 2)]
     else:
-        shape = dict(h=FLASH["h"], d=FLASH["d"], window=FLASH["window"], topk=FLASH["topk"],
-                     cache_entries=131072)
+        shape = dict(
+            h=FLASH["h"],
+            d=FLASH["d"],
+            window=FLASH["window"],
+            topk=FLASH["topk"],
+            cache_entries=131072,
+        )
         batches = [(1, None), (8, None), (64, None), (8, 3), (8, 1)]
     rows = []
     for fmt_name in ("fp8_ds_mla", "bf16"):
@@ -128,32 +155,60 @@ def check(device, smoke: bool = False) -> list[dict]:
                 if q_dtype == torch.float32 and splits is not None:
                     continue
                 for opts in _variants(fmt_name, q_dtype, t, splits, smoke, device):
-                    args, fmt = make_inputs(device, fmt_name, t, q_dtype=q_dtype, holes=0.1,
-                                            empty_tokens=(t - 1,) if t > 1 else (), **shape)
+                    args, fmt = make_inputs(
+                        device,
+                        fmt_name,
+                        t,
+                        q_dtype=q_dtype,
+                        holes=0.1,
+                        empty_tokens=(t - 1,) if t > 1 else (),
+                        **shape,
+                    )
                     q = args[0]
                     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=device)
-                    tsa.sparse_attention_triton(*args, out=out, num_splits=splits,
-                                                poison_workspace=True, **opts)
+                    tsa.sparse_attention_triton(
+                        *args, out=out, num_splits=splits, poison_workspace=True, **opts
+                    )
                     ref = ref_fn(q.double(), *args[1:]).double()
                     written = bool(~torch.isnan(out).any())
                     scale = float(ref.abs().max())
-                    err = (float((out.double() - ref).abs().max()) / max(scale, 1e-30)
-                           if written else float("nan"))
+                    err = (
+                        float((out.double() - ref).abs().max()) / max(scale, 1e-30)
+                        if written
+                        else float("nan")
+                    )
                     empty_ok = t == 1 or bool((out[t - 1] == 0).all())
                     ok = written and empty_ok and err <= tol
-                    case = (f"{fmt_name} q={str(q_dtype)[6:]} T={t} H={shape['h']} "
-                            f"W={shape['window']} K={shape['topk']} splits={splits or 'auto'}")
+                    case = (
+                        f"{fmt_name} q={str(q_dtype)[6:]} T={t} H={shape['h']} "
+                        f"W={shape['window']} K={shape['topk']} splits={splits or 'auto'}"
+                    )
                     if opts:
                         case += " " + " ".join(f"{k}={v}" for k, v in opts.items())
-                    rows.append(dict(op="sparse_attention", case=case, max_err_rel=err, tol=tol,
-                                     all_written=written, empty_token_zero=empty_ok, ok=ok))
+                    rows.append(
+                        dict(
+                            op="sparse_attention",
+                            case=case,
+                            max_err_rel=err,
+                            tol=tol,
+                            all_written=written,
+                            empty_token_zero=empty_ok,
+                            ok=ok,
+                        )
+                    )
     # dispatch: on the GPU the public op must resolve to the triton kernel
     if device.type == "cuda":
         from vllm_dsv4_hw.ops.registry import REGISTRY
 
         res = REGISTRY.resolve("sparse_attention", device)
-        rows.append(dict(op="sparse_attention", case="dispatch on cuda",
-                         backend=res.impl.backend, ok=res.impl.backend == "triton"))
+        rows.append(
+            dict(
+                op="sparse_attention",
+                case="dispatch on cuda",
+                backend=res.impl.backend,
+                ok=res.impl.backend == "triton",
+            )
+        )
     return rows
 
 
@@ -168,9 +223,15 @@ def _floor_ms(t, h, d, n_cand, entry_bytes, q_bytes):
 
 def _row(case, t, h, d, n_cand, fmt, q, ref_ms, ours_ms, **extra):
     floor = _floor_ms(t, h, d, n_cand, fmt.entry_bytes, q.element_size())
-    row = dict(op="sparse_attention", case=case, ref_ms=ref_ms, ours_ms=ours_ms,
-               speedup=(ref_ms / ours_ms) if ref_ms else None, floor_ms=floor,
-               frac_of_floor=floor / ours_ms)
+    row = dict(
+        op="sparse_attention",
+        case=case,
+        ref_ms=ref_ms,
+        ours_ms=ours_ms,
+        speedup=(ref_ms / ours_ms) if ref_ms else None,
+        floor_ms=floor,
+        frac_of_floor=floor / ours_ms,
+    )
     row.update(extra)
     return row
 
@@ -190,23 +251,26 @@ def bench(device, smoke: bool = False, sweep: bool = False) -> list[dict]:
     for fmt_name in ("fp8_ds_mla", "bf16"):
         for n_entries in contexts:
             for t in batches:
-                args, fmt = make_inputs(device, fmt_name, t, h=h, d=d, window=w, topk=k,
-                                        cache_entries=n_entries)
+                args, fmt = make_inputs(
+                    device, fmt_name, t, h=h, d=d, window=w, topk=k, cache_entries=n_entries
+                )
                 ours = time_ms(lambda: tsa.sparse_attention_triton(*args), device)
                 ref = time_ms(lambda: ref_fn(*args), device)
                 case = f"decode {fmt_name} B={t} cache={size_label(n_entries)}"
                 rows.append(_row(case, t, h, d, w + k, fmt, args[0], ref, ours))
         for prefill in prefills:
-            args, fmt = make_inputs(device, fmt_name, prefill, h=h, d=d, window=w, topk=k,
-                                    cache_entries=contexts[1])
+            args, fmt = make_inputs(
+                device, fmt_name, prefill, h=h, d=d, window=w, topk=k, cache_entries=contexts[1]
+            )
             ours = time_ms(lambda: tsa.sparse_attention_triton(*args), device)
             ref = time_ms(lambda: ref_fn(*args), device)
             case = f"prefill {fmt_name} T={prefill} cache={size_label(contexts[1])}"
             rows.append(_row(case, prefill, h, d, w + k, fmt, args[0], ref, ours))
         # V4-Pro decode: 128 heads, top-1024
         hp, kp, tp = (8, 40, 2) if smoke else (128, 1024, 8)
-        args, fmt = make_inputs(device, fmt_name, tp, h=hp, d=d, window=w, topk=kp,
-                                cache_entries=contexts[1])
+        args, fmt = make_inputs(
+            device, fmt_name, tp, h=hp, d=d, window=w, topk=kp, cache_entries=contexts[1]
+        )
         ours = time_ms(lambda: tsa.sparse_attention_triton(*args), device)
         ref = time_ms(lambda: ref_fn(*args), device)
         case = f"decode-pro {fmt_name} B={tp} H={hp} K={kp} cache={size_label(contexts[1])}"
@@ -222,7 +286,8 @@ def _sweep(device, tsa, smoke: bool) -> list[dict]:
     h, d, w, k = (4, 512, 8, 24) if smoke else (64, 512, 128, 512)
     base = dict(block_h=32, block_n=16, num_warps=8)
     configs = [
-        dict(base, prefetch=True), dict(base, prefetch=False),
+        dict(base, prefetch=True),
+        dict(base, prefetch=False),
         dict(base, prefetch=False, maxnreg=128),
         dict(block_h=16, block_n=16, num_warps=4, prefetch=False),
         dict(block_h=16, block_n=16, num_warps=4, prefetch=True),
@@ -240,14 +305,19 @@ def sweep_large(device, tsa, smoke: bool = False) -> list[dict]:
     all 64 heads (each entry tile read once per head block), longer tiles, pipelining, and split-K
     on or off (the device is full without it)."""
     h, d, w, k = (4, 512, 8, 24) if smoke else (64, 512, 128, 512)
-    configs = [dict(block_h=16, block_n=32, num_warps=4), dict(block_h=16, block_n=64, num_warps=4),
-               dict(block_h=32, block_n=32, num_warps=4), dict(block_h=32, block_n=32, num_warps=8),
-               dict(block_h=32, block_n=64, num_warps=8), dict(block_h=64, block_n=16, num_warps=8),
-               dict(block_h=64, block_n=32, num_warps=8),
-               dict(block_h=32, block_n=32, num_warps=8, num_stages=2),
-               dict(block_h=64, block_n=32, num_warps=8, num_stages=2),
-               dict(block_h=32, block_n=32, num_warps=8, prefetch=False),
-               dict(block_h=64, block_n=32, num_warps=8, prefetch=False)]
+    configs = [
+        dict(block_h=16, block_n=32, num_warps=4),
+        dict(block_h=16, block_n=64, num_warps=4),
+        dict(block_h=32, block_n=32, num_warps=4),
+        dict(block_h=32, block_n=32, num_warps=8),
+        dict(block_h=32, block_n=64, num_warps=8),
+        dict(block_h=64, block_n=16, num_warps=8),
+        dict(block_h=64, block_n=32, num_warps=8),
+        dict(block_h=32, block_n=32, num_warps=8, num_stages=2),
+        dict(block_h=64, block_n=32, num_warps=8, num_stages=2),
+        dict(block_h=32, block_n=32, num_warps=8, prefetch=False),
+        dict(block_h=64, block_n=32, num_warps=8, prefetch=False),
+    ]
     if smoke:
         configs = configs[:2]
     cases = [(f, t) for f in ("bf16", "fp8_ds_mla") for t in ((2,) if smoke else (64, 4096))]
@@ -257,8 +327,9 @@ def sweep_large(device, tsa, smoke: bool = False) -> list[dict]:
 def _sweep_cases(device, tsa, smoke, configs, cases, split_choices, h, d, w, k) -> list[dict]:
     rows = []
     for fmt_name, t in cases:
-        args, fmt = make_inputs(device, fmt_name, t, h=h, d=d, window=w, topk=k,
-                                cache_entries=1024 if smoke else 131072)
+        args, fmt = make_inputs(
+            device, fmt_name, t, h=h, d=d, window=w, topk=k, cache_entries=1024 if smoke else 131072
+        )
         for i, cfg in enumerate(configs):
             for splits in split_choices:
                 if smoke and (i > 1 or splits == 16):
@@ -267,11 +338,29 @@ def _sweep_cases(device, tsa, smoke, configs, cases, split_choices, h, d, w, k) 
                 try:
                     ours = time_ms(lambda: tsa.sparse_attention_triton(*args, **kw), device)
                 except Exception as exc:  # e.g. out of shared memory / registers for a config
-                    rows.append(dict(op="sparse_attention", case=f"sweep {fmt_name} B={t}",
-                                     config=str(kw), error=f"{type(exc).__name__}: {exc}"[:200]))
+                    rows.append(
+                        dict(
+                            op="sparse_attention",
+                            case=f"sweep {fmt_name} B={t}",
+                            config=str(kw),
+                            error=f"{type(exc).__name__}: {exc}"[:200],
+                        )
+                    )
                     continue
-                rows.append(_row(f"sweep {fmt_name} B={t}", t, h, d, w + k, fmt, args[0], None,
-                                 ours, config=str(kw)))
+                rows.append(
+                    _row(
+                        f"sweep {fmt_name} B={t}",
+                        t,
+                        h,
+                        d,
+                        w + k,
+                        fmt,
+                        args[0],
+                        None,
+                        ours,
+                        config=str(kw),
+                    )
+                )
     return rows
 
 

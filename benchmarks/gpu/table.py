@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The plain-text table every GPU benchmark module prints (one column per key seen in the rows)."""
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ def run_cli(doc: str, check, bench, argv=None, sweep_help: str | None = None) ->
     import os
 
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
-    p.add_argument("--smoke", action="store_true", help="tiny sizes; CPU + Triton interpreter "
-                   "when no GPU is present")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes; CPU + Triton interpreter when no GPU is present",
+    )
     if sweep_help:
         p.add_argument("--sweep", action="store_true", help=sweep_help)
     p.add_argument("--no-bench", action="store_true")
@@ -61,8 +65,10 @@ def run_cli(doc: str, check, bench, argv=None, sweep_help: str | None = None) ->
     elif a.smoke:
         device = "cpu"
         if os.environ.get("TRITON_INTERPRET") != "1":
-            print("no GPU: re-run with TRITON_INTERPRET=1 (set before triton is imported)",
-                  file=sys.stderr)
+            print(
+                "no GPU: re-run with TRITON_INTERPRET=1 (set before triton is imported)",
+                file=sys.stderr,
+            )
             return 2
     else:
         print("no CUDA device; use --smoke for the CPU interpreter run", file=sys.stderr)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Timing for the GPU benchmarks: medians of ``triton.testing.do_bench`` over CUDA-graph replays.
 
 A decode-sized op runs for microseconds, less than the Python wrapper around it takes to launch it,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The weights-as-shipped matmuls on the GPU: ``fp8_block_linear`` (FP8 128x128 block linears) and
 ``moe_experts`` (FP4 e2m1 routed experts), checked and timed at V4-Flash / V4-Pro dimensions.
 
@@ -22,9 +23,16 @@ HBM_BYTES_PER_S = 4.3e12
 PEAK_FLOPS = 790e12
 # (name, N, K, groups) per model: the FP8 linears of an attention layer and of the shared expert
 LINEARS = {
-    "v4-flash": (("wq_a", 1024, 4096, 1), ("wq_b", 32768, 1024, 1), ("wkv", 512, 4096, 1),
-                 ("wo_a", 1024, 4096, 8), ("wo_b", 4096, 8192, 1), ("indexer.wq_b", 8192, 1024, 1),
-                 ("shared.w13", 4096, 4096, 1), ("shared.w2", 4096, 2048, 1)),
+    "v4-flash": (
+        ("wq_a", 1024, 4096, 1),
+        ("wq_b", 32768, 1024, 1),
+        ("wkv", 512, 4096, 1),
+        ("wo_a", 1024, 4096, 8),
+        ("wo_b", 4096, 8192, 1),
+        ("indexer.wq_b", 8192, 1024, 1),
+        ("shared.w13", 4096, 4096, 1),
+        ("shared.w2", 4096, 2048, 1),
+    ),
     "v4-pro": (("wq_b", 65536, 1536, 1), ("wo_a", 1024, 8192, 16), ("wo_b", 7168, 16384, 1)),
 }
 EXPERTS = {"v4-flash": (256, 4096, 2048, 6), "v4-pro": (384, 7168, 3072, 6)}
@@ -35,7 +43,7 @@ def _fp8_weight(torch, n, k, g, device, gen):
 
     w8, s = [], []
     for _ in range(g):
-        q, sc = quantize_fp8_block(torch.randn(n, k, device=device, generator=gen) / k ** 0.5)
+        q, sc = quantize_fp8_block(torch.randn(n, k, device=device, generator=gen) / k**0.5)
         w8.append(q)
         s.append(sc)
     if g == 1:
@@ -48,11 +56,14 @@ def _all_codes_weight(torch, n, k, device, gen):
     random ue8m0 block scales 2^-24..2^4: the decode paths must agree on every code."""
     codes = torch.arange(256, device=device).to(torch.uint8)
     codes = codes[(codes & 0x7F) != 0x7F]
-    flat = codes.repeat(-(-n * k // codes.numel()))[:n * k]
+    flat = codes.repeat(-(-n * k // codes.numel()))[: n * k]
     flat = flat[torch.randperm(flat.numel(), device=device, generator=gen)]
     w8 = flat.view(n, k).view(torch.float8_e4m3fn)
-    s = torch.randint(127 - 24, 127 + 5, (-(-n // 128), -(-k // 128)), device=device,
-                      generator=gen).to(torch.uint8).view(torch.float8_e8m0fnu)
+    s = (
+        torch.randint(127 - 24, 127 + 5, (-(-n // 128), -(-k // 128)), device=device, generator=gen)
+        .to(torch.uint8)
+        .view(torch.float8_e8m0fnu)
+    )
     return w8, s
 
 
@@ -67,14 +78,18 @@ def _decode_modes(torch, device, gen, smoke):
     auto = e4m3_mode(device)
     modes = e4m3_modes(device)
     rows = []
-    for m in ((1, 3) if smoke else (1, 4096)):
+    for m in (1, 3) if smoke else (1, 4096):
         x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
         got = fp8_block_linear(x, w8, s, (128, 128))
         for mode in modes:
             same = torch.equal(fp8_block_linear(x, w8, s, (128, 128), cvt=mode), got)
-            rows.append({"op": "fp8_block_linear", "case": f"all e4m3 codes M={m} auto "
-                         f"decode {auto} == decode {mode}", "ok": same
-                         and bool(torch.isfinite(got).all())})
+            rows.append(
+                {
+                    "op": "fp8_block_linear",
+                    "case": f"all e4m3 codes M={m} auto decode {auto} == decode {mode}",
+                    "ok": same and bool(torch.isfinite(got).all()),
+                }
+            )
     return rows
 
 
@@ -82,21 +97,27 @@ def _experts(torch, e, d, i, device, gen):
     from vllm_dsv4_hw.quant.formats import quantize_fp4_experts
 
     def one(n, k):
-        q, s = quantize_fp4_experts(torch.randn(n, k, device=device, generator=gen) / k ** 0.5)
+        q, s = quantize_fp4_experts(torch.randn(n, k, device=device, generator=gen) / k**0.5)
         return q.view(torch.uint8), s
+
     w13 = [one(2 * i, d) for _ in range(e)]
     w2 = [one(d, i) for _ in range(e)]
-    return (torch.stack([a for a, _ in w13]), torch.stack([b for _, b in w13]),
-            torch.stack([a for a, _ in w2]), torch.stack([b for _, b in w2]))
+    return (
+        torch.stack([a for a, _ in w13]),
+        torch.stack([b for _, b in w13]),
+        torch.stack([a for a, _ in w2]),
+        torch.stack([b for _, b in w2]),
+    )
 
 
 def _impls():
     from vllm_dsv4_hw.ops import api
     from vllm_dsv4_hw.ops.registry import REGISTRY
 
-    return ({b: REGISTRY.implementations(api.FP8_BLOCK_LINEAR)[b].fn
-             for b in ("reference", "triton")},
-            {b: REGISTRY.implementations(api.MOE_EXPERTS)[b].fn for b in ("reference", "triton")})
+    return (
+        {b: REGISTRY.implementations(api.FP8_BLOCK_LINEAR)[b].fn for b in ("reference", "triton")},
+        {b: REGISTRY.implementations(api.MOE_EXPERTS)[b].fn for b in ("reference", "triton")},
+    )
 
 
 def _rel(a, b) -> float:
@@ -117,13 +138,17 @@ def _serial_split(torch, device, gen, smoke):
     from vllm_dsv4_hw.ops.triton.linear import split_k
 
     rows = []
-    shapes = ((256, 512, 1, 4), (128, 512, 2, 3)) if smoke else \
-        ((1536, 4096, 1, None), (4096, 8192, 1, None), (1024, 4096, 8, 4))
+    shapes = (
+        ((256, 512, 1, 4), (128, 512, 2, 3))
+        if smoke
+        else ((1536, 4096, 1, None), (4096, 8192, 1, None), (1024, 4096, 8, 4))
+    )
     for n, k, g, split in shapes:
         w8, s = _fp8_weight(torch, n, k, g, device, gen)
         for m in (1, 5):
-            x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device,
-                            generator=gen).to(torch.bfloat16)
+            x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device, generator=gen).to(
+                torch.bfloat16
+            )
             kw = dict(split_k=split)
             two = fp8_op.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=False)
             ser = fp8_op.fp8_block_linear(x, w8, s, (128, 128), **kw, serial=True)
@@ -138,9 +163,14 @@ def _serial_split(torch, device, gen, smoke):
                 torch.cuda.synchronize(device)
             same = all(torch.equal(o, two) for o in [ser] + outs)
             clean = not any(bool(c.any()) for c in split_k._COUNTERS.values())
-            rows.append({"op": "fp8_block_linear", "case": f"serial split-K N={n} K={k} G={g} "
-                         f"M={m} split={split or 'auto'} == separate sum (2 streams)",
-                         "ok": same and clean})
+            rows.append(
+                {
+                    "op": "fp8_block_linear",
+                    "case": f"serial split-K N={n} K={k} G={g} "
+                    f"M={m} split={split or 'auto'} == separate sum (2 streams)",
+                    "ok": same and clean,
+                }
+            )
     return rows
 
 
@@ -155,26 +185,49 @@ def _gemv(torch, device, gen, smoke):
 
     lin, _ = _impls()
     rows = []
-    shapes = (("wq_b", 384, 256, 1), ("wo_a", 256, 512, 2)) if smoke else (
-        ("wq_b", 32768, 1024, 1), ("wo_a", 1024, 4096, 8), ("wo_b", 4096, 8192, 1))
+    shapes = (
+        (("wq_b", 384, 256, 1), ("wo_a", 256, 512, 2))
+        if smoke
+        else (("wq_b", 32768, 1024, 1), ("wo_a", 1024, 4096, 8), ("wo_b", 4096, 8192, 1))
+    )
     for name, n, k, g in shapes:
         w8, s = _fp8_weight(torch, n, k, g, device, gen)
         for m in (1, 3, 4):
-            x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device,
-                            generator=gen).to(torch.bfloat16)
+            x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device, generator=gen).to(
+                torch.bfloat16
+            )
             if not fp8_gemv.takes(check_fp8_block_linear_args(x, w8, s, (128, 128), None), m):
                 continue
             got = lin["triton"](x, w8, s, (128, 128), None, True, gemv=True)
             r = _rel(got, lin["reference"](x, w8, s, (128, 128), None, True))
-            own = all(torch.equal(lin["triton"](x[i:i + 1], w8, s, (128, 128), None, True,
-                                                gemv=True), got[i:i + 1]) for i in range(m))
+            own = all(
+                torch.equal(
+                    lin["triton"](x[i : i + 1], w8, s, (128, 128), None, True, gemv=True),
+                    got[i : i + 1],
+                )
+                for i in range(m)
+            )
             q, qs = quantize(x.reshape(-1, k), 128)
-            coded = lin["triton"](q.view(*x.shape), w8, s, (128, 128), None,
-                                  x_scales=qs.view(*x.shape[:-1], -1), gemv=True)
-            rows.append({"op": "fp8_block_linear", "case": f"GEMV {name} M={m} e4m3 x (rows "
-                         "alone, codes given)", "rel_err": r,
-                         "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all()) and own
-                         and torch.equal(coded, got)})
+            coded = lin["triton"](
+                q.view(*x.shape),
+                w8,
+                s,
+                (128, 128),
+                None,
+                x_scales=qs.view(*x.shape[:-1], -1),
+                gemv=True,
+            )
+            rows.append(
+                {
+                    "op": "fp8_block_linear",
+                    "case": f"GEMV {name} M={m} e4m3 x (rows alone, codes given)",
+                    "rel_err": r,
+                    "ok": r <= 2**-7
+                    and bool(torch.isfinite(got).all())
+                    and own
+                    and torch.equal(coded, got),
+                }
+            )
     return rows
 
 
@@ -185,20 +238,31 @@ def _dense(torch, device, gen, smoke):
     from vllm_dsv4_hw.ops.triton.linear import dense as td
 
     rows = []
-    shapes = ((256, 512, torch.float32),) if smoke else \
-        ((2048, 4096, torch.float32), (512, 4096, torch.float32), (64, 4096, torch.bfloat16))
+    shapes = (
+        ((256, 512, torch.float32),)
+        if smoke
+        else ((2048, 4096, torch.float32), (512, 4096, torch.float32), (64, 4096, torch.bfloat16))
+    )
     for n, k, odt in shapes:
-        w = (torch.randn(n, k, device=device, generator=gen) / k ** 0.5).to(torch.bfloat16)
-        for m in ((1, 3) if smoke else (1, 8, 16, 64)):
+        w = (torch.randn(n, k, device=device, generator=gen) / k**0.5).to(torch.bfloat16)
+        for m in (1, 3) if smoke else (1, 8, 16, 64):
             x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
             want = x.double() @ w.double().t()
             got = td.dense_linear(x, w, odt)
             r = _rel(got.double(), want)
-            tol = 2 ** -7 if odt == torch.bfloat16 else 1e-5
-            same = torch.equal(td.dense_linear(x, w, odt, split_k=4, serial=True),
-                               td.dense_linear(x, w, odt, split_k=4, serial=False))
-            rows.append({"op": "dense_linear", "case": f"N={n} K={k} M={m} {odt}",
-                         "rel_err": r, "ok": r <= tol and same and got.dtype == odt})
+            tol = 2**-7 if odt == torch.bfloat16 else 1e-5
+            same = torch.equal(
+                td.dense_linear(x, w, odt, split_k=4, serial=True),
+                td.dense_linear(x, w, odt, split_k=4, serial=False),
+            )
+            rows.append(
+                {
+                    "op": "dense_linear",
+                    "case": f"N={n} K={k} M={m} {odt}",
+                    "rel_err": r,
+                    "ok": r <= tol and same and got.dtype == odt,
+                }
+            )
     return rows
 
 
@@ -211,30 +275,42 @@ def check(device, smoke=False):
     shapes = (("wq_b", 384, 256, 1), ("wo_a", 256, 512, 2)) if smoke else LINEARS["v4-flash"]
     for name, n, k, g in shapes:
         w8, s = _fp8_weight(torch, n, k, g, device, gen)
-        for m in ((1, 5) if smoke else (1, 8, 64, 700)):
-            x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device,
-                            generator=gen).to(torch.bfloat16)
+        for m in (1, 5) if smoke else (1, 8, 64, 700):
+            x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device, generator=gen).to(
+                torch.bfloat16
+            )
             for qx in (False, True):  # W8A16, and W8A8 (e4m3 activations: fp8_dot_linear)
                 got = lin["triton"](x, w8, s, (128, 128), None, qx)
                 ref = lin["reference"](x, w8, s, (128, 128), None, qx)
                 r = _rel(got, ref)
-                rows.append({"op": "fp8_block_linear", "case": f"{name} M={m}"
-                             + (" e4m3 x" if qx else ""), "rel_err": r,
-                             "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all())})
+                rows.append(
+                    {
+                        "op": "fp8_block_linear",
+                        "case": f"{name} M={m}" + (" e4m3 x" if qx else ""),
+                        "rel_err": r,
+                        "ok": r <= 2**-7 and bool(torch.isfinite(got).all()),
+                    }
+                )
     rows += _decode_modes(torch, device, gen, smoke)
     rows += _serial_split(torch, device, gen, smoke)
     rows += _gemv(torch, device, gen, smoke)
     rows += _dense(torch, device, gen, smoke)
     e, d, i, k = (8, 256, 128, 2) if smoke else EXPERTS["v4-flash"]
     w13, s13, w2, s2 = _experts(torch, e, d, i, device, gen)
-    for t in ((1, 3) if smoke else (1, 8, 64, 300)):
+    for t in (1, 3) if smoke else (1, 8, 64, 300):
         x = torch.randn(t, d, device=device, generator=gen).to(torch.bfloat16)
         tw, ids = _routing(torch, t, e, k, device, gen)
         got = moe["triton"](x, tw, ids, w13, s13, w2, s2, 10.0)
         ref = moe["reference"](x, tw, ids, w13, s13, w2, s2, 10.0)
         r = _rel(got, ref)
-        rows.append({"op": "moe_experts", "case": f"E={e} D={d} I={i} k={k} T={t}", "rel_err": r,
-                     "ok": r <= 2 ** -7 and bool(torch.isfinite(got).all())})
+        rows.append(
+            {
+                "op": "moe_experts",
+                "case": f"E={e} D={d} I={i} k={k} T={t}",
+                "rel_err": r,
+                "ok": r <= 2**-7 and bool(torch.isfinite(got).all()),
+            }
+        )
     return rows
 
 
@@ -258,21 +334,31 @@ def bench(device, smoke=False):
                     return F.linear(x, dequantize_fp8_block(w8, s).to(torch.bfloat16))
                 w = torch.stack([dequantize_fp8_block(w8[j], s[j]) for j in range(g)])
                 return torch.einsum("mgk,gnk->mgn", x, w.to(torch.bfloat16))
+
             wbytes = w8.numel() + s.numel()
-            for m in ((1,) if smoke else (1, 8, 64, 4096)):
-                x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device,
-                                generator=gen).to(torch.bfloat16)
+            for m in (1,) if smoke else (1, 8, 64, 4096):
+                x = torch.randn(*((m, g, k) if g > 1 else (m, k)), device=device, generator=gen).to(
+                    torch.bfloat16
+                )
                 ours = time_ms(lambda: lin["triton"](x, w8, s, (128, 128), None), device)
                 base = time_ms(lambda: unfused(x), device)
                 floor = max(wbytes / HBM_BYTES_PER_S, 2 * m * n * k * g / PEAK_FLOPS) * 1e3
-                rows.append({"op": "fp8_block_linear", "model": model,
-                             "case": f"{name} M={m} N={n} K={k} G={g}", "us": ours * 1e3,
-                             "unfused_us": base * 1e3, "speedup": base / ours,
-                             "floor_us": floor * 1e3, "x_floor": ours / floor})
+                rows.append(
+                    {
+                        "op": "fp8_block_linear",
+                        "model": model,
+                        "case": f"{name} M={m} N={n} K={k} G={g}",
+                        "us": ours * 1e3,
+                        "unfused_us": base * 1e3,
+                        "speedup": base / ours,
+                        "floor_us": floor * 1e3,
+                        "x_floor": ours / floor,
+                    }
+                )
     emodels = {"smoke": (8, 256, 128, 2)} if smoke else EXPERTS
     for model, (e, d, i, k) in emodels.items():
         w13, s13, w2, s2 = _experts(torch, e, d, i, device, gen)
-        per_expert = (w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel())
+        per_expert = w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()
 
         def unfused(x, tw, ids, w13=w13, s13=s13, w2=w2, s2=s2, i=i):  # noqa: F811
             out = torch.zeros(x.shape[0], x.shape[1], device=x.device)
@@ -285,18 +371,28 @@ def bench(device, smoke=False):
                 y = F.linear(act.to(torch.bfloat16), b).float()
                 out.index_add_(0, rows_, y * tw[rows_, slot, None])
             return out
-        for t in ((1,) if smoke else (1, 8, 64, 512)):
+
+        for t in (1,) if smoke else (1, 8, 64, 512):
             x = torch.randn(t, d, device=device, generator=gen).to(torch.bfloat16)
             tw, ids = _routing(torch, t, e, k, device, gen)
             hit = int(ids.unique().numel())
             ours = time_ms(lambda: moe["triton"](x, tw, ids, w13, s13, w2, s2, 10.0), device)
             base = time_ms(lambda: unfused(x, tw, ids), device, graph=False)
-            floor = max(hit * per_expert / HBM_BYTES_PER_S,
-                        2 * t * k * 3 * d * i / PEAK_FLOPS) * 1e3
-            rows.append({"op": "moe_experts", "model": model,
-                         "case": f"E={e} D={d} I={i} k={k} T={t} ({hit} experts hit)",
-                         "us": ours * 1e3, "unfused_us": base * 1e3, "speedup": base / ours,
-                         "floor_us": floor * 1e3, "x_floor": ours / floor})
+            floor = (
+                max(hit * per_expert / HBM_BYTES_PER_S, 2 * t * k * 3 * d * i / PEAK_FLOPS) * 1e3
+            )
+            rows.append(
+                {
+                    "op": "moe_experts",
+                    "model": model,
+                    "case": f"E={e} D={d} I={i} k={k} T={t} ({hit} experts hit)",
+                    "us": ours * 1e3,
+                    "unfused_us": base * 1e3,
+                    "speedup": base / ours,
+                    "floor_us": floor * 1e3,
+                    "x_floor": ours / floor,
+                }
+            )
     return rows
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Peer table: upstream vLLM's own DeepSeek V4 Triton kernels beside the product's ops.
 
     bash benchmarks/with_vllm.sh python3 -m benchmarks.peer --out $OUT     # H200 (vLLM's tree)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python -m benchmarks.peer [--smoke] [--out DIR]: the peer table (see the package docstring)."""
 
 from __future__ import annotations
@@ -19,12 +20,25 @@ FULL = dict(
     qnorm=[1, 32, 4096, 16384],
     inv_rope=[1, 4, 32, 4096, 16384],
     indexer_q=[1, 4, 32, 4096, 16384],
-    sparse=[(f, t, 131072, lbl) for f in ("fp8_ds_mla", "bf16")
-            for t, lbl in ((1, "decode B=1"), (8, "decode B=8"), (64, "decode B=64"),
-                           (4096, "prefill T=4096"))],
+    sparse=[
+        (f, t, 131072, lbl)
+        for f in ("fp8_ds_mla", "bf16")
+        for t, lbl in (
+            (1, "decode B=1"),
+            (8, "decode B=8"),
+            (64, "decode B=64"),
+            (4096, "prefill T=4096"),
+        )
+    ],
 )
-SMOKE = dict(kv_insert=[1, 70], kv_gather=[(1, 70)], qnorm=[3], inv_rope=[2], indexer_q=[3],
-             sparse=[("fp8_ds_mla", 2, 512, "decode B=2"), ("bf16", 2, 512, "decode B=2")])
+SMOKE = dict(
+    kv_insert=[1, 70],
+    kv_gather=[(1, 70)],
+    qnorm=[3],
+    inv_rope=[2],
+    indexer_q=[3],
+    sparse=[("fp8_ds_mla", 2, 512, "decode B=2"), ("bf16", 2, 512, "decode B=2")],
+)
 
 
 def _groups(sizes):
@@ -35,12 +49,18 @@ def _groups(sizes):
     return [
         ("kv_insert", lambda dev, gen, tab: cc.kv_insert_rows(dev, sizes["kv_insert"], gen)),
         ("kv_gather", lambda dev, gen, tab: cc.kv_gather_rows(dev, sizes["kv_gather"], gen)),
-        ("qnorm_rope_kv_insert",
-         lambda dev, gen, tab: cc.qnorm_rope_insert_rows(dev, sizes["qnorm"], gen, tab)),
-        ("inv_rope_fp8_quant",
-         lambda dev, gen, tab: cd.inv_rope_rows(dev, sizes["inv_rope"], gen, tab)),
-        ("indexer q prep",
-         lambda dev, gen, tab: cd.indexer_q_rows(dev, sizes["indexer_q"], gen, tab)),
+        (
+            "qnorm_rope_kv_insert",
+            lambda dev, gen, tab: cc.qnorm_rope_insert_rows(dev, sizes["qnorm"], gen, tab),
+        ),
+        (
+            "inv_rope_fp8_quant",
+            lambda dev, gen, tab: cd.inv_rope_rows(dev, sizes["inv_rope"], gen, tab),
+        ),
+        (
+            "indexer q prep",
+            lambda dev, gen, tab: cd.indexer_q_rows(dev, sizes["indexer_q"], gen, tab),
+        ),
         ("sparse_attention", lambda dev, gen, tab: cs.sparse_rows(dev, sizes["sparse"], gen)),
     ]
 
@@ -76,9 +96,13 @@ def main(argv=None) -> int:
     text = markdown(rows)
     print(text)
     os.makedirs(a.out, exist_ok=True)
-    meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                torch=torch.__version__, upstream_vllm=upstream.version(),
-                date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), smoke=a.smoke)
+    meta = dict(
+        device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        torch=torch.__version__,
+        upstream_vllm=upstream.version(),
+        date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        smoke=a.smoke,
+    )
     with open(os.path.join(a.out, "peer.json"), "w") as f:
         json.dump(dict(meta=meta, rows=[r.as_dict() for r in rows]), f, indent=1)
     with open(os.path.join(a.out, "peer.md"), "w") as f:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Peer rows for the cache ops: KV insert (fp8_ds_mla), KV gather, Q norm + RoPE + window insert."""
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ def kv_insert_rows(device, sizes, gen) -> list[Row]:
         row.time(run_ours, run_up, device)
         run_ours(), run_up()
         want = x.double()
-        row.errors("entries", oracles.rel_err(oracles.entries(ours_c, slots, fmt), want),
-                   oracles.rel_err(oracles.entries(up_c, slots, fmt), want), tol=2 ** -4)
+        row.errors(
+            "entries",
+            oracles.rel_err(oracles.entries(ours_c, slots, fmt), want),
+            oracles.rel_err(oracles.entries(up_c, slots, fmt), want),
+            tol=2**-4,
+        )
         same = bool(torch.equal(ours_c, up_c))
         row.note = "caches byte-identical" if same else "caches differ in bytes"
         out.append(row)
@@ -67,8 +72,9 @@ def kv_gather_rows(device, cases, gen) -> list[Row]:
         blocks = (seq + E - 1) // E
         pages = reqs * blocks + 1
         cache = fmt.new_cache(pages, device=device)
-        ops.kv_insert(cache, torch.arange(pages * E, device=device), _rows(pages * E, device, gen),
-                      fmt)
+        ops.kv_insert(
+            cache, torch.arange(pages * E, device=device), _rows(pages * E, device, gen), fmt
+        )
         table = torch.randperm(pages, generator=gen)[: reqs * blocks].view(reqs, blocks)
         table = table.to(torch.int32).to(device)
         pos = torch.arange(seq, device=device)
@@ -87,8 +93,9 @@ def kv_gather_rows(device, cases, gen) -> list[Row]:
         row.time(run_ours, run_up, device)
         run_up()
         want = oracles.entries(cache, slots, fmt)
-        row.errors("rows", oracles.rel_err(run_ours(), want), oracles.rel_err(up_out, want),
-                   tol=2 ** -7)
+        row.errors(
+            "rows", oracles.rel_err(run_ours(), want), oracles.rel_err(up_out, want), tol=2**-7
+        )
         row.note = "ours fp32 out, upstream bf16 out"
         out.append(row)
     return out
@@ -126,10 +133,13 @@ def qnorm_rope_insert_rows(device, sizes, gen, table, heads=64, eps=1e-6) -> lis
         t64 = table.double()
         q_want = rope(norm(q.double(), None, eps), pos, t64)
         kv_want = rope(kv.double(), pos, t64)
-        row.errors("q", oracles.rel_err(q_ours, q_want), oracles.rel_err(up_q, q_want),
-                   tol=2 ** -7)
-        row.errors("entries", oracles.rel_err(oracles.entries(ours_c, slots, fmt), kv_want),
-                   oracles.rel_err(oracles.entries(up_c, slots, fmt), kv_want), tol=2 ** -4)
+        row.errors("q", oracles.rel_err(q_ours, q_want), oracles.rel_err(up_q, q_want), tol=2**-7)
+        row.errors(
+            "entries",
+            oracles.rel_err(oracles.entries(ours_c, slots, fmt), kv_want),
+            oracles.rel_err(oracles.entries(up_c, slots, fmt), kv_want),
+            tol=2**-4,
+        )
         row.note = "upstream: its XPU variant (Triton), q rotated in place"
         out.append(row)
     return out

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Peer rows for the dense prologue / epilogue ops: the output's inverse RoPE + FP8 quantization,
 and the indexer's query preparation."""
 
@@ -35,8 +36,12 @@ def inv_rope_rows(device, sizes, gen, table) -> list[Row]:
         q, s = run_ours()
         uq, us = run_up()  # [T, G, (H/G) D] and [T, G, (H/G) D / 128]
         up_deq = oracles.dequant_groups(uq.reshape(t, H, D), us.reshape(t, H, D // 128), 128)
-        row.errors("o", oracles.rel_err(oracles.dequant_groups(q, s, 128), want),
-                   oracles.rel_err(up_deq, want), tol=2 ** -4)
+        row.errors(
+            "o",
+            oracles.rel_err(oracles.dequant_groups(q, s, 128), want),
+            oracles.rel_err(up_deq, want),
+            tol=2**-4,
+        )
         out.append(row)
     return out
 
@@ -48,7 +53,7 @@ def indexer_q_rows(device, sizes, gen, table) -> list[Row]:
 
     up = upstream.kernel("fused_indexer_q_rope_quant")
     rope = oracles.ref("rope")
-    softmax_scale, head_scale = ID ** -0.5, IH ** -0.5
+    softmax_scale, head_scale = ID**-0.5, IH**-0.5
     out = []
     for t in sizes:
         q = torch.randn(t, IH, ID, generator=gen).to(torch.bfloat16).to(device)
@@ -72,7 +77,7 @@ def indexer_q_rows(device, sizes, gen, table) -> list[Row]:
             uq, uw = run_up()
             q_scale = uw.double() / (w.double() * softmax_scale * head_scale)
             up_err = oracles.rel_err(uq.double() * q_scale[..., None], want)
-        row.errors("q", oracles.rel_err(run_ours(), want), up_err, tol=2 ** -4)
+        row.errors("q", oracles.rel_err(run_ours(), want), up_err, tol=2**-4)
         row.note = "ours: RoPE (bf16 q to the score kernel); upstream: RoPE + FP8 q, weights folded"
         out.append(row)
     return out

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Peer rows for sparse attention: decode and prefill over the window + compressed candidates.
 
 Upstream's Triton path (its XPU backend): FP8 caches are dequantized into a bf16 workspace by
@@ -31,8 +32,13 @@ def sparse_rows(device, cases, gen) -> list[Row]:
 
     out = []
     for fmt_name, t, entries, label in cases:
-        args, fmt = make_inputs(device, fmt_name, t, cache_entries=entries,
-                                seed=int(torch.randint(0, 2**31, (1,), generator=gen)))
+        args, fmt = make_inputs(
+            device,
+            fmt_name,
+            t,
+            cache_entries=entries,
+            seed=int(torch.randint(0, 2**31, (1,), generator=gen)),
+        )
         q, win, ws, comp, cs, _, sink, scale = args
         h, d = q.shape[1], q.shape[2]  # noqa: F841
         k, w = cs.shape[1], ws.shape[1]
@@ -46,8 +52,12 @@ def sparse_rows(device, cases, gen) -> list[Row]:
         n = min(t, CHECK_TOKENS)
         want = _oracle(args, n)
         run_up()
-        row.errors("o", oracles.rel_err(run_ours()[:n], want),
-                   oracles.rel_err(up_out()[:n], want), tol=2 ** -6)
+        row.errors(
+            "o",
+            oracles.rel_err(run_ours()[:n], want),
+            oracles.rel_err(up_out()[:n], want),
+            tol=2**-6,
+        )
         row.note = f"K {k} + W {w} candidates, H {h}; upstream applies no sink"
         out.append(row)
     return out
@@ -61,10 +71,14 @@ def _upstream(fmt_name, fmt, args):
         e = fmt.entries_per_page
         kv = comp.view(comp.shape[0], e, fmt.entry_bytes)
         swa = win.view(win.shape[0], e, fmt.entry_bytes)
-        top, top_lens = cs.unsqueeze(1), torch.full((t,), cs.shape[1], dtype=torch.int32,
-                                                       device=q.device)
-        swa_i, swa_lens = ws.unsqueeze(1), torch.full((t,), ws.shape[1], dtype=torch.int32,
-                                                         device=q.device)
+        top, top_lens = (
+            cs.unsqueeze(1),
+            torch.full((t,), cs.shape[1], dtype=torch.int32, device=q.device),
+        )
+        swa_i, swa_lens = (
+            ws.unsqueeze(1),
+            torch.full((t,), ws.shape[1], dtype=torch.int32, device=q.device),
+        )
         o = torch.empty_like(q)
 
         def run():

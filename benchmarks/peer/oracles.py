@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Float64 oracles for the peer rows and the error measure both sides are judged by.
 
 The oracle of an op is the product's reference backend evaluated in float64 (the spec's semantics,

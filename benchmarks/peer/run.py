@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A peer row (times, errors, verdict) and the timing both sides share."""
 
 from __future__ import annotations
@@ -53,12 +54,20 @@ class Row:
         return all(e <= tol and not math.isnan(e) for e, tol in errs)
 
     def as_dict(self) -> dict:
-        return dict(op=self.op, case=self.case, ours_us=self.ours_us,
-                    upstream_us=self.upstream_us, ratio=self.ratio, ours_mode=self.ours_mode,
-                    upstream_mode=self.upstream_mode,
-                    errors=[dict(what=w, ours=o, upstream=u, tol=t) for w, o, u, t in self.parts],
-                    ours_correct=self.correct(1), upstream_correct=self.correct(2),
-                    note=self.note, upstream_reason=self.upstream_reason)
+        return dict(
+            op=self.op,
+            case=self.case,
+            ours_us=self.ours_us,
+            upstream_us=self.upstream_us,
+            ratio=self.ratio,
+            ours_mode=self.ours_mode,
+            upstream_mode=self.upstream_mode,
+            errors=[dict(what=w, ours=o, upstream=u, tol=t) for w, o, u, t in self.parts],
+            ours_correct=self.correct(1),
+            upstream_correct=self.correct(2),
+            note=self.note,
+            upstream_reason=self.upstream_reason,
+        )
 
 
 def _err_cell(row: Row, side: int) -> str:
@@ -71,15 +80,22 @@ def _err_cell(row: Row, side: int) -> str:
 
 
 def markdown(rows: list[Row]) -> str:
-    head = ("| op | case | ours us | upstream us | ratio | ours vs oracle | upstream vs oracle "
-            "| note |\n|---|---|---:|---:|---:|---|---|---|")
+    head = (
+        "| op | case | ours us | upstream us | ratio | ours vs oracle | upstream vs oracle "
+        "| note |\n|---|---|---:|---:|---:|---|---|---|"
+    )
     lines = [head]
     for r in rows:
         up = f"{r.upstream_us:.1f}" if r.upstream_us else (r.upstream_reason or "-")
         ratio = f"{r.ratio:.2f}" if r.ratio else "ours only"
         ours = f"{r.ours_us:.1f}" if r.ours_us else "-"
-        modes = "" if {r.ours_mode, r.upstream_mode} <= {"graph", ""} else \
-            f" (timing: ours {r.ours_mode}, upstream {r.upstream_mode})"
-        lines.append(f"| {r.op} | {r.case} | {ours} | {up} | {ratio} | {_err_cell(r, 1)} | "
-                     f"{_err_cell(r, 2)} | {r.note}{modes} |")
+        modes = (
+            ""
+            if {r.ours_mode, r.upstream_mode} <= {"graph", ""}
+            else f" (timing: ours {r.ours_mode}, upstream {r.upstream_mode})"
+        )
+        lines.append(
+            f"| {r.op} | {r.case} | {ours} | {up} | {ratio} | {_err_cell(r, 1)} | "
+            f"{_err_cell(r, 2)} | {r.note}{modes} |"
+        )
     return "\n".join(lines)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Upstream vLLM's DeepSeek V4 Triton kernels, imported from the installed vLLM as they ship.
 
 Each entry is imported on first use; a failure is recorded as the row's reason (one line) instead of
@@ -11,18 +12,30 @@ import importlib
 
 # name -> (module, attribute)
 KERNELS = {
-    "quantize_and_insert_k_cache": ("vllm.models.deepseek_v4.common.ops.cache_utils",
-                                    "quantize_and_insert_k_cache"),
-    "dequantize_and_gather_k_cache": ("vllm.models.deepseek_v4.common.ops.cache_utils",
-                                      "dequantize_and_gather_k_cache"),
-    "fused_inv_rope_fp8_quant": ("vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant",
-                                 "fused_inv_rope_fp8_quant"),
-    "fused_indexer_q_rope_quant": ("vllm.models.deepseek_v4.common.ops.fused_indexer_q",
-                                   "fused_indexer_q_rope_quant"),
-    "qnorm_rope_kv_fp8_insert": ("vllm.models.deepseek_v4.xpu.xpu_qnorm_rope_kv_fp8_insert",
-                                 "xpu_qnorm_rope_kv_fp8_insert"),
-    "sparse_decode_fp8": ("vllm.models.deepseek_v4.xpu.xpu_sparse_decode_fp8",
-                          "xpu_sparse_decode_fp8"),
+    "quantize_and_insert_k_cache": (
+        "vllm.models.deepseek_v4.common.ops.cache_utils",
+        "quantize_and_insert_k_cache",
+    ),
+    "dequantize_and_gather_k_cache": (
+        "vllm.models.deepseek_v4.common.ops.cache_utils",
+        "dequantize_and_gather_k_cache",
+    ),
+    "fused_inv_rope_fp8_quant": (
+        "vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant",
+        "fused_inv_rope_fp8_quant",
+    ),
+    "fused_indexer_q_rope_quant": (
+        "vllm.models.deepseek_v4.common.ops.fused_indexer_q",
+        "fused_indexer_q_rope_quant",
+    ),
+    "qnorm_rope_kv_fp8_insert": (
+        "vllm.models.deepseek_v4.xpu.xpu_qnorm_rope_kv_fp8_insert",
+        "xpu_qnorm_rope_kv_fp8_insert",
+    ),
+    "sparse_decode_fp8": (
+        "vllm.models.deepseek_v4.xpu.xpu_sparse_decode_fp8",
+        "xpu_sparse_decode_fp8",
+    ),
     "bf16_mla_sparse": ("vllm.v1.attention.ops.xpu_mla_sparse", "triton_bf16_mla_sparse_interface"),
 }
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One decode step of the product network at V4-Flash dimensions (one layer of each kind, FP8
 linears and FP4 experts resident, random valid caches), for the GPU tier's determinism checks
 (``tests/gpu/test_determinism.py``) and ``benchmarks/determinism.py``."""
@@ -26,8 +27,13 @@ def build_decode_case(device: torch.device, context: int = CONTEXT, batch: int =
     caches.fill_random(seed=0)
     dm = DecodeInputs(caches, device)
     dm.set_position(context - 2)
-    ids = torch.randint(0, cfg.vocab_size, (batch,), device=device,
-                        generator=torch.Generator(device=device).manual_seed(3))
+    ids = torch.randint(
+        0,
+        cfg.vocab_size,
+        (batch,),
+        device=device,
+        generator=torch.Generator(device=device).manual_seed(3),
+    )
     return net, caches, dm, ids
 
 

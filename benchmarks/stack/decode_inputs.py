@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The decode step's one per-step input and the product's graph-safe metadata derived from it.
 
 ``seq_lens`` [B] (tokens cached after the step, int64) lives at a stable address and is advanced in
@@ -20,8 +21,10 @@ class DecodeInputs:
         self.batch = caches.batch
         self.seq_lens = torch.ones(self.batch, dtype=torch.int64, device=device)
         window = caches.cfg.sliding_window
-        self.layouts = {r: decode_layout(r, lay.geometry, window, caches.model_len)
-                        for r, lay in caches.layouts.items()}
+        self.layouts = {
+            r: decode_layout(r, lay.geometry, window, caches.model_len)
+            for r, lay in caches.layouts.items()
+        }
 
     def set_position(self, pos: int) -> None:
         """Every sequence decodes position ``pos`` next."""
@@ -31,6 +34,9 @@ class DecodeInputs:
         self.seq_lens.add_(1)
 
     def derive(self) -> dict[int, StepMetadata]:
-        return {r: decode_step_metadata(self.seq_lens, self.caches.tables[r],
-                                        self.caches.layouts[r].geometry, layout)
-                for r, layout in self.layouts.items()}
+        return {
+            r: decode_step_metadata(
+                self.seq_lens, self.caches.tables[r], self.caches.layouts[r].geometry, layout
+            )
+            for r, layout in self.layouts.items()
+        }

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The decode floor: bytes a step must move over the HBM bandwidth (4.3 TB/s measured on the H200).
 
 Per step of B sequences at context n (issue 6):
@@ -20,8 +21,14 @@ from vllm_dsv4_hw.kv_cache.specs import INDEXER_ENTRY_BYTES, MAIN_ENTRY_BYTES, n
 HBM_BYTES_PER_S = 4.3e12
 
 
-def kv_bytes_per_layer(cfg: DSV4Config, ratio: int, batch: int, context: int,
-                       main_format: str = "fp8", indexer_format: str = "mxfp4") -> dict[str, int]:
+def kv_bytes_per_layer(
+    cfg: DSV4Config,
+    ratio: int,
+    batch: int,
+    context: int,
+    main_format: str = "fp8",
+    indexer_format: str = "mxfp4",
+) -> dict[str, int]:
     main_b = MAIN_ENTRY_BYTES[normalize_main_format(main_format)]
     idx_b = INDEXER_ENTRY_BYTES[indexer_format]
     kind = kind_of(ratio)
@@ -35,8 +42,14 @@ def kv_bytes_per_layer(cfg: DSV4Config, ratio: int, batch: int, context: int,
     return out
 
 
-def floor_for(cfg: DSV4Config, weight_bytes_by_kind: dict[str, int], batch: int, context: int,
-              main_format: str = "fp8", indexer_format: str = "mxfp4") -> dict:
+def floor_for(
+    cfg: DSV4Config,
+    weight_bytes_by_kind: dict[str, int],
+    batch: int,
+    context: int,
+    main_format: str = "fp8",
+    indexer_format: str = "mxfp4",
+) -> dict:
     """Floor of one decode step and of one layer of each kind."""
     per_kind = {}
     totals = {"weights": 0, "indexer_keys": 0, "selected": 0, "window": 0}
@@ -46,11 +59,21 @@ def floor_for(cfg: DSV4Config, weight_bytes_by_kind: dict[str, int], batch: int,
         kv = kv_bytes_per_layer(cfg, r, batch, context, main_format, indexer_format)
         w = weight_bytes_by_kind[k]
         layer_bytes = w + sum(kv.values())
-        per_kind[k] = {"layers": n, "weight_bytes": w, "kv_bytes": kv,
-                       "bytes": layer_bytes, "floor_ms": layer_bytes / HBM_BYTES_PER_S * 1e3}
+        per_kind[k] = {
+            "layers": n,
+            "weight_bytes": w,
+            "kv_bytes": kv,
+            "bytes": layer_bytes,
+            "floor_ms": layer_bytes / HBM_BYTES_PER_S * 1e3,
+        }
         totals["weights"] += n * w
         for key, v in kv.items():
             totals[key] += n * v
     total = sum(totals.values())
-    return {"bytes": totals, "total_bytes": total, "floor_ms": total / HBM_BYTES_PER_S * 1e3,
-            "hbm_bytes_per_s": HBM_BYTES_PER_S, "per_layer": per_kind}
+    return {
+        "bytes": totals,
+        "total_bytes": total,
+        "floor_ms": total / HBM_BYTES_PER_S * 1e3,
+        "hbm_bytes_per_s": HBM_BYTES_PER_S,
+        "per_layer": per_kind,
+    }

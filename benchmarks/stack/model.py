@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The product's DeepSeek V4 layers at real dimensions with random weights in the checkpoints'
 formats, for the decode benchmarks.
 
@@ -46,14 +47,22 @@ def _strip(prefix: str, tensors):
         yield name[n:], t
 
 
-def build_layer(cfg: DSV4Config, layer_id: int, *, device: torch.device, seed: int,
-                max_positions: int, dtype=torch.bfloat16) -> DSV4Attention:
+def build_layer(
+    cfg: DSV4Config,
+    layer_id: int,
+    *,
+    device: torch.device,
+    seed: int,
+    max_positions: int,
+    dtype=torch.bfloat16,
+) -> DSV4Attention:
     """One attention layer of ``shipped(cfg)``, random weights loaded through the loader."""
     cfg = shipped(cfg)
     prefix = f"layers.{layer_id}.attn"
     with torch.device(device):
-        layer = DSV4Attention(cfg, layer_id, dtype=dtype, max_positions=max_positions,
-                              device=device, prefix=prefix)
+        layer = DSV4Attention(
+            cfg, layer_id, dtype=dtype, max_positions=max_positions, device=device, prefix=prefix
+        )
     specs = attention_specs(prefix, hf_dict_of(cfg), cfg.compress_ratios[layer_id])
     load_weights(layer, _strip(prefix, random_tensors(specs, "fp8", seed, device)))
     return layer.requires_grad_(False)
@@ -63,14 +72,16 @@ class AttentionStack(nn.Module):
     """The attention layers of a model (or of its first ``n`` layers) with their attn_norm
     weights; ``forward`` runs one step over the residual stream."""
 
-    def __init__(self, cfg: DSV4Config, device: torch.device, max_positions: int,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, cfg: DSV4Config, device: torch.device, max_positions: int, seed: int = 0
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         gen = torch.Generator(device=device).manual_seed(seed)
-        self.layers = nn.ModuleList(build_layer(cfg, i, device=device, seed=seed,
-                                                max_positions=max_positions)
-                                    for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            build_layer(cfg, i, device=device, seed=seed, max_positions=max_positions)
+            for i in range(cfg.num_layers)
+        )
         self.attn_norms = nn.ParameterList()
         for _ in range(cfg.num_layers):
             w = 1 + 0.1 * torch.randn(cfg.hidden_size, device=device, generator=gen)
@@ -94,8 +105,9 @@ class AttentionStack(nn.Module):
         return out
 
     def total_weight_bytes(self) -> int:
-        return sum(resident_bytes(layer) for layer in self.layers) + \
-            sum(w.numel() * w.element_size() for w in self.attn_norms)
+        return sum(resident_bytes(layer) for layer in self.layers) + sum(
+            w.numel() * w.element_size() for w in self.attn_norms
+        )
 
     @torch.no_grad()
     def run(self, h: torch.Tensor, metas: dict, caches: list, layer_ids=None) -> torch.Tensor:
@@ -110,29 +122,45 @@ class AttentionStack(nn.Module):
         return h
 
 
-def build_network(cfg: DSV4Config, device: torch.device, max_positions: int,
-                  seed: int = 0, layout: ParallelLayout = ParallelLayout()) -> DSV4Network:
+def build_network(
+    cfg: DSV4Config,
+    device: torch.device,
+    max_positions: int,
+    seed: int = 0,
+    layout: ParallelLayout = ParallelLayout(),
+) -> DSV4Network:
     """The whole network of ``shipped(cfg)`` (mHC, MoE with FP4 experts, FP8 shared expert, head;
     no MTP), random weights in the checkpoint formats loaded through the loader, layer by layer
     (``layout``: this rank's shard of it; every rank draws the same whole tensors)."""
     cfg = shipped(cfg)
     with torch.device(device):
-        net = DSV4Network(cfg, lambda i, r: DSV4Attention(cfg, i, dtype=torch.bfloat16,
-                                                          max_positions=max_positions,
-                                                          device=device, layout=layout,
-                                                          prefix=f"layers.{i}.attn"),
-                          dtype=torch.bfloat16, device=device, layout=layout)
+        net = DSV4Network(
+            cfg,
+            lambda i, r: DSV4Attention(
+                cfg,
+                i,
+                dtype=torch.bfloat16,
+                max_positions=max_positions,
+                device=device,
+                layout=layout,
+                prefix=f"layers.{i}.attn",
+            ),
+            dtype=torch.bfloat16,
+            device=device,
+            layout=layout,
+        )
     d = hf_dict_of(cfg)
-    top = [s for s in tensor_specs(dict(d, num_hidden_layers=0, compress_ratios=[]),
-                                   include_mtp=False)]
+    top = [
+        s for s in tensor_specs(dict(d, num_hidden_layers=0, compress_ratios=[]), include_mtp=False)
+    ]
 
     def tensors():
         yield from random_tensors(top, "fp8", seed, device)
         for i in range(cfg.num_layers):
             yield from random_tensors(layer_specs(d, i), "fp8", seed, device)
+
     load_weights(net, tensors(), cfg)
     return net.requires_grad_(False)
 
 
-__all__ = ["AttentionStack", "SHIPPED", "build_layer", "build_network", "resident_bytes",
-           "shipped"]
+__all__ = ["AttentionStack", "SHIPPED", "build_layer", "build_network", "resident_bytes", "shipped"]

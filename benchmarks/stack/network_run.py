@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The whole-model decode row of ``benchmarks.decode_stack --network``: the product's network
 (``DSV4Network``: attention, mHC, MoE with FP4 experts, FP8 linears and shared expert, head) at real
 dimensions with a few layers of each kind, one decode step timed at each context (CUDA graph of
@@ -41,6 +42,7 @@ def _graph(fn, timer: Timer, reps: int, cuda: bool) -> tuple[float, object]:
 
         def call():
             out["v"] = fn()
+
         return median(timer.loop(call, reps)), out["v"]
     g, out = capture_cuda_graph(fn)
     ms = median(timer.loop(g.replay, reps))
@@ -69,9 +71,14 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
     for i, r in enumerate(cfg.compress_ratios):
         kinds.setdefault(kind_of(r).name, []).append(i)
     layer_bytes = {k: resident_bytes(net.layers[ids[0]]) for k, ids in kinds.items()}
-    logger.info("network %s: %d layers %s built in %.1f s, weights %.2f GiB", model,
-                cfg.num_layers, {k: len(v) for k, v in kinds.items()}, time.time() - t0,
-                resident_bytes(net) / GIB)
+    logger.info(
+        "network %s: %d layers %s built in %.1f s, weights %.2f GiB",
+        model,
+        cfg.num_layers,
+        {k: len(v) for k, v in kinds.items()},
+        time.time() - t0,
+        resident_bytes(net) / GIB,
+    )
     full_counts = {}
     for r in full.compress_ratios:
         full_counts[kind_of(r).name] = full_counts.get(kind_of(r).name, 0) + 1
@@ -79,8 +86,9 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
     aux_streams(device)
     gen = torch.Generator(device=device).manual_seed(3)
     for context in contexts:
-        caches = StackCaches(cfg, batch, context, device, args.kv_format, args.indexer_format,
-                             seed=args.seed)
+        caches = StackCaches(
+            cfg, batch, context, device, args.kv_format, args.indexer_format, seed=args.seed
+        )
         caches.fill_random(seed=args.seed)
         dm = DecodeInputs(caches, device)
         dm.set_position(context - 2)
@@ -97,30 +105,52 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
         per_kind = {}
         h = net.embed_input_ids(ids).unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()
         for k, layer_ids in kinds.items():
+
             def layers_of_kind(layer_ids=layer_ids):
                 with running_step(dm.derive(), caches.layers):
                     x = h
                     for i in layer_ids:
                         x = net.layers[i](x, ids)
                     return x
+
             ms, _ = _graph(layers_of_kind, timer, args.reps, cuda)
             per_kind[k] = ms / len(layer_ids)
         layers_ms = sum(per_kind[k] * len(v) for k, v in kinds.items())
         rest_ms = max(0.0, step_ms - layers_ms)  # embedding, hc_head, norm, head, metadata
         full_ms = sum(per_kind[k] * n for k, n in full_counts.items()) + rest_ms
-        row = {"model": model, "what": "whole_network_decode", "context": context,
-               "batch": batch, "layers": list(cfg.compress_ratios), "cuda_graphs": cuda,
-               "multi_stream": True, "step_ms": step_ms, "per_layer_ms": per_kind,
-               "rest_ms": rest_ms, "layer_weight_bytes": layer_bytes,
-               "full_model_layers": full_counts, "full_model_step_ms": full_ms,
-               "full_model_tokens_per_s": batch / (full_ms * 1e-3),
-               "finite": bool(torch.isfinite(logits).all()),
-               "peak_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None}
+        row = {
+            "model": model,
+            "what": "whole_network_decode",
+            "context": context,
+            "batch": batch,
+            "layers": list(cfg.compress_ratios),
+            "cuda_graphs": cuda,
+            "multi_stream": True,
+            "step_ms": step_ms,
+            "per_layer_ms": per_kind,
+            "rest_ms": rest_ms,
+            "layer_weight_bytes": layer_bytes,
+            "full_model_layers": full_counts,
+            "full_model_step_ms": full_ms,
+            "full_model_tokens_per_s": batch / (full_ms * 1e-3),
+            "finite": bool(torch.isfinite(logits).all()),
+            "peak_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
+        }
         report.add("network", row)
-        logger.info("network %s %d B=%d: step %.3f ms for %d layers, per layer %s, rest %.3f ms; "
-                    "%d layers: %.2f ms = %.1f tokens/s", model, context, batch, step_ms,
-                    cfg.num_layers, {k: round(v, 4) for k, v in per_kind.items()}, rest_ms,
-                    full.num_layers, full_ms, row["full_model_tokens_per_s"])
+        logger.info(
+            "network %s %d B=%d: step %.3f ms for %d layers, per layer %s, rest %.3f ms; "
+            "%d layers: %.2f ms = %.1f tokens/s",
+            model,
+            context,
+            batch,
+            step_ms,
+            cfg.num_layers,
+            {k: round(v, 4) for k, v in per_kind.items()},
+            rest_ms,
+            full.num_layers,
+            full_ms,
+            row["full_model_tokens_per_s"],
+        )
         del caches, dm, held
         gc.collect()
         if cuda:

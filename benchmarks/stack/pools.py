@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The paged caches of a whole stack, carved from one page pool per page-size bucket.
 
 Layout (``kv_cache.specs`` / ``buckets``; spec section 6): every cache kind's page comes from the pool
@@ -49,14 +50,14 @@ WINDOWED = ("window", "main_state", "indexer_state")
 
 @dataclass
 class KindLayout:
-    kind: str             # LayerCaches field
-    spec_kind: str        # kv_cache.specs kind
+    kind: str  # LayerCaches field
+    spec_kind: str  # kv_cache.specs kind
     bucket: str
     page_bytes: int
-    per_page: int         # positions per page
-    window: int | None    # positions a windowed kind keeps (None: full)
-    pages: int            # pages per sequence and layer
-    cols: int             # block-table columns (logical pages of the whole context)
+    per_page: int  # positions per page
+    window: int | None  # positions a windowed kind keeps (None: full)
+    pages: int  # pages per sequence and layer
+    cols: int  # block-table columns (logical pages of the whole context)
 
     @property
     def ring(self) -> int | None:
@@ -70,23 +71,33 @@ class RatioLayout:
     kinds: dict[str, KindLayout] = field(default_factory=dict)
 
 
-def ratio_layout(cfg: DSV4Config, ratio: int, context: int, main_format: str,
-                 indexer_format: str, in_flight: int = 1) -> RatioLayout:
+def ratio_layout(
+    cfg: DSV4Config,
+    ratio: int,
+    context: int,
+    main_format: str,
+    indexer_format: str,
+    in_flight: int = 1,
+) -> RatioLayout:
     """Pages of each cache kind of a ratio-``ratio`` layer for one sequence of ``context``
     positions; windowed kinds sized for ``in_flight`` new positions per step (1: decode)."""
     geom, page_bytes = page_geometry(cfg, ratio, main_format, indexer_format)
     ppp = positions_per_page(geom, ratio)
     layer_kind = kind_of(ratio)
-    windows = {"window": cfg.sliding_window, "main_state": layer_kind.group_width,
-               "indexer_state": INDEXER_COMPRESSOR.group_width}
+    windows = {
+        "window": cfg.sliding_window,
+        "main_state": layer_kind.group_width,
+        "indexer_state": INDEXER_COMPRESSOR.group_width,
+    }
     out = RatioLayout(ratio, geom)
     for kind, spec_kind in layer_kind.cache_spec_kinds.items():
         p = ppp[kind]
         cols = cdiv(context, p)
         w = windows.get(kind)
         pages = cols if w is None else min(cols, cdiv(w - 1 + in_flight - 1, p) + 1)
-        out.kinds[kind] = KindLayout(kind, spec_kind, KIND_BUCKET[spec_kind], page_bytes[kind], p,
-                                     w, pages, cols)
+        out.kinds[kind] = KindLayout(
+            kind, spec_kind, KIND_BUCKET[spec_kind], page_bytes[kind], p, w, pages, cols
+        )
     return out
 
 
@@ -108,10 +119,20 @@ class StackCaches:
     """Bucket pools, per-layer LayerCaches and per-kind block tables for ``batch`` sequences of
     up to ``context`` positions (every full-kind page allocated up front)."""
 
-    def __init__(self, cfg: DSV4Config, batch: int, context: int, device: torch.device,
-                 main_format: str = "fp8", indexer_format: str = "mxfp4", seed: int = 0,
-                 in_flight: int = 1, zero: bool = False, share_full_from: "StackCaches" = None,
-                 model_len: int | None = None):
+    def __init__(
+        self,
+        cfg: DSV4Config,
+        batch: int,
+        context: int,
+        device: torch.device,
+        main_format: str = "fp8",
+        indexer_format: str = "mxfp4",
+        seed: int = 0,
+        in_flight: int = 1,
+        zero: bool = False,
+        share_full_from: "StackCaches" = None,
+        model_len: int | None = None,
+    ):
         self.cfg = cfg
         self.batch = batch
         self.context = context
@@ -123,8 +144,10 @@ class StackCaches:
         self.indexer_format = indexer_format
         self.in_flight = in_flight
         self.ratios = tuple(cfg.compress_ratios)
-        self.layouts = {r: ratio_layout(cfg, r, context, main_format, indexer_format, in_flight)
-                        for r in sorted(set(self.ratios))}
+        self.layouts = {
+            r: ratio_layout(cfg, r, context, main_format, indexer_format, in_flight)
+            for r in sorted(set(self.ratios))
+        }
         shared = share_full_from is not None
         # -- pools: page counts per bucket (this object's kinds only: all, or the windowed kinds
         #    when the full kinds are borrowed from another StackCaches) --
@@ -137,11 +160,14 @@ class StackCaches:
                     continue
                 need[kl.bucket] = need.get(kl.bucket, 0) + batch * kl.pages
                 if page_bytes.setdefault(kl.bucket, kl.page_bytes) != kl.page_bytes:
-                    raise ValueError(f"bucket {kl.bucket}: page sizes {page_bytes[kl.bucket]} and "
-                                     f"{kl.page_bytes} differ")
+                    raise ValueError(
+                        f"bucket {kl.bucket}: page sizes {page_bytes[kl.bucket]} and "
+                        f"{kl.page_bytes} differ"
+                    )
         alloc = torch.zeros if zero else torch.empty
-        self.pools = {b: alloc(n, page_bytes[b], dtype=torch.uint8, device=device)
-                      for b, n in need.items()}
+        self.pools = {
+            b: alloc(n, page_bytes[b], dtype=torch.uint8, device=device) for b, n in need.items()
+        }
         self.page_bytes = page_bytes
         # -- block tables (one set per ratio kind; the window table is the same for all) --
         gen = torch.Generator().manual_seed(seed)
@@ -174,26 +200,35 @@ class StackCaches:
                     continue
                 n = batch * kl.pages
                 o = offset[kl.bucket]
-                pages = self.pools[kl.bucket][o:o + n]
+                pages = self.pools[kl.bucket][o : o + n]
                 offset[kl.bucket] = o + n
                 if kind == "main_state":
-                    views[kind] = _state_view(pages, g.main_state_rows_per_page,
-                                              kind_of(r).state_width(cfg.head_dim))
+                    views[kind] = _state_view(
+                        pages, g.main_state_rows_per_page, kind_of(r).state_width(cfg.head_dim)
+                    )
                 elif kind == "indexer_state":
-                    views[kind] = _state_view(pages, g.indexer_state_rows_per_page,
-                                              INDEXER_COMPRESSOR.state_width(cfg.index_head_dim))
+                    views[kind] = _state_view(
+                        pages,
+                        g.indexer_state_rows_per_page,
+                        INDEXER_COMPRESSOR.state_width(cfg.index_head_dim),
+                    )
                 else:
                     views[kind] = pages
-            lc = LayerCaches(ratio=r, main_format=make_format(main_format, "main",
-                                                              g.window_positions_per_page),
-                             window=views["window"], geometry=g, block_tables=self.tables[r])
+            lc = LayerCaches(
+                ratio=r,
+                main_format=make_format(main_format, "main", g.window_positions_per_page),
+                window=views["window"],
+                geometry=g,
+                block_tables=self.tables[r],
+            )
             if r:
                 lc.comp_format = make_format(main_format, "main", g.comp_entries_per_page)
                 lc.comp = views["comp"]
                 lc.main_state = views["main_state"]
             if r == 4:
-                lc.indexer_format = make_format(indexer_format, "indexer",
-                                                g.indexer_entries_per_page)
+                lc.indexer_format = make_format(
+                    indexer_format, "indexer", g.indexer_entries_per_page
+                )
                 lc.indexer = views["indexer"]
                 lc.indexer_state = views["indexer_state"]
             self.layers.append(lc)
@@ -221,8 +256,9 @@ class StackCaches:
 
     def kv_check(self) -> dict:
         """Measured pool bytes per sequence against ``plan_kv`` (the kv-plan CLI's numbers)."""
-        plan = plan_kv(self.cfg, self.context, self.main_format, self.indexer_format,
-                       memory_bytes=120 << 30)
+        plan = plan_kv(
+            self.cfg, self.context, self.main_format, self.indexer_format, memory_bytes=120 << 30
+        )
         measured = self.allocated_bytes() / self.batch
         planned = plan.allocated_bytes
         pages = {b: n / self.batch for b, n in self.pages_by_bucket().items()}
@@ -231,16 +267,24 @@ class StackCaches:
             for name in bp.name.split("+"):
                 plan_pages[name] = bp.pages_per_sequence
         return {
-            "context": self.context, "batch": self.batch,
+            "context": self.context,
+            "batch": self.batch,
             "measured_bytes_total": self.allocated_bytes(),
             "measured_bytes_per_seq": measured,
             "plan_bytes_per_seq": planned,
             "plan_useful_bytes_per_seq": plan.bytes_per_sequence,
             "rel_diff": (measured - planned) / planned,
             "ok_1pct": abs(measured - planned) <= 0.01 * planned,
-            "pools": {b: {"page_bytes": self.page_bytes[b], "pages": self.pools[b].shape[0],
-                          "pages_per_seq": pages[b], "plan_pages_per_seq": plan_pages.get(b),
-                          "bytes": self.pools[b].numel()} for b in self.pools},
+            "pools": {
+                b: {
+                    "page_bytes": self.page_bytes[b],
+                    "pages": self.pools[b].shape[0],
+                    "pages_per_seq": pages[b],
+                    "plan_pages_per_seq": plan_pages.get(b),
+                    "bytes": self.pools[b].numel(),
+                }
+                for b in self.pools
+            },
             "fit_in_120gib": plan.max_sequences,
         }
 
@@ -248,9 +292,18 @@ class StackCaches:
     def prefill_caches(self, chunk_per_seq: int) -> "StackCaches":
         """Caches for chunked prefill: the same full-kind pages (compressed KV, indexer keys) and
         scratch pools for the windowed kinds with rings that hold a chunk in flight."""
-        return StackCaches(self.cfg, self.batch, self.context, self.device, self.main_format,
-                           self.indexer_format, in_flight=chunk_per_seq, zero=True,
-                           share_full_from=self, model_len=self.model_len)
+        return StackCaches(
+            self.cfg,
+            self.batch,
+            self.context,
+            self.device,
+            self.main_format,
+            self.indexer_format,
+            in_flight=chunk_per_seq,
+            zero=True,
+            share_full_from=self,
+            model_len=self.model_len,
+        )
 
     def migrate_windows(self, src: "StackCaches", next_pos: int) -> None:
         """Copy the windowed pages a decode step at position ``next_pos`` (same for every
@@ -262,8 +315,8 @@ class StackCaches:
                 if kl is None:
                     continue
                 skl = src.layouts[r].kinds[kind]
-                lo = max(0, next_pos - kl.window + 1)       # oldest position still read
-                hi = next_pos - 1                           # newest position already written
+                lo = max(0, next_pos - kl.window + 1)  # oldest position still read
+                hi = next_pos - 1  # newest position already written
                 if hi < lo:
                     continue
                 j = torch.arange(lo // kl.per_page, hi // kl.per_page + 1, device=self.device)
@@ -273,8 +326,11 @@ class StackCaches:
                 s = getattr(src.layers[i], kind)
                 if kind in STATE_KINDS:
                     g = self.layers[i].geometry
-                    rpp = (g.main_state_rows_per_page if kind == "main_state"
-                           else g.indexer_state_rows_per_page)
+                    rpp = (
+                        g.main_state_rows_per_page
+                        if kind == "main_state"
+                        else g.indexer_state_rows_per_page
+                    )
                     rows = torch.arange(rpp, device=self.device)
                     dst_rows = (dst_pages[:, None] * rpp + rows).reshape(-1)
                     src_rows = (src_pages[:, None] * rpp + rows).reshape(-1)
@@ -314,14 +370,18 @@ class StackCaches:
         fmts = {}
         for r, lay in self.layouts.items():
             g = lay.geometry
-            fmts.setdefault("large", make_format(self.main_format, "main",
-                                                 g.window_positions_per_page))
+            fmts.setdefault(
+                "large", make_format(self.main_format, "main", g.window_positions_per_page)
+            )
             if r == 128:
-                fmts.setdefault("small", make_format(self.main_format, "main",
-                                                     g.comp_entries_per_page))
+                fmts.setdefault(
+                    "small", make_format(self.main_format, "main", g.comp_entries_per_page)
+                )
             if r == 4:
-                fmts.setdefault("middle", make_format(self.indexer_format, "indexer",
-                                                      g.indexer_entries_per_page))
+                fmts.setdefault(
+                    "middle",
+                    make_format(self.indexer_format, "indexer", g.indexer_entries_per_page),
+                )
         for bucket, pool in self.pools.items():
             fmt = fmts.get(bucket)
             if fmt is None:  # a bucket holding only states (not with the V4 layer patterns)
@@ -334,11 +394,12 @@ class StackCaches:
             ops.kv_insert(tmpl, torch.arange(t_pages * e, device=dev), rows, fmt)
             full = n // t_pages
             if full:
-                pool[:full * t_pages].view(full, t_pages, -1).copy_(
-                    tmpl.unsqueeze(0).expand(full, t_pages, -1))
+                pool[: full * t_pages].view(full, t_pages, -1).copy_(
+                    tmpl.unsqueeze(0).expand(full, t_pages, -1)
+                )
             rest = n - full * t_pages
             if rest:
-                pool[full * t_pages:].copy_(tmpl[:rest])
+                pool[full * t_pages :].copy_(tmpl[:rest])
         for lc in self.layers:
             for st in (lc.main_state, lc.indexer_state):
                 if st is not None:

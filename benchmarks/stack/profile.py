@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel-level breakdown of a decode region (``decode_stack --profile``): which kernels one layer
 launches, how long each runs on the device, and how much of the region's time is launch gaps.
 
@@ -42,17 +43,31 @@ def kernel_table(fn, reps: int = 5, warmup: int = 2) -> dict:
             continue
         if e.key.startswith(("cudaGraphLaunch", "cudaLaunch", "cudaStream", "cudaEvent")):
             continue
-        rows.append({"kernel": _short(e.key), "launches": e.count / reps,
-                     "us_per_call": us / reps, "us_per_launch": us / e.count})
+        rows.append(
+            {
+                "kernel": _short(e.key),
+                "launches": e.count / reps,
+                "us_per_call": us / reps,
+                "us_per_launch": us / e.count,
+            }
+        )
     rows.sort(key=lambda r: -r["us_per_call"])
     busy = sum(r["us_per_call"] for r in rows)
-    return {"wall_us": wall_us, "busy_us": busy,
-            "launches": sum(r["launches"] for r in rows), "kernels": rows}
+    return {
+        "wall_us": wall_us,
+        "busy_us": busy,
+        "launches": sum(r["launches"] for r in rows),
+        "kernels": rows,
+    }
 
 
 def print_table(title: str, tab: dict, top: int = 40) -> None:
-    print(f"\n-- {title}: wall {tab['wall_us']:.1f} us, kernels busy {tab['busy_us']:.1f} us, "
-          f"{tab['launches']:.0f} launches")
+    print(
+        f"\n-- {title}: wall {tab['wall_us']:.1f} us, kernels busy {tab['busy_us']:.1f} us, "
+        f"{tab['launches']:.0f} launches"
+    )
     for r in tab["kernels"][:top]:
-        print(f"  {r['us_per_call']:8.2f} us  x{r['launches']:<5.3g} {r['us_per_launch']:7.2f} us  "
-              f"{r['kernel']}")
+        print(
+            f"  {r['us_per_call']:8.2f} us  x{r['launches']:<5.3g} {r['us_per_launch']:7.2f} us  "
+            f"{r['kernel']}"
+        )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The jobs of ``benchmarks.decode_stack``: build the product's attention stack, fill or prefill
 its pools, verify chunked against one-shot prefill, and time decode steps (graphs / streams)."""
 

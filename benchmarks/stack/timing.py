@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Timing and the JSON report shared by the decode benchmarks."""
 
 from __future__ import annotations
@@ -76,9 +77,17 @@ def median(xs):
 class Report:
     def __init__(self, path: str, meta: dict) -> None:
         self.path = path
-        self.data = dict(meta, rows=[], prefill=[], kv=[], verify=[], network=[], models={},
-                         skipped=[],
-                         errors=[])
+        self.data = dict(
+            meta,
+            rows=[],
+            prefill=[],
+            kv=[],
+            verify=[],
+            network=[],
+            models={},
+            skipped=[],
+            errors=[],
+        )
 
     def add(self, key: str, row: dict) -> None:
         self.data[key].append(row)
@@ -90,5 +99,3 @@ class Report:
         with open(tmp, "w") as f:
             json.dump(self.data, f, indent=1, default=str)
         os.replace(tmp, self.path)
-
-

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The target matrix's compiles (``test_target_matrix.py``) run at the lowest CPU priority while
 the rest of the suite runs, from its first test not marked ``serve_first`` (those time a ``vllm
 serve`` process from its start and run first).
@@ -20,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = "tests/aot/test_target_matrix.py"
-WORKERS = 2   # the CI machine's cores
+WORKERS = 2  # the CI machine's cores
 
 
 class Compiles:
@@ -32,16 +33,29 @@ class Compiles:
         self._stopped = False
         self._pool = ThreadPoolExecutor(WORKERS)
         self.futures: dict[str, Future] = {
-            t: self._pool.submit(self._compile, t, *spec) for t, spec in targets.items()}
+            t: self._pool.submit(self._compile, t, *spec) for t, spec in targets.items()
+        }
 
     def _compile(self, target: str, fields: tuple, launches: Path, limit: int) -> list[dict]:
         if self._stopped:
             raise RuntimeError(f"{target}: the session ended before its compile started")
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        proc = subprocess.Popen([sys.executable, "-m", "tests.aot.compile_launches",
-                                 str(launches), *fields, str(limit)], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=lambda: os.nice(19))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.aot.compile_launches",
+                str(launches),
+                *fields,
+                str(limit),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: os.nice(19),
+        )
         self._procs.append(proc)
         try:
             out, err = proc.communicate(timeout=3000)
@@ -50,9 +64,11 @@ class Compiles:
             out, err = proc.communicate()
         line = [ln for ln in out.splitlines() if ln.startswith("RESULTS")]
         if not line:
-            raise RuntimeError(f"{target}: compile worker failed (exit {proc.returncode}):\n"
-                               f"{out[-2000:]}\n{err[-3000:]}")
-        return json.loads(line[-1][len("RESULTS"):])
+            raise RuntimeError(
+                f"{target}: compile worker failed (exit {proc.returncode}):\n"
+                f"{out[-2000:]}\n{err[-3000:]}"
+            )
+        return json.loads(line[-1][len("RESULTS") :])
 
     def result(self, target: str) -> list[dict]:
         return self.futures[target].result()

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Worker of the ahead-of-time target matrix (``test_target_matrix.py``): compile recorded launches
 for one target and print one ``RESULTS<json>`` line. Run as ``python -m tests.aot.compile_launches
 RECORDS.json BACKEND ARCH WARP SHARED_LIMIT`` without ``TRITON_INTERPRET`` (under the interpreter the kernels
@@ -24,8 +25,9 @@ def kernel_fn(record: dict):
     fam = importlib.import_module(f"vllm_dsv4_hw.ops.triton.{record['family']}")
     if hasattr(fam, record["kernel"]):
         return getattr(fam, record["kernel"])
-    found = [getattr(m, record["kernel"]) for m in _family_modules(fam)
-             if hasattr(m, record["kernel"])]
+    found = [
+        getattr(m, record["kernel"]) for m in _family_modules(fam) if hasattr(m, record["kernel"])
+    ]
     found = list({id(f): f for f in found}.values())
     if len(found) != 1:
         raise KeyError(f"{len(found)} kernels named {record['kernel']} in {record['family']}")
@@ -35,8 +37,10 @@ def kernel_fn(record: dict):
 def _family_modules(package) -> list:
     import pkgutil
 
-    return [importlib.import_module(f"{package.__name__}.{m.name}")
-            for m in pkgutil.iter_modules(getattr(package, "__path__", []))]
+    return [
+        importlib.import_module(f"{package.__name__}.{m.name}")
+        for m in pkgutil.iter_modules(getattr(package, "__path__", []))
+    ]
 
 
 def family_of(module: str) -> str:
@@ -49,8 +53,17 @@ def unique(records: list[dict]) -> list[dict]:
     attributes of the runtime ints only change vectorization, not what a target accepts."""
     seen, out = set(), []
     for r in records:
-        key = json.dumps([r["family"], r["kernel"], r["signature"], r["constexprs"],
-                          r["num_warps"], r["num_stages"]], sort_keys=True)
+        key = json.dumps(
+            [
+                r["family"],
+                r["kernel"],
+                r["signature"],
+                r["constexprs"],
+                r["num_warps"],
+                r["num_stages"],
+            ],
+            sort_keys=True,
+        )
         if key not in seen:
             seen.add(key)
             out.append(r)
@@ -73,7 +86,7 @@ def for_backend(record: dict, backend: str, arch: str = "90") -> dict:
     caps = cuda_capabilities(major, minor, hip=backend == "hip")
     if "PDL" in c:
         c = dict(c, PDL=caps.pdl)
-    if "PF_BYTES" in c and not caps.pdl:   # the weight prefetch happens before a PDL wait only
+    if "PF_BYTES" in c and not caps.pdl:  # the weight prefetch happens before a PDL wait only
         c = dict(c, PF_BYTES=0)
     if "HW_ENC" in c:
         c = dict(c, HW_ENC=caps.fp8_cvt)
@@ -89,7 +102,8 @@ def forced_decode(record: dict, backend: str) -> bool:
 
     c = record["constexprs"]
     decodes = record["kernel"] == "_fp8_block_linear_kernel" or (
-        record["kernel"] == "_sparse_attn_fwd" and c.get("FMT") == FMT_FP8_DS_MLA)
+        record["kernel"] == "_sparse_attn_fwd" and c.get("FMT") == FMT_FP8_DS_MLA
+    )
     if not decodes or "CVT" not in c:
         return False
     return c["CVT"] != (CVT_HW if backend == "hip" else CVT_PTX)
@@ -124,16 +138,21 @@ def selected_on(record: dict, limit: int) -> bool:
     c = record["constexprs"]
     if record["kernel"] == "_fp8_block_linear_kernel":
         tile = fp8_linear.PREFILL_TILE
-        return not ((c["BM"], c["BN"]) == (tile["block_m"], tile["block_n"])
-                    and limit < fp8_linear.PREFILL_TILE_SHARED)
+        return not (
+            (c["BM"], c["BN"]) == (tile["block_m"], tile["block_n"])
+            and limit < fp8_linear.PREFILL_TILE_SHARED
+        )
     if record["kernel"] == "_sparse_attn_fwd":
         fmt = {FMT_BF16: "bf16", FMT_FP8_DS_MLA: "fp8_ds_mla"}.get(c["FMT"])
         for (_, name), choices in sal.FULL_DEVICE_TILES.items():
             for choice in choices:
                 tiles, needs = choice.tiles, choice.needs(bool(c.get("DOT_BF16", True)))
-                if (name == fmt and (needs is None or needs > limit) and (
-                        c["BLOCK_H"], c["BLOCK_N"], record["num_stages"]) == (
-                        tiles["block_h"], tiles["block_n"], tiles.get("num_stages", 1))):
+                if (
+                    name == fmt
+                    and (needs is None or needs > limit)
+                    and (c["BLOCK_H"], c["BLOCK_N"], record["num_stages"])
+                    == (tiles["block_h"], tiles["block_n"], tiles.get("num_stages", 1))
+                ):
                     return False
     return True
 
@@ -146,13 +165,20 @@ def with_new_defaults(record: dict, fn) -> dict:
     import inspect
 
     params = inspect.signature(fn.fn).parameters
-    added = {n: p.default for n, p in params.items()
-             if n not in record["signature"] and p.default is not inspect.Parameter.empty
-             and "constexpr" in str(p.annotation)}
+    added = {
+        n: p.default
+        for n, p in params.items()
+        if n not in record["signature"]
+        and p.default is not inspect.Parameter.empty
+        and "constexpr" in str(p.annotation)
+    }
     if not added:
         return record
-    return dict(record, signature=dict(record["signature"], **{n: "constexpr" for n in added}),
-                constexprs=dict(record["constexprs"], **added))
+    return dict(
+        record,
+        signature=dict(record["signature"], **{n: "constexpr" for n in added}),
+        constexprs=dict(record["constexprs"], **added),
+    )
 
 
 # knobs built and off by default: each target also compiles one recorded launch of the kernel
@@ -186,8 +212,13 @@ def knobs_on(records: list[dict]) -> list[dict]:
         for r in records:
             c = r["constexprs"]
             if r["kernel"] == kernel and ("PF_BYTES" not in knobs or c.get("PDL")):
-                out.append(dict(r, constexprs=dict(c, **knobs),
-                                signature=dict(r["signature"], **{k: "constexpr" for k in knobs})))
+                out.append(
+                    dict(
+                        r,
+                        constexprs=dict(c, **knobs),
+                        signature=dict(r["signature"], **{k: "constexpr" for k in knobs}),
+                    )
+                )
                 break
     return out
 
@@ -206,9 +237,11 @@ def compile_record(record: dict, target):
     if drift:
         raise KeyError(f"arguments changed since the launches were recorded: {drift}")
     attrs = {(names.index(k),): [tuple(a) for a in v] for k, v in r["attrs"].items() if v}
-    return triton.compile(ASTSource(fn, r["signature"], constexprs=r["constexprs"], attrs=attrs),
-                          target=target, options={"num_warps": r["num_warps"],
-                                                  "num_stages": r["num_stages"]})
+    return triton.compile(
+        ASTSource(fn, r["signature"], constexprs=r["constexprs"], attrs=attrs),
+        target=target,
+        options={"num_warps": r["num_warps"], "num_stages": r["num_stages"]},
+    )
 
 
 def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
@@ -216,15 +249,29 @@ def main(path: str, backend: str, arch: str, warp: str, limit: str) -> None:
 
     target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, int(warp))
     results = []
-    records = [for_backend(r, backend, arch)
-               for r in json.load(open(path))["launches"] + synthesized_for(backend, arch)]
-    chosen = [r for r in records if not forced_decode(r, backend) and selected_on(r, int(limit))
-              and not (backend == "hip" and needs_fp8_dot(r))]
+    records = [
+        for_backend(r, backend, arch)
+        for r in json.load(open(path))["launches"] + synthesized_for(backend, arch)
+    ]
+    chosen = [
+        r
+        for r in records
+        if not forced_decode(r, backend)
+        and selected_on(r, int(limit))
+        and not (backend == "hip" and needs_fp8_dot(r))
+    ]
     for r in unique(chosen) + knobs_on(chosen):
         name = f"{r['family']}.{r['kernel']}"
-        row = {"kernel": name, "constexprs": r["constexprs"], "num_warps": r["num_warps"],
-               "num_stages": r["num_stages"], "error": None, "shared": None, "pdl": None,
-               "trap": None}
+        row = {
+            "kernel": name,
+            "constexprs": r["constexprs"],
+            "num_warps": r["num_warps"],
+            "num_stages": r["num_stages"],
+            "error": None,
+            "shared": None,
+            "pdl": None,
+            "trap": None,
+        }
         try:
             kernel = compile_record(r, target)
             row["shared"] = int(kernel.metadata.shared)

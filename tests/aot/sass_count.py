@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """sm_90 SASS of recorded launches, counted without a GPU: a kernel change's instruction budget
 before device time is spent on it.
 
@@ -61,8 +62,9 @@ def parse_args(argv: list[str]) -> tuple[str, str, dict, dict]:
 def summarize(sass: str, top: int = 12) -> dict:
     """Instruction count, loop lengths (each backward branch's span) and opcode counts of one
     ``cuobjdump -sass`` listing."""
-    ins = [(int(m.group(1), 16), m.group(2).strip()) for m in map(_ADDR.search, sass.splitlines())
-           if m]
+    ins = [
+        (int(m.group(1), 16), m.group(2).strip()) for m in map(_ADDR.search, sass.splitlines()) if m
+    ]
     ops = Counter()
     loops = []
     for addr, text in ins:
@@ -91,8 +93,11 @@ def main(argv: list[str]) -> None:
             continue
         fn = kernel_fn(r)
         r = with_new_defaults(for_backend(r, "cuda", "90"), fn)
-        r = dict(r, constexprs=dict(r["constexprs"], **knobs),
-                 signature=dict(r["signature"], **{k: "constexpr" for k in knobs}))
+        r = dict(
+            r,
+            constexprs=dict(r["constexprs"], **knobs),
+            signature=dict(r["signature"], **{k: "constexpr" for k in knobs}),
+        )
         key = json.dumps([r["constexprs"], r["num_warps"], r["num_stages"]], sort_keys=True)
         if key in seen:
             continue
@@ -101,18 +106,20 @@ def main(argv: list[str]) -> None:
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(compiled.asm["cubin"])
             f.flush()
-            sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True,
-                                  text=True, check=True).stdout
+            sass = subprocess.run(
+                [str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True
+            ).stdout
         s = summarize(sass, int(os.environ.get("TOP", "12")))
         if os.environ.get("SASS_DUMP"):
             dump = Path(os.environ["SASS_DUMP"])
             dump.mkdir(parents=True, exist_ok=True)
-            body = "\n".join(m.group(2).strip() for m in map(_ADDR.search, sass.splitlines())
-                              if m)
+            body = "\n".join(m.group(2).strip() for m in map(_ADDR.search, sass.splitlines()) if m)
             (dump / f"{kernel}-{len(seen)}.sass").write_text(key + "\n" + body + "\n")
         shown = {n: v for n, v in r["constexprs"].items() if n not in ("PDL",)}
-        print(f"{kernel} {shown} warps {r['num_warps']} (Triton {triton.__version__}): "
-              f"{s['instructions']} instructions, loops {s['loops']}, {s['ops']}")
+        print(
+            f"{kernel} {shown} warps {r['num_warps']} (Triton {triton.__version__}): "
+            f"{s['instructions']} instructions, loops {s['loops']}, {s['ops']}"
+        )
     if not seen:
         raise SystemExit(f"sass_count: no recorded launch of {module}.{kernel} matches {filters}")
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``tests/aot/sass_count.py``: its parsing of ``cuobjdump -sass`` listings and one real count."""
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ def test_importing_it_leaves_the_interpreter_on():
 def test_summarize_counts_instructions_loops_and_opcodes():
     s = summarize(LISTING)
     assert s["instructions"] == 7
-    assert s["loops"] == [4]            # 0x20 .. 0x50: the backward branch only
+    assert s["loops"] == [4]  # 0x20 .. 0x50: the backward branch only
     assert dict(s["ops"]) == {"LDC": 1, "BRA": 2, "FFMA": 2, "ISETP": 1, "EXIT": 1}
 
 
 def test_parse_args_filters_and_knobs():
-    assert parse_args(["topk", "_fused_kernel", "BLOCK=512", "BOUND=True",
-                       "+HIST_RELAXED=False"]) == (
-        "topk", "_fused_kernel", {"BLOCK": 512, "BOUND": True}, {"HIST_RELAXED": False})
+    assert parse_args(
+        ["topk", "_fused_kernel", "BLOCK=512", "BOUND=True", "+HIST_RELAXED=False"]
+    ) == ("topk", "_fused_kernel", {"BLOCK": 512, "BOUND": True}, {"HIST_RELAXED": False})
     with pytest.raises(SystemExit):
         parse_args(["topk", "_fused_kernel", "BLOCK"])
 
@@ -57,12 +58,24 @@ def test_counts_a_recorded_launch_and_its_knob(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["SASS_DUMP"] = str(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "tests.aot.sass_count", "indexer", "_hist_kernel",
-                          "+HIST_RELAXED=False"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.aot.sass_count",
+            "indexer",
+            "_hist_kernel",
+            "+HIST_RELAXED=False",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("_hist_kernel")]
-    assert len(lines) == 4, out.stdout                 # the four recorded passes, knob set
+    assert len(lines) == 4, out.stdout  # the four recorded passes, knob set
     for p, ln in enumerate(lines):
         assert "'HIST_RELAXED': False" in ln and f"'PASS': {p}" in ln, ln
         count = int(re.search(r"(\d+) instructions", ln).group(1))

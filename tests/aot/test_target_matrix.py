@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every Triton kernel of the package compiled ahead of time for each GPU target, with the launch
 options the product really uses, on a machine without a GPU.
 
@@ -33,13 +34,13 @@ SM80 = HERE / "launches-h200-declared-sm80.json"
 KIB = 1024
 # target -> (GPUTarget fields, launches, shared memory per block the target allows)
 TARGETS = {
-    "sm_80": (("cuda", "80", "32"), SM80, 163 * KIB),      # A100 / A800
-    "sm_86": (("cuda", "86", "32"), SM80, 99 * KIB),       # RTX 3090, A5000, A40
-    "sm_89": (("cuda", "89", "32"), NATIVE, 99 * KIB),     # L40, L20, RTX 4090
-    "sm_90": (("cuda", "90", "32"), NATIVE, 227 * KIB),    # H100 / H200
+    "sm_80": (("cuda", "80", "32"), SM80, 163 * KIB),  # A100 / A800
+    "sm_86": (("cuda", "86", "32"), SM80, 99 * KIB),  # RTX 3090, A5000, A40
+    "sm_89": (("cuda", "89", "32"), NATIVE, 99 * KIB),  # L40, L20, RTX 4090
+    "sm_90": (("cuda", "90", "32"), NATIVE, 227 * KIB),  # H100 / H200
     "sm_100": (("cuda", "100", "32"), NATIVE, 227 * KIB),  # B200
-    "sm_120": (("cuda", "120", "32"), NATIVE, 99 * KIB),   # RTX 5090, RTX PRO 6000
-    "gfx942": (("hip", "gfx942", "64"), NATIVE, 64 * KIB),   # MI300X (LDS)
+    "sm_120": (("cuda", "120", "32"), NATIVE, 99 * KIB),  # RTX 5090, RTX PRO 6000
+    "gfx942": (("hip", "gfx942", "64"), NATIVE, 64 * KIB),  # MI300X (LDS)
     "gfx950": (("hip", "gfx950", "64"), NATIVE, 160 * KIB),  # MI355X (LDS)
 }
 # Launches whose compile folds the whole body into a trap on a target (Triton 3.9's sm_100
@@ -47,23 +48,27 @@ TARGETS = {
 # LLVM IR is `llvm.trap`, no store), with the reason: asserted to still trap, so the entry goes
 # when Triton compiles it. (target, kernel, constexprs the launch has) -> why it is tolerated.
 KNOWN_TRAPS = {
-    ("sm_100", "indexer._indexer_score_kernel", (("DOT", 3), ("FMT", 4), ("TB", 4))):
-        "the e4m3 indexer query (VLLM_DSV4_HW_INDEXER_Q=e4m3/auto, off by default: slower on "
-        "the H100) in prefill-sized calls; found 2026-12-06 when the H200 tier first recorded "
-        "it; B200 unverified (no such GPU here)",
+    (
+        "sm_100",
+        "indexer._indexer_score_kernel",
+        (("DOT", 3), ("FMT", 4), ("TB", 4)),
+    ): "the e4m3 indexer query (VLLM_DSV4_HW_INDEXER_Q=e4m3/auto, off by default: slower on "
+    "the H100) in prefill-sized calls; found 2026-12-06 when the H200 tier first recorded "
+    "it; B200 unverified (no such GPU here)"
 }
 
 
 def _known_trap(target: str, row: dict) -> bool:
-    return any(t == target and row["kernel"] == k
-               and all(row["constexprs"].get(n) == v for n, v in c)
-               for t, k, c in KNOWN_TRAPS)
+    return any(
+        t == target and row["kernel"] == k and all(row["constexprs"].get(n) == v for n, v in c)
+        for t, k, c in KNOWN_TRAPS
+    )
 
 
 # Kernels the GPU tier does not launch (so nothing recorded them), with the reason.
 NOT_RECORDED = {
     "kv_cache._kv_gather_kernel": "kv_gather serves the conformance kit and tests, not the "
-                                   "served layer; the GPU tier has no case for it",
+    "served layer; the GPU tier has no case for it"
 }
 
 
@@ -80,16 +85,25 @@ def compiled(request):
 def test_every_launch_compiles_for(target, compiled):
     rows = compiled[target]
     limit = TARGETS[target][2]
-    failed = [f"{r['kernel']} {r['constexprs']} (num_warps {r['num_warps']}): {r['error']}"
-              for r in rows if r["error"]]
-    over = [f"{r['kernel']} {r['constexprs']}: {r['shared']} B shared > {limit} B"
-            for r in rows if r["shared"] is not None and r["shared"] > limit]
-    traps = [f"{r['kernel']} {r['constexprs']}" for r in rows
-             if r["trap"] and not _known_trap(target, r)]
+    failed = [
+        f"{r['kernel']} {r['constexprs']} (num_warps {r['num_warps']}): {r['error']}"
+        for r in rows
+        if r["error"]
+    ]
+    over = [
+        f"{r['kernel']} {r['constexprs']}: {r['shared']} B shared > {limit} B"
+        for r in rows
+        if r["shared"] is not None and r["shared"] > limit
+    ]
+    traps = [
+        f"{r['kernel']} {r['constexprs']}" for r in rows if r["trap"] and not _known_trap(target, r)
+    ]
     known = [r for r in rows if _known_trap(target, r)]
     kernels = {r["kernel"] for r in rows}
-    print(f"\n{target}: {len(rows)} launches of {len(kernels)} kernels compiled, max shared "
-          f"{max((r['shared'] or 0) for r in rows)} B of {limit}")
+    print(
+        f"\n{target}: {len(rows)} launches of {len(kernels)} kernels compiled, max shared "
+        f"{max((r['shared'] or 0) for r in rows)} B of {limit}"
+    )
     assert len(rows) >= 80 and len(kernels) >= 20, (len(rows), sorted(kernels))
     assert not failed, f"{len(failed)} of {len(rows)} launches failed:\n" + "\n".join(failed)
     assert not over, "\n".join(over)
@@ -115,8 +129,12 @@ def test_targets_without_e4m3_conversion_take_the_integer_paths():
     from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_HW, CVT_PTX
 
     def modes(path, kernel, backend="cuda"):
-        return {for_backend(r, backend)["constexprs"]["CVT"]
-                for r in json.loads(path.read_text())["launches"] if r["kernel"] == kernel}
+        return {
+            for_backend(r, backend)["constexprs"]["CVT"]
+            for r in json.loads(path.read_text())["launches"]
+            if r["kernel"] == kernel
+        }
+
     gemm, attn = "_fp8_block_linear_kernel", "_sparse_attn_fwd"
     assert CVT_HW not in modes(SM80, gemm) | modes(SM80, attn)
     # (the GPU tier also runs every decode on purpose: the weight of every e4m3 code)
@@ -160,7 +178,8 @@ def test_every_launched_kernel_is_recorded():
     launched = _launched_kernels()
     assert len(launched) >= 20, launched
     missing = launched - recorded - set(NOT_RECORDED)
-    assert not missing, f"launched but never recorded on a GPU (re-record, see the docstring): " \
-                        f"{sorted(missing)}"
+    assert not missing, (
+        f"launched but never recorded on a GPU (re-record, see the docstring): {sorted(missing)}"
+    )
     assert not set(NOT_RECORDED) & recorded, "recorded now: drop it from NOT_RECORDED"
     assert not recorded - launched, f"recorded kernels that are gone: {sorted(recorded - launched)}"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """compressor_plan against a per-token Python construction of the same slots (spec section 3/6)."""
 
 from __future__ import annotations
@@ -69,13 +70,22 @@ def test_plan_matches_bruteforce(gen, ratio, rpp, epp):
         sbt = _random_block_table(gen, num_reqs, nb_state, num_reqs * nb_state + 17)
         kbt = _random_block_table(gen, num_reqs, nb_kv, num_reqs * nb_kv + 5)
         for with_kv in (True, False):
-            plan = compressor_plan(qsl, seq_start, sbt, rpp, ratio,
-                                   kbt if with_kv else None, entries_per_page=epp)
-            brute = _brute_plan(qsl.tolist(), seq_start.tolist(), sbt.tolist(), rpp, ratio,
-                                kbt.tolist() if with_kv else None, epp)
+            plan = compressor_plan(
+                qsl, seq_start, sbt, rpp, ratio, kbt if with_kv else None, entries_per_page=epp
+            )
+            brute = _brute_plan(
+                qsl.tolist(),
+                seq_start.tolist(),
+                sbt.tolist(),
+                rpp,
+                ratio,
+                kbt.tolist() if with_kv else None,
+                epp,
+            )
             _check(plan, brute, ratio, with_kv)
             assert plan.positions.tolist() == [
-                int(seq_start[r]) + k for r in range(num_reqs) for k in range(int(q_lens[r]))]
+                int(seq_start[r]) + k for r in range(num_reqs) for k in range(int(q_lens[r]))
+            ]
 
 
 def test_plan_boundaries_and_absent_rows():
@@ -87,16 +97,25 @@ def test_plan_boundaries_and_absent_rows():
     assert plan.group_entry_index.tolist() == [0, 1]
     assert plan.group_rows.tolist() == [[-1, -1, -1, -1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7]]
     # decode token at position 131 of a ratio-4 request (entry 32) and 255 of a ratio-128 one
-    plan = compressor_plan(torch.tensor([0, 1]), torch.tensor([131]), torch.arange(64).view(1, 64),
-                           4, 4, torch.tensor([[5, 9, 11]]), entries_per_page=16)
+    plan = compressor_plan(
+        torch.tensor([0, 1]),
+        torch.tensor([131]),
+        torch.arange(64).view(1, 64),
+        4,
+        4,
+        torch.tensor([[5, 9, 11]]),
+        entries_per_page=16,
+    )
     assert plan.group_entry_index.tolist() == [32]
     assert plan.group_rows.tolist() == [list(range(124, 132))]
     assert plan.cache_slots.tolist() == [11 * 16 + 0]
-    plan = compressor_plan(torch.tensor([0, 1]), torch.tensor([254]), torch.arange(40).view(1, 40),
-                           8, 128)
+    plan = compressor_plan(
+        torch.tensor([0, 1]), torch.tensor([254]), torch.arange(40).view(1, 40), 8, 128
+    )
     assert plan.num_groups == 0 and tuple(plan.group_rows.shape) == (0, 128)
-    plan = compressor_plan(torch.tensor([0, 1]), torch.tensor([255]), torch.arange(40).view(1, 40),
-                           8, 128)
+    plan = compressor_plan(
+        torch.tensor([0, 1]), torch.tensor([255]), torch.arange(40).view(1, 40), 8, 128
+    )
     assert plan.group_entry_index.tolist() == [1]
     assert plan.group_rows.tolist() == [list(range(128, 256))]
 
@@ -107,6 +126,11 @@ def test_plan_empty_and_zero_length_requests():
     # only request 1 has tokens: positions 0..4, slots in pages 4, 5
     assert plan.state_slots.tolist() == [16, 17, 18, 19, 20]
     assert plan.group_req.tolist() == [1] and plan.group_token.tolist() == [3]
-    plan = compressor_plan(torch.tensor([0]), torch.zeros(0, dtype=torch.long),
-                           torch.zeros(0, 4, dtype=torch.long), 4, 4)
+    plan = compressor_plan(
+        torch.tensor([0]),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, 4, dtype=torch.long),
+        4,
+        4,
+    )
     assert plan.state_slots.numel() == 0 and tuple(plan.group_rows.shape) == (0, 8)

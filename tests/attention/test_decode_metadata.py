@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The graph-safe decode metadata against the general builder, on every backend of the op.
 
 For each layer kind: random block tables (pages drawn from a shuffled pool, some released as -1 or
@@ -18,12 +19,20 @@ from vllm_dsv4_hw.attention.metadata import BlockTables, PageGeometry, build_ste
 from vllm_dsv4_hw.kinds import kind_of
 from vllm_dsv4_hw.ops import api
 
-GEOM = PageGeometry(window_positions_per_page=64, comp_entries_per_page=2,
-                    indexer_entries_per_page=64, main_state_rows_per_page=4,
-                    indexer_state_rows_per_page=2)
-GEOM4 = PageGeometry(window_positions_per_page=64, comp_entries_per_page=64,
-                     indexer_entries_per_page=64, main_state_rows_per_page=8,
-                     indexer_state_rows_per_page=2)
+GEOM = PageGeometry(
+    window_positions_per_page=64,
+    comp_entries_per_page=2,
+    indexer_entries_per_page=64,
+    main_state_rows_per_page=4,
+    indexer_state_rows_per_page=2,
+)
+GEOM4 = PageGeometry(
+    window_positions_per_page=64,
+    comp_entries_per_page=64,
+    indexer_entries_per_page=64,
+    main_state_rows_per_page=8,
+    indexer_state_rows_per_page=2,
+)
 MAX_POS = 2048
 WINDOW = 128
 
@@ -31,14 +40,17 @@ WINDOW = 128
 def _tables(gen, ratio, geom, rows, null_page):
     """Full tables over MAX_POS positions per row; window / state pages outside the last W
     positions of ``keep_from`` are released (null)."""
-    per = {"window": geom.window_positions_per_page, "main_state": geom.main_state_rows_per_page,
-           "indexer_state": geom.indexer_state_rows_per_page,
-           "comp": geom.comp_entries_per_page * max(ratio, 1),
-           "indexer": geom.indexer_entries_per_page * 4}
+    per = {
+        "window": geom.window_positions_per_page,
+        "main_state": geom.main_state_rows_per_page,
+        "indexer_state": geom.indexer_state_rows_per_page,
+        "comp": geom.comp_entries_per_page * max(ratio, 1),
+        "indexer": geom.indexer_entries_per_page * 4,
+    }
     out = {}
     for cache in kind_of(ratio).caches:
         cols = -(-MAX_POS // per[cache])
-        perm = torch.randperm(rows * cols + 5, generator=gen)[:rows * cols] + 1  # page 0 = null
+        perm = torch.randperm(rows * cols + 5, generator=gen)[: rows * cols] + 1  # page 0 = null
         out[cache] = perm.view(rows, cols).to(torch.int32)
     return out, per
 
@@ -52,7 +64,7 @@ def _release(tables, per, positions, null_page):
         keep = {"window": WINDOW, "main_state": 256, "indexer_state": 8}[cache]
         for r, p in enumerate(positions):
             lo = max(0, p - keep) // per[cache]
-            out[cache][r, :max(0, lo - 1)] = null_page
+            out[cache][r, : max(0, lo - 1)] = null_page
     return out
 
 
@@ -72,9 +84,19 @@ def _cases(ratio):
 def test_decode_metadata_equals_general_builder(backend, ratio, null_page, gen, monkeypatch):
     monkeypatch.setenv("VLLM_DSV4_HW_OP_BACKENDS", f"{api.DECODE_METADATA}={backend}")
     geom = GEOM4 if ratio == 4 else GEOM
-    stride = {"main": geom.main_state_rows_per_page + 3, "indexer": geom.indexer_state_rows_per_page + 1}
-    layout = decode_layout(ratio, geom, WINDOW, MAX_POS, null_page=null_page,
-                           main_state_stride=stride["main"], indexer_state_stride=stride["indexer"])
+    stride = {
+        "main": geom.main_state_rows_per_page + 3,
+        "indexer": geom.indexer_state_rows_per_page + 1,
+    }
+    layout = decode_layout(
+        ratio,
+        geom,
+        WINDOW,
+        MAX_POS,
+        null_page=null_page,
+        main_state_stride=stride["main"],
+        indexer_state_stride=stride["indexer"],
+    )
     for positions in _cases(ratio):
         raw, per = _tables(gen, ratio, geom, len(positions) + 2, null_page)
         pos_all = positions + [0, 0]
@@ -83,13 +105,22 @@ def test_decode_metadata_equals_general_builder(backend, ratio, null_page, gen, 
         got = decode_step_metadata(seq_lens, BlockTables(**raw), geom, layout)
         n = len(positions)
         tables = BlockTables(**{k: _as_minus_one(v[:n], null_page) for k, v in raw.items()})
-        want = build_step_metadata(positions, [1] * n, ratio, tables, geom, WINDOW,
-                                   max_comp_entries=layout.max_comp_entries or None)
+        want = build_step_metadata(
+            positions,
+            [1] * n,
+            ratio,
+            tables,
+            geom,
+            WINDOW,
+            max_comp_entries=layout.max_comp_entries or None,
+        )
         assert torch.equal(got.positions[:n], want.positions)
         # a bound fixed by the tables (graphs), never below what the step sees
         assert got.max_visible_entries >= want.max_visible_entries
         if ratio == 4:
-            assert got.max_visible_entries == raw["indexer"].shape[1] * geom.indexer_entries_per_page
+            assert (
+                got.max_visible_entries == raw["indexer"].shape[1] * geom.indexer_entries_per_page
+            )
         assert bool((got.positions[n:] == -1).all())
         for name in ("window_insert_slots", "window_slots"):
             g, w = getattr(got, name), getattr(want, name)
@@ -103,11 +134,18 @@ def test_decode_metadata_equals_general_builder(backend, ratio, null_page, gen, 
             if pw is None:
                 assert pg is None
                 continue
-            k, r = stride[key], (geom.main_state_rows_per_page if key == "main"
-                                 else geom.indexer_state_rows_per_page)
+            k, r = (
+                stride[key],
+                (
+                    geom.main_state_rows_per_page
+                    if key == "main"
+                    else geom.indexer_state_rows_per_page
+                ),
+            )
 
             def remap(x, k=k, r=r):  # the general builder's logical rows -> strided rows
                 return torch.where(x >= 0, (x // r) * k + x % r, x)
+
             assert torch.equal(pg.state_slots[:n], remap(pw.state_slots)), pname
             assert bool((pg.state_slots[n:] == -1).all())
             real = pg.cache_slots >= 0
@@ -125,8 +163,17 @@ def test_decode_metadata_equals_general_builder(backend, ratio, null_page, gen, 
 class _HostSyncCounter:
     """Counts the tensor methods that move data to the host (or branch on it)."""
 
-    NAMES = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__",
-             "nonzero")
+    NAMES = (
+        "item",
+        "tolist",
+        "cpu",
+        "numpy",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "nonzero",
+    )
 
     def __init__(self, monkeypatch):
         self.calls: list[str] = []
@@ -136,12 +183,14 @@ class _HostSyncCounter:
             def wrapped(t, *a, _orig=orig, _name=name, **kw):
                 self.calls.append(_name)
                 return _orig(t, *a, **kw)
+
             monkeypatch.setattr(torch.Tensor, name, wrapped)
         orig_nz = torch.nonzero
 
         def nz(*a, **kw):
             self.calls.append("torch.nonzero")
             return orig_nz(*a, **kw)
+
         monkeypatch.setattr(torch, "nonzero", nz)
 
 
@@ -162,9 +211,14 @@ def test_decode_metadata_does_not_sync_with_the_host(backend, ratio, gen, monkey
     assert meta.num_tokens == 4
     # the counter does see a host sync: the general builder has several
     counter = _HostSyncCounter(monkeypatch)
-    build_step_metadata([3, 127, 1023], [1, 1, 1], ratio,
-                        BlockTables(**{k: v[:3].to(torch.int64) for k, v in raw.items()}), geom,
-                        WINDOW)
+    build_step_metadata(
+        [3, 127, 1023],
+        [1, 1, 1],
+        ratio,
+        BlockTables(**{k: v[:3].to(torch.int64) for k, v in raw.items()}),
+        geom,
+        WINDOW,
+    )
     assert counter.calls, "the counter must notice the general builder's host syncs"
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The indexer query's precision (``attention.indexer_query``, ``DSV4Indexer.query``): the
 setting picks e4m3 codes or the model dtype per device; with codes, the layer hands the indexer
 ``rope_fp8_quant``'s codes and per-(token, head) scales, and its top-k is the top-k of float64
@@ -17,12 +18,13 @@ from vllm_dsv4_hw.attention.metadata import build_step_metadata
 pytestmark = pytest.mark.usefixtures("vllm_single_rank")
 
 
-@pytest.mark.parametrize("setting, on_cpu", [("auto", False), ("e4m3", True), ("model", False),
-                                             (None, False)])
+@pytest.mark.parametrize(
+    "setting, on_cpu", [("auto", False), ("e4m3", True), ("model", False), (None, False)]
+)
 def test_setting_per_device(monkeypatch, setting, on_cpu):
     """auto follows the device's ``fp8_dot`` (the CPU has none); e4m3 / model force it; the
     default is the model dtype."""
-    if setting is None:   # the default: the model dtype
+    if setting is None:  # the default: the model dtype
         monkeypatch.delenv("VLLM_DSV4_HW_INDEXER_Q", raising=False)
     else:
         monkeypatch.setenv("VLLM_DSV4_HW_INDEXER_Q", setting)
@@ -67,8 +69,8 @@ def test_layer_scores_the_e4m3_query(monkeypatch, gen):
     values = codes.double() * scales.double()[..., None]
     ref = am[0].double()
     head_err = (values - ref).abs().amax(-1) / ref.abs().amax(-1).clamp_min(1e-30)
-    assert float(head_err.max()) <= 2 ** -4
-    want = topk(values, *a8[1:])   # float64 query, reference scoring (the CPU's backend)
+    assert float(head_err.max()) <= 2**-4
+    want = topk(values, *a8[1:])  # float64 query, reference scoring (the CPU's backend)
     for row in range(t):
         got_set = set(top8[row][top8[row] >= 0].tolist())
         assert got_set == set(want[row][want[row] >= 0].tolist()), row

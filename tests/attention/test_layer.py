@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DeepSeek V4 attention layer (spec section 2) against a dense float64 oracle of the layer.
 
 Real head geometry (512 = 448 + 64 rope, indexer 64 x 128), a tiny model (hidden 64, 4 heads in
@@ -17,8 +18,7 @@ Indexer ties: the weights are redrawn until every token's top-k boundary gap in 
 scores is >= 1e-5 of its largest score (the layer's fp32 key path errs ~1e-7), so the exact runs
 compare selections as sets with no tie handling. In the lossy runs the stored keys are quantized,
 which moves the ranking: there the layer's choice must be the top-k of float64 scores over its
-own stored keys (near-ties from its bf16 q^I / weights: ``LOSSY_TIE``), and the oracle output is
-recomputed with the layer's choice.
+own stored keys (near-ties of its bf16 q^I / weights: ``LOSSY_TIE``); the oracle uses that choice.
 """
 
 from __future__ import annotations

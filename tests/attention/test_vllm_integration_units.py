@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Unit tests of the vLLM-facing pieces that need no running server: specs, pool arithmetic,
 metadata builder, the custom-op boundary, the platform and plugin hooks."""
 
@@ -31,8 +32,7 @@ def test_vllm_specs_use_bucket_pages(main, idx, ratio):
             # rows back to back, then padding; the block stride must keep whole rows
             assert spec.block_stride_alignment == lk.entry_stride
             assert lk.entries_per_page * lk.entry_stride <= lk.page_bytes
-            assert spec.sliding_window == (8 if lk.kind in ("c4a_state", "indexer_state")
-                                           else 128)
+            assert spec.sliding_window == (8 if lk.kind in ("c4a_state", "indexer_state") else 128)
         elif lk.kind == "window_kv":
             assert (spec.sliding_window, spec.block_size) == (128, 64)
         else:
@@ -44,8 +44,9 @@ def _tiny(ratios) -> DSV4Config:
     return V4_FLASH.with_layers(tuple(ratios))
 
 
-@pytest.mark.parametrize("cfg", [V4_FLASH, V4_PRO, _tiny((0, 0, 4, 128, 4))],
-                         ids=["flash", "pro", "tiny"])
+@pytest.mark.parametrize(
+    "cfg", [V4_FLASH, V4_PRO, _tiny((0, 0, 4, 128, 4))], ids=["flash", "pro", "tiny"]
+)
 @pytest.mark.parametrize("batched", [256, 2048, 8192])
 def test_vllm_pool_plan_is_consistent(cfg, batched):
     p = plan_vllm_pool(cfg, "fp8", "mxfp4", 8 << 30, 65536, batched)
@@ -58,7 +59,7 @@ def test_vllm_pool_plan_is_consistent(cfg, batched):
     # a block holds the widest group; groups never exceed it
     assert all(g.packed_bytes <= p.bytes_per_block for g in p.groups)
     state_rows = [8192, 4096, 2048]
-    assert p.bytes_per_block % math.lcm(*state_rows[: 3]) == 0
+    assert p.bytes_per_block % math.lcm(*state_rows[:3]) == 0
     assert p.num_blocks == (8 << 30) // p.bytes_per_block
     assert p.tokens == int(p.num_blocks / p.blocks_per_request * 65536)
     # full group: one block per 256 positions, holding every compressed and indexer cache
@@ -67,11 +68,14 @@ def test_vllm_pool_plan_is_consistent(cfg, batched):
     assert full[0].layers == cfg.layers_with_ratio(4) * 2 + cfg.layers_with_ratio(128)
 
 
-@pytest.mark.parametrize("formats,batched,logged", [
-    (("fp8", "mxfp4"), 2048, (12829, 6.26)),
-    # bf16 + bf16: c4a and indexer states both hold 8 rows a page, so vLLM buckets them together
-    (("bf16", "bf16"), 512, (86361, 42.17)),
-])
+@pytest.mark.parametrize(
+    "formats,batched,logged",
+    [
+        (("fp8", "mxfp4"), 2048, (12829, 6.26)),
+        # bf16 + bf16: c4a and indexer states both hold 8 rows a page, so vLLM buckets them together
+        (("bf16", "bf16"), 512, (86361, 42.17)),
+    ],
+)
 def test_vllm_pool_matches_vllm_log_for_tiny_flash(formats, batched, logged):
     # What `vllm serve` of the tiny-flash checkpoint logged (VLLM_CPU_KVCACHE_SPACE=1,
     # --max-model-len 2048): "CPU KV cache size: N tokens, Maximum concurrency for 2,048 tokens
@@ -98,10 +102,14 @@ def test_builder_hands_over_vllms_buffers_and_marks_decode_steps(monkeypatch):
     b = DSV4CacheMetadataBuilder(spec, ["layers.0.attn.window_kv"], None, torch.device("cpu"))
     table = torch.tensor([[3, 0, 7, 9], [0, 0, 4, 2], [1, 1, 1, 1]], dtype=torch.int32)
     seq_lens = torch.tensor([4, 200, 0], dtype=torch.int32)
-    m = SimpleNamespace(num_reqs=2, num_actual_tokens=5, max_query_len=4,
-                        block_table_tensor=table,
-                        query_start_loc_cpu=torch.tensor([0, 4, 5, 5], dtype=torch.int32),
-                        seq_lens=seq_lens)
+    m = SimpleNamespace(
+        num_reqs=2,
+        num_actual_tokens=5,
+        max_query_len=4,
+        block_table_tensor=table,
+        query_start_loc_cpu=torch.tensor([0, 4, 5, 5], dtype=torch.int32),
+        seq_lens=seq_lens,
+    )
     md = b.build(0, m)
     assert md.block_table.data_ptr() == table.data_ptr() and md.block_table.shape == (2, 4)
     assert md.seq_lens.data_ptr() == seq_lens.data_ptr() and md.null_page == 0
@@ -127,6 +135,7 @@ def test_attention_custom_op_traces_opaquely():
 
     vl._LAYERS["test.fake"] = Fake()
     try:
+
         def f(x):
             return torch.ops.dsv4_hw.attention(torch.sin(x), "test.fake") - 1
 
@@ -135,6 +144,7 @@ def test_attention_custom_op_traces_opaquely():
         torch.testing.assert_close(compiled(x), torch.sin(x) * 2)
         # the fake implementation gives shapes without running the layer
         from torch._subclasses.fake_tensor import FakeTensorMode
+
         with FakeTensorMode() as mode:
             out = torch.ops.dsv4_hw.attention(mode.from_tensor(x), "no.such.layer")
         assert out.shape == x.shape
@@ -147,7 +157,8 @@ def _vllm_config(block_size=256, user_block=False, disable_hybrid=False):
     return SimpleNamespace(
         model_config=SimpleNamespace(hf_config=SimpleNamespace(model_type="deepseek_v4")),
         cache_config=SimpleNamespace(block_size=block_size, user_specified_block_size=user_block),
-        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=disable_hybrid))
+        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=disable_hybrid),
+    )
 
 
 def test_platform_rejects_unworkable_settings(monkeypatch):

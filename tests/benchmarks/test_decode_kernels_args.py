@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``benchmarks.decode_kernels``'s options that act before it needs a GPU."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The decode-stack benchmark's --smoke path on CPU (reference ops), end to end, plus its parts.
 
 ``benchmarks/decode_stack.py --smoke`` builds a 3-layer stack (window, c4a, c128a) of the product's
@@ -109,8 +110,9 @@ def test_verify_catches_a_perturbed_prompt(tmp_path, monkeypatch):
         return x
 
     monkeypatch.setattr(ds.Runner, "_prefill_inputs", perturbed)
-    rc = ds.main(["--smoke", "--out", str(tmp_path), "--contexts", "384", "--batches", "1",
-                  "--steps", "1"])
+    rc = ds.main(
+        ["--smoke", "--out", str(tmp_path), "--contexts", "384", "--batches", "1", "--steps", "1"]
+    )
     data = json.loads((tmp_path / "decode_stack.json").read_text())
     v = {r["what"]: r for r in data["verify"]}["chunked_vs_oneshot_prefill"]
     assert rc == 1 and not v["ok"]
@@ -160,9 +162,18 @@ def test_triton_decode_path_matches_reference(monkeypatch):
     from vllm_dsv4_hw.ops.registry import REGISTRY
 
     # the triton indexer wants >= 16 power-of-two heads
-    cfg = DSV4Config(name="smoke16", hidden_size=256, num_heads=2, q_lora_rank=128, o_groups=2,
-                     o_lora_rank=128, index_topk=32, compress_ratios=(0, 4, 128),
-                     index_n_heads=16, max_position_embeddings=512)
+    cfg = DSV4Config(
+        name="smoke16",
+        hidden_size=256,
+        num_heads=2,
+        q_lora_rank=128,
+        o_groups=2,
+        o_lora_rank=128,
+        index_topk=32,
+        compress_ratios=(0, 4, 128),
+        index_n_heads=16,
+        max_position_embeddings=512,
+    )
     dev = torch.device("cpu")
     stack = AttentionStack(cfg, dev, 512, seed=3)
     caches = StackCaches(cfg, 2, 512, dev)
@@ -201,18 +212,18 @@ def test_model_len_widens_the_tables_not_the_step(gen):
             if t is None:
                 continue
             w = vars(wide.tables[r])[kind]
-            assert torch.equal(w[:, :t.shape[1]], t), (r, kind)
+            assert torch.equal(w[:, : t.shape[1]], t), (r, kind)
             assert w.shape[1] >= t.shape[1] * 4 or t.shape[1] == w.shape[1] == 1, (r, kind)
             if kind in ("comp", "indexer"):
-                assert (w[:, t.shape[1]:] == -1).all(), (r, kind)
+                assert (w[:, t.shape[1] :] == -1).all(), (r, kind)
         n, m = metas[0][r], metas[1][r]
         assert torch.equal(n.window_slots, m.window_slots)
-        if n.comp_slots is not None:        # c128a: the model length's width, -1 past 512 / 128
+        if n.comp_slots is not None:  # c128a: the model length's width, -1 past 512 / 128
             k = n.comp_slots.shape[1]
             assert m.comp_slots.shape[1] == 2048 // r
             assert torch.equal(m.comp_slots[:, :k], n.comp_slots)
             assert (m.comp_slots[:, k:] == -1).all()
-        if r == 4:                           # the indexer's bound: the wide table
+        if r == 4:  # the indexer's bound: the wide table
             assert m.max_visible_entries == 4 * n.max_visible_entries
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The peer benchmark (benchmarks/peer): its verdicts and its --smoke path on CPU.
 
 On CPU, vLLM's own kernels run under the Triton interpreter through the benchmark's shim, whose fp8
@@ -48,10 +49,12 @@ def test_missing_compiled_op_is_a_reason(monkeypatch):
 
     def needs_c(x):
         import torch
+
         return torch.ops._C.vllm_dsv4_hw_no_such_op(x)
 
     def wrong(x):
         raise AttributeError("a plain bug")
+
     mod.needs_c, mod.wrong = needs_c, wrong
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setitem(upstream.KERNELS, "needs_c", (mod.__name__, "needs_c"))

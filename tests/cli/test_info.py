@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``vllm-dsv4-hw info``: device, versions, and the backend per op with its reason."""
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def test_info_json(capsys):
     assert d["device"]["type"] == adaptor.device_type
     assert d["device"]["backend_order"] == list(adaptor.backend_order)
     assert d["versions"]["torch"] == torch.__version__
-    assert [(r["op"], r["backend"], r["reason"]) for r in d["ops"]] == \
-        REGISTRY.explain(adaptor.device_type)
+    assert [(r["op"], r["backend"], r["reason"]) for r in d["ops"]] == REGISTRY.explain(
+        adaptor.device_type
+    )
     assert "VLLM_DSV4_HW_BACKEND" in d["settings"]
 
 
@@ -67,8 +69,11 @@ def test_info_bad_setting_is_one_line(capsys, monkeypatch):
 
 def test_missing_vllm_says_not_installed(monkeypatch):
     real = info_mod.importlib.util.find_spec
-    monkeypatch.setattr(info_mod.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(
+        info_mod.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "vllm" else real(name, *a),
+    )
     assert info_mod.versions()["vllm"] == "not installed"
     assert info_mod.package_version("surely_not_a_module_xyz") == "not installed"
 
@@ -77,6 +82,7 @@ def test_vllm_version_reported():
     v = info_mod.versions()["vllm"]
     try:
         import importlib.util
+
         present = importlib.util.find_spec("vllm") is not None
     except ImportError:
         present = False
@@ -93,8 +99,13 @@ def test_broken_op_registry_still_reports_device(capsys, monkeypatch):
 
 def test_info_subprocess():
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_DSV4_HW_")}
-    p = subprocess.run([sys.executable, "-m", "vllm_dsv4_hw", "info"], capture_output=True,
-                       text=True, timeout=120, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "vllm_dsv4_hw", "info"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     assert "device:" in p.stdout
     for op in REGISTRY.ops():

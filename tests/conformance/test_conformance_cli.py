@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The conformance kit on the CPU: passes with the reference (TRITON_INTERPRET unset, so only the
 reference runs by selection), writes JSON and markdown reports, fails (exit 1) on a deliberately
 broken backend or layout, rejects bad arguments in one line, and imports nothing from vLLM."""
@@ -56,8 +57,13 @@ def test_cpu_small_passes_with_json_report(capsys, tmp_path):
     # layouts of every format cpu holds, for kv_insert and kv_gather
     layouts = {(r["check"], r["case"]) for r in rows if r["case"].startswith("layout")}
     for op in (api.KV_INSERT, api.KV_GATHER):
-        for what in ("main fp8_ds_mla E=64", "main bf16 E=2", "indexer mxfp4 E=64",
-                     "indexer fp8_indexer E=64", "indexer bf16 E=64"):
+        for what in (
+            "main fp8_ds_mla E=64",
+            "main bf16 E=2",
+            "indexer mxfp4 E=64",
+            "indexer fp8_indexer E=64",
+            "indexer bf16 E=64",
+        ):
             assert (op, f"layout {what}") in layouts
     buckets = [r for r in rows if r["check"] == "buckets"]
     assert len(buckets) == 2 * 2 * 3 and all(r["ok"] for r in buckets)
@@ -68,8 +74,17 @@ def test_cpu_small_passes_with_json_report(capsys, tmp_path):
 
 def test_markdown_report_and_replay(capsys, tmp_path):
     path = tmp_path / "sub" / "cpu.md"
-    rc, out, _ = _run(capsys, "--device", "cpu", "--ops", "rms_norm,sparse_attention",
-                      "--seed", "1234", "--report", str(path))
+    rc, out, _ = _run(
+        capsys,
+        "--device",
+        "cpu",
+        "--ops",
+        "rms_norm,sparse_attention",
+        "--seed",
+        "1234",
+        "--report",
+        str(path),
+    )
     assert rc == 0
     md = path.read_text()
     assert md.startswith("# vllm-dsv4-hw conformance: cpu")
@@ -78,8 +93,17 @@ def test_markdown_report_and_replay(capsys, tmp_path):
     assert "seed 1234" in md and "`--seed 1234`" in md
     assert "buckets" not in md  # --ops restricts the run to those ops
     again = tmp_path / "again.md"
-    _run(capsys, "--device", "cpu", "--ops", "rms_norm,sparse_attention", "--seed", "1234",
-         "--report", str(again))
+    _run(
+        capsys,
+        "--device",
+        "cpu",
+        "--ops",
+        "rms_norm,sparse_attention",
+        "--seed",
+        "1234",
+        "--report",
+        str(again),
+    )
 
     def table(text):
         return [ln.rsplit("(", 1)[0] for ln in text.splitlines() if ln.startswith("| PASS")]
@@ -110,8 +134,10 @@ def test_broken_backend_fails_the_run(capsys, tmp_path, monkeypatch):
     assert bad and all(r["check"] == "rms_norm" and r["backend"] == "triton" for r in bad)
     assert all(r["err_over_tol"] > 1 and "err/tol" in r["detail"] for r in bad)
     ok = [r for r in d["results"] if r["ok"]]
-    assert {(r["check"], r["backend"]) for r in ok} == {("rms_norm", "reference"),
-                                                       ("rope", "reference")}
+    assert {(r["check"], r["backend"]) for r in ok} == {
+        ("rms_norm", "reference"),
+        ("rope", "reference"),
+    }
     assert any(ln.startswith("FAIL    rms_norm") and "triton" in ln for ln in out.splitlines())
 
 
@@ -140,13 +166,16 @@ def test_backend_that_raises_is_a_failure_not_a_crash(capsys, monkeypatch):
     assert rc == 1 and "raised RuntimeError: kernel launch failed" in out
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--device", "tpu"], "use cpu, cuda or npu"),
-    (["--device", "cuda"], "no CUDA device is visible"),
-    (["--device", "npu"], "--device npu: torch_npu imports but no NPU is visible"),
-    (["--report", "out.txt"], "must end in .json or .md"),
-    (["--ops", "rms_norm,warp_drive"], "unknown op(s) ['warp_drive']"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--device", "tpu"], "use cpu, cuda or npu"),
+        (["--device", "cuda"], "no CUDA device is visible"),
+        (["--device", "npu"], "--device npu: torch_npu imports but no NPU is visible"),
+        (["--report", "out.txt"], "must end in .json or .md"),
+        (["--ops", "rms_norm,warp_drive"], "unknown op(s) ['warp_drive']"),
+    ],
+)
 def test_bad_arguments_are_one_line(capsys, argv, needle):
     rc, out, err = _run(capsys, *argv)
     assert rc == 2 and out == ""
@@ -167,11 +196,20 @@ def test_python_m_path_imports_nothing_from_vllm(tmp_path):
         "print('VLLM_MODULES', bad)\n"
         "raise SystemExit(rc)\n"
     )
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("VLLM_DSV4_HW_") and k != "TRITON_INTERPRET"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("VLLM_DSV4_HW_") and k != "TRITON_INTERPRET"
+    }
     report = tmp_path / "r.json"
-    p = subprocess.run([sys.executable, "-c", code, str(report)], capture_output=True, text=True,
-                       timeout=300, env=env, cwd=str(tmp_path))
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=str(tmp_path),
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "VLLM_MODULES []" in p.stdout
     assert json.loads(report.read_text())["summary"]["ok"]

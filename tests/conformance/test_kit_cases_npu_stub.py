@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The conformance kit's op cases against the npu backend, on CPU tensors through the torch_npu
 stub, with Ascend A2/A3 capabilities (bf16 main and indexer caches; no fp8, no fp64).
 
@@ -17,10 +18,16 @@ from vllm_dsv4_hw.platform.capabilities import NPU_A2_A3
 
 def _ctx(seed: int) -> C.Ctx:
     choice = choose_formats("npu", "auto", "auto", caps=NPU_A2_A3, log=False)
-    return C.Ctx(device=torch.device("cpu"), caps=NPU_A2_A3, dims=C.SHAPES["small"],
-                 gen=torch.Generator().manual_seed(seed), main_fmt=choice.main,
-                 indexer_fmt=choice.indexer, main_formats=supported_formats("main", NPU_A2_A3),
-                 indexer_formats=supported_formats("indexer", NPU_A2_A3))
+    return C.Ctx(
+        device=torch.device("cpu"),
+        caps=NPU_A2_A3,
+        dims=C.SHAPES["small"],
+        gen=torch.Generator().manual_seed(seed),
+        main_fmt=choice.main,
+        indexer_fmt=choice.indexer,
+        main_formats=supported_formats("main", NPU_A2_A3),
+        indexer_formats=supported_formats("indexer", NPU_A2_A3),
+    )
 
 
 @pytest.fixture(params=[False, True], ids=["torch_npu-only", "vllm-ascend-ops"])
@@ -41,7 +48,7 @@ def ascend_ops(request):
 def test_kit_cases_pass_on_the_npu_backend(gen, ascend_ops):
     import torch_npu
 
-    seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen))
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
     ctx = _ctx(seed)
     assert (ctx.main_fmt, ctx.indexer_fmt) == ("bf16", "bf16")
     ran, failures = [], []
@@ -58,19 +65,35 @@ def test_kit_cases_pass_on_the_npu_backend(gen, ascend_ops):
                 failures.append(f"{case.op} [{backend}] {case.name}: {detail}")
     assert not failures, f"seed {seed}:\n" + "\n".join(failures)
     npu_ops = {op for op, b in ran if b == "npu"}
-    assert npu_ops >= {"rms_norm", "qkv_rms_norm", "rope", "kv_insert", "kv_gather",
-                       "qnorm_rope_kv_insert", "sparse_attention", "indexer_topk",
-                       "compressor_store"}
+    assert npu_ops >= {
+        "rms_norm",
+        "qkv_rms_norm",
+        "rope",
+        "kv_insert",
+        "kv_gather",
+        "qnorm_rope_kv_insert",
+        "sparse_attention",
+        "indexer_topk",
+        "compressor_store",
+    }
     calls = torch_npu._control.calls
     # small dims: 4 heads, below npu_sparse_attn_sharedkv's 64, so attention stays on FIA here
     # (the real-dims test below runs it); fp32 RoPE inputs stay on npu_rotary_mul
-    used = ["npu_rms_norm", "npu_rotary_mul", "npu_fused_infer_attention_score",
-            "npu_lightning_indexer"]
-    used += (["npu_scatter_nd_update_v2", "inplace_partial_rotary_mul"] if ascend_ops
-             else ["npu_scatter_nd_update_"])
+    used = [
+        "npu_rms_norm",
+        "npu_rotary_mul",
+        "npu_fused_infer_attention_score",
+        "npu_lightning_indexer",
+    ]
+    used += (
+        ["npu_scatter_nd_update_v2", "inplace_partial_rotary_mul"]
+        if ascend_ops
+        else ["npu_scatter_nd_update_"]
+    )
     for operator in used:
-        assert calls[operator] > before.get(operator, 0), \
+        assert calls[operator] > before.get(operator, 0), (
             f"{operator} never ran: the vendor path was not exercised"
+        )
     if ascend_ops:
         assert calls["npu_scatter_nd_update_"] == before.get("npu_scatter_nd_update_", 0)
     else:
@@ -85,12 +108,18 @@ def test_kit_sparse_attention_cases_at_real_dims_through_sparse_attn_sharedkv(ge
 
     from vllm_dsv4_hw.ops.npu import reset_fallbacks
 
-    seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen))
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
     choice = choose_formats("npu", "auto", "auto", caps=NPU_A2_A3, log=False)
-    ctx = C.Ctx(device=torch.device("cpu"), caps=NPU_A2_A3, dims=C.SHAPES["real"],
-                gen=torch.Generator().manual_seed(seed), main_fmt=choice.main,
-                indexer_fmt=choice.indexer, main_formats=("bf16",),
-                indexer_formats=("bf16",))
+    ctx = C.Ctx(
+        device=torch.device("cpu"),
+        caps=NPU_A2_A3,
+        dims=C.SHAPES["real"],
+        gen=torch.Generator().manual_seed(seed),
+        main_fmt=choice.main,
+        indexer_fmt=choice.indexer,
+        main_formats=("bf16",),
+        indexer_formats=("bf16",),
+    )
     calls = torch_npu._control.calls
     before = (calls["npu_sparse_attn_sharedkv"], calls["npu_fused_infer_attention_score"])
     with vllm_ascend_ops_stub.active(True):
@@ -121,7 +150,7 @@ def test_kit_cases_catch_a_wrong_vendor_result(broken, monkeypatch, gen):
         return o, lse + 1.0  # wrong log-sum-exp: the sink weight is off
 
     monkeypatch.setattr(torch_npu, broken, wrong)
-    ctx = _ctx(int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen)))
+    ctx = _ctx(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
     op = "indexer_topk" if broken == "npu_lightning_indexer" else "sparse_attention"
     builder = C.BUILDERS[op]
     verdicts = [case.run(REGISTRY.implementations(op)["npu"].fn)[0] for case in builder(ctx)]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A test-only out-of-tree vLLM platform: the vendor's case without a vendor.
 
 ``vendor_platform.ForeignPlatform`` is what a hardware vendor's fork of vLLM ships: a ``Platform``

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loading a platform the way vLLM loads a vendor's: a ``vllm.platform_plugins`` entry point.
 
 ``installed/<plugin>/`` holds a minimal installed-distribution record (``*.dist-info`` with
@@ -29,5 +30,7 @@ def server_env(plugin: str) -> dict[str, str]:
     """Environment of a ``vllm serve`` under ``plugin``'s platform, this plugin's platform off."""
     if plugin not in PLUGINS:
         raise ValueError(f"unknown test platform plugin {plugin!r}; use one of {PLUGINS}")
-    return {"PYTHONPATH": f"{HERE / 'installed' / plugin}:{REPO_ROOT}",
-            "VLLM_DSV4_HW_PLATFORM": "off"}
+    return {
+        "PYTHONPATH": f"{HERE / 'installed' / plugin}:{REPO_ROOT}",
+        "VLLM_DSV4_HW_PLATFORM": "off",
+    }

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``ForeignPlatform``: a vendor's out-of-tree vLLM platform (``PlatformEnum.OOT``) on the host CPU.
 
 It implements the ``Platform`` interface the way a vendor would for its device, with nothing about
@@ -36,7 +37,8 @@ class ForeignPlatform(Platform):
     # kernels (slot mapping) are vLLM's CPU ones, as a vendor's are its device's.
     import_kernels = classmethod(CpuPlatform.import_kernels.__func__)
     register_triton_kernel_overrides = classmethod(
-        CpuPlatform.register_triton_kernel_overrides.__func__)
+        CpuPlatform.register_triton_kernel_overrides.__func__
+    )
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:

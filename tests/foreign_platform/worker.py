@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The foreign platform's worker: vLLM's CPU worker minus its built-in-platform assumptions.
 
 vLLM's ``Worker`` asks ``current_platform.is_cpu()`` / ``is_cuda_alike()`` / ``is_xpu()`` to pick the
@@ -16,4 +17,4 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 
 class ForeignWorker(CPUWorker):
     def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
-        return nullcontext()   # plain host allocations: this platform has no sleep mode
+        return nullcontext()  # plain host allocations: this platform has no sleep mode

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Record every Triton kernel specialization a GPU run compiles (the launches the product really
 makes: signature, constexprs, divisibility attributes, num_warps / num_stages), for the ahead-of-time
 target matrix (``tests/aot``). Installed by ``tests/gpu/conftest.py`` when
@@ -48,9 +49,16 @@ def _record(fn, compile) -> None:  # noqa: A002
     for k, v in (compile["configs"][0] or {}).items():
         arg = names[k[0]] if isinstance(k, tuple) and len(k) == 1 else str(k)
         attrs[arg] = [list(a) for a in v]
-    rec = {"family": module.split("vllm_dsv4_hw.ops.triton.", 1)[-1].split(".")[0], "kernel": name, "signature": sig, "constexprs": consts,
-           "attrs": attrs, "num_warps": compile["num_warps"], "num_stages": compile["num_stages"],
-           "num_ctas": compile["num_ctas"]}
+    rec = {
+        "family": module.split("vllm_dsv4_hw.ops.triton.", 1)[-1].split(".")[0],
+        "kernel": name,
+        "signature": sig,
+        "constexprs": consts,
+        "attrs": attrs,
+        "num_warps": compile["num_warps"],
+        "num_stages": compile["num_stages"],
+        "num_ctas": compile["num_ctas"],
+    }
     tag = json.dumps(rec, sort_keys=True)
     with _LOCK:
         _RECORDS[tag] = rec
@@ -63,8 +71,10 @@ def install(path: str) -> None:
 
     def write():
         with _LOCK:
-            rows = sorted(_RECORDS.values(), key=lambda r: (r["family"], r["kernel"],
-                                                           json.dumps(r, sort_keys=True)))
+            rows = sorted(
+                _RECORDS.values(),
+                key=lambda r: (r["family"], r["kernel"], json.dumps(r, sort_keys=True)),
+            )
         with open(path, "w") as f:
             json.dump({"launches": rows, "errors": _ERRORS}, f, indent=1)
             f.write("\n")

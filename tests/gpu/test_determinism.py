@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The product's decode step gives the same bits whatever the streams or graphs, and from run to
 run: the network at V4-Flash dimensions (one layer of each kind, FP8 linears and FP4 experts
 resident, random valid caches at 128K, batch 4: ``benchmarks.stack.decode_case``) stepped at one
@@ -20,8 +21,11 @@ def stack(_cuda_device):
 
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> str:
     diff = float((a - b).abs().max())
-    return "" if torch.equal(a, b) else f"max |diff| {diff:.4g}, argmax equal " \
-                                        f"{bool(torch.equal(a.argmax(-1), b.argmax(-1)))}"
+    return (
+        ""
+        if torch.equal(a, b)
+        else f"max |diff| {diff:.4g}, argmax equal {bool(torch.equal(a.argmax(-1), b.argmax(-1)))}"
+    )
 
 
 def test_run_to_run(stack):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every Triton path the GPU takes, at real dimensions, against the reference backend (itself checked
 against float64 oracles by ``make test``): the checks of ``benchmarks/gpu`` (fresh random inputs,
 poisoned outputs; fused prologue / epilogue, sparse attention incl. split-K, indexer incl. the bf16

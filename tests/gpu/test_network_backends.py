@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The whole network step on the Triton backend against the same step on the reference backend
 (itself checked against float64 oracles by ``make test``), on the GPU at V4-Flash dimensions: one
 layer of each kind with FP8 linears and FP4 experts resident, random valid fp8 + MXFP4 caches at
@@ -44,6 +45,8 @@ def test_triton_network_step_matches_the_reference(_cuda_device):
     assert torch.isfinite(triton_out).all() and torch.isfinite(ref).all()
     rel = float((triton_out - ref).abs().max() / ref.abs().max())
     agree = bool(torch.equal(triton_out.argmax(-1), ref.argmax(-1)))
-    print(f"\nnetwork step, triton vs reference backend: max |dlogit| / max |logit| {rel:.3g}, "
-          f"greedy tokens equal {agree}")
+    print(
+        f"\nnetwork step, triton vs reference backend: max |dlogit| / max |logit| {rel:.3g}, "
+        f"greedy tokens equal {agree}"
+    )
     assert rel <= REL_TOL and agree, (rel, agree)

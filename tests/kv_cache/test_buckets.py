@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Page-size buckets and cache specs: at most three page sizes for every format combination."""
 
 from __future__ import annotations
@@ -21,8 +22,13 @@ MAIN_B = {"fp8": 584, "bf16": 1024}
 IDX_B = {"mxfp4": 68, "fp8": 132, "bf16": 256}
 COMBOS = [(m, i) for m in ("bf16", "fp8") for i in ("bf16", "fp8", "mxfp4")]
 BUCKET_OF = {
-    "c4a_kv": "large", "window_kv": "large", "c4a_state": "large", "c128a_state": "large",
-    "indexer_kv": "middle", "indexer_state": "middle", "c128a_kv": "small",
+    "c4a_kv": "large",
+    "window_kv": "large",
+    "c4a_state": "large",
+    "c128a_state": "large",
+    "indexer_kv": "middle",
+    "indexer_state": "middle",
+    "c128a_kv": "small",
 }
 
 
@@ -89,9 +95,15 @@ def test_state_rows_match_vllm_for_fp8():
 
 def test_page_padding_per_kind():
     pad = page_padding(layer_cache_specs(V4_FLASH, "fp8", "mxfp4"))
-    assert pad == {"c4a_kv": 0, "c128a_kv": 0, "indexer_kv": 0, "window_kv": 0,
-                   "c4a_state": 37376 - 4 * 8192, "c128a_state": 37376 - 8 * 4096,
-                   "indexer_state": 4352 - 2 * 2048}
+    assert pad == {
+        "c4a_kv": 0,
+        "c128a_kv": 0,
+        "indexer_kv": 0,
+        "window_kv": 0,
+        "c4a_state": 37376 - 4 * 8192,
+        "c128a_state": 37376 - 8 * 4096,
+        "indexer_state": 4352 - 2 * 2048,
+    }
     pad = page_padding(layer_cache_specs(V4_FLASH, "bf16", "bf16"))
     assert set(pad.values()) == {0}
 
@@ -135,21 +147,27 @@ def test_fold_rejects_a_page_that_does_not_fit():
 
 
 def test_fold_merges_buckets_of_equal_size():
-    out = fold_buckets([_Spec("a", "middle", 64, 64), _Spec("b", "small", 64, 32),
-                        _Spec("c", "large", 128, 128)])
+    out = fold_buckets(
+        [_Spec("a", "middle", 64, 64), _Spec("b", "small", 64, 32), _Spec("c", "large", 128, 128)]
+    )
     assert [(b.name, b.page_bytes, b.kinds) for b in out] == [
-        ("large", 128, ("c",)), ("middle+small", 64, ("a", "b"))]
+        ("large", 128, ("c",)),
+        ("middle+small", 64, ("a", "b")),
+    ]
 
 
-@pytest.mark.parametrize("window,per_page", [(1, 4), (8, 4), (8, 2), (9, 4), (128, 64), (129, 64),
-                                             (65, 64), (128, 8), (7, 8), (128, 16)])
+@pytest.mark.parametrize(
+    "window,per_page",
+    [(1, 4), (8, 4), (8, 2), (9, 4), (128, 64), (129, 64), (65, 64), (128, 8), (7, 8), (128, 16)],
+)
 def test_window_pages_is_the_worst_case_over_alignments(window, per_page):
     spec = CacheSpec("w", "window", None, 1, "x", 10, 1, per_page, window, 10 * per_page, "large")
-    brute = max((start + window - 1) // per_page - start // per_page + 1
-                for start in range(per_page))
+    brute = max(
+        (start + window - 1) // per_page - start // per_page + 1 for start in range(per_page)
+    )
     assert spec.window_pages == brute
     # a long context holds exactly that many pages; a short one only the pages it covers
-    assert spec.pages(10 ** 6) == brute
+    assert spec.pages(10**6) == brute
     for n in range(1, window + 1):
         assert spec.pages(n) == min(-(-n // per_page), brute)
         assert spec.entries(n) == n

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Entry formats: bit-exact codecs, byte layouts stated by hand, round-trip error bounds, validation."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def e4m3_value(code: int) -> float:
     sign = -1.0 if code & 0x80 else 1.0
     e, m = (code >> 3) & 0xF, code & 7
     if e == 0:
-        return sign * m / 8 * 2.0 ** -6
+        return sign * m / 8 * 2.0**-6
     return sign * (1 + m / 8) * 2.0 ** (e - 7)
 
 
@@ -64,15 +65,18 @@ def test_pow2_and_ceil_log2_are_exact():
     assert torch.equal(ceil_log2(p), k)
     assert torch.equal(ceil_log2(torch.nextafter(p, torch.full_like(p, math.inf))), k + 1)
     assert torch.equal(ceil_log2(torch.nextafter(p, torch.zeros_like(p))), k)
-    assert torch.equal(ceil_log2(torch.tensor([1e-4 / 448, 1.0 / 448, 3.0])),
-                       torch.tensor([-22, -8, 2], dtype=torch.int32))
+    assert torch.equal(
+        ceil_log2(torch.tensor([1e-4 / 448, 1.0 / 448, 3.0])),
+        torch.tensor([-22, -8, 2], dtype=torch.int32),
+    )
 
 
 def test_ue8m0_decode_all_bytes():
     b = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     got = ue8m0_decode(b)
-    want = torch.tensor([math.ldexp(1.0, i - 127) if i < 255 else math.inf for i in range(256)],
-                        dtype=torch.float32)
+    want = torch.tensor(
+        [math.ldexp(1.0, i - 127) if i < 255 else math.inf for i in range(256)], dtype=torch.float32
+    )
     assert torch.equal(got, want)
 
 
@@ -84,8 +88,11 @@ def test_e4m3_decode_all_codes_matches_torch_and_spec():
     assert as_bytes(nan.nonzero().flatten()) == [0x7F, 0xFF]
     assert torch.equal(torch.isnan(got), nan)
     assert torch.equal(got[~nan], ref[~nan])
-    assert [float(got[c]) for c in (0x01, 0x08, 0x38, 0x7E, 0xFE)] == \
-        [e4m3_value(c) for c in (0x01, 0x08, 0x38, 0x7E, 0xFE)] == [2.0 ** -9, 2.0 ** -6, 1.0, 448.0, -448.0]
+    assert (
+        [float(got[c]) for c in (0x01, 0x08, 0x38, 0x7E, 0xFE)]
+        == [e4m3_value(c) for c in (0x01, 0x08, 0x38, 0x7E, 0xFE)]
+        == [2.0**-9, 2.0**-6, 1.0, 448.0, -448.0]
+    )
 
 
 def test_e4m3_encode_every_value_and_every_midpoint():
@@ -116,8 +123,22 @@ def test_e2m1_codec_and_ties():
     assert torch.equal(e2m1_decode(codes), vals)
     assert as_bytes(e2m1_encode(vals)) == list(range(16))
     # (input, expected code): ties to the even code, saturation at 6
-    table = [(0.25, 0), (0.2500001, 1), (0.75, 2), (0.7499999, 1), (1.25, 2), (1.75, 4), (2.5, 4),
-             (2.51, 5), (3.5, 6), (5.0, 6), (5.01, 7), (6.5, 7), (1e6, 7), (0.1, 0)]
+    table = [
+        (0.25, 0),
+        (0.2500001, 1),
+        (0.75, 2),
+        (0.7499999, 1),
+        (1.25, 2),
+        (1.75, 4),
+        (2.5, 4),
+        (2.51, 5),
+        (3.5, 6),
+        (5.0, 6),
+        (5.01, 7),
+        (6.5, 7),
+        (1e6, 7),
+        (0.1, 0),
+    ]
     x = torch.tensor([t[0] for t in table])
     assert as_bytes(e2m1_encode(x)) == [t[1] for t in table]
     assert as_bytes(e2m1_encode(-x)) == [t[1] | 8 for t in table]
@@ -138,7 +159,7 @@ def _fp8_ds_mla_hand_case():
                 c |= 0x80
             codes.append(c)
             x.append(math.ldexp(e4m3_value(c), e) if c != 0x80 else -0.0)
-    rope = [1.0, -2.0, 0.1, 1 + 2 ** -8 + 2 ** -10, 1 + 2 ** -8, -0.0, 3.0e38, 2.0 ** -130]
+    rope = [1.0, -2.0, 0.1, 1 + 2**-8 + 2**-10, 1 + 2**-8, -0.0, 3.0e38, 2.0**-130]
     rope_bits = [0x3F80, 0xC000, 0x3DCD, 0x3F81, 0x3F80, 0x8000, 0x7F62, 0x0008]
     rope = rope * 8
     rope_bits = rope_bits * 8
@@ -155,8 +176,8 @@ def test_fp8_ds_mla_bytes_by_hand():
     entry = fmt.encode(x[None])
     assert entry.shape == (1, 584) and entry.dtype == torch.uint8
     got = as_bytes(entry)
-    assert got[:448] == want[:448]            # e4m3 codes
-    assert got[448:576] == want[448:576]      # rope dims as bf16 bits
+    assert got[:448] == want[:448]  # e4m3 codes
+    assert got[448:576] == want[448:576]  # rope dims as bf16 bits
     assert got[576:583] == [105, 120, 126, 127, 130, 136, 157]
     assert got[583] == 0
     assert got == want
@@ -189,18 +210,18 @@ def test_fp8_formats_amax_below_floor(value):
     x = torch.full((1, 512), value)
     data, scales = FP8DSMLAFormat().quantize(x)
     assert as_bytes(scales[0]) == [105] * 7 + [0]
-    q = torch.tensor(value).to(torch.bfloat16).float() * 2.0 ** 22
+    q = torch.tensor(value).to(torch.bfloat16).float() * 2.0**22
     code = int(q.to(torch.float8_e4m3fn).view(torch.uint8))
     if value == 0.0:
         code = 0
     assert as_bytes(data[0, :448]) == [code] * 448
     y = FP8DSMLAFormat().dequantize(data, scales)
-    assert torch.equal(y[0, :448], torch.full((448,), e4m3_value(code) * 2.0 ** -22))
+    assert torch.equal(y[0, :448], torch.full((448,), e4m3_value(code) * 2.0**-22))
     assert torch.equal(y[0, 448:], x[0, 448:].to(torch.bfloat16).float())
 
     xi = torch.full((1, 128), value)
     data, scales = FP8IndexerFormat().quantize(xi)
-    assert bytes(as_bytes(scales[0])) == struct.pack("<f", 2.0 ** -22)
+    assert bytes(as_bytes(scales[0])) == struct.pack("<f", 2.0**-22)
     assert as_bytes(data[0]) == [code] * 128
 
 
@@ -233,8 +254,12 @@ def test_mxfp4_nibble_order_and_scales_by_hand():
         for j in range(32):
             c = 0x7 if j == 3 else (5 * j + 3 * b) % 16  # a +6 in every block: scale 2^e_b
             codes.append(c)
-    x = torch.tensor([math.ldexp(e2m1_value(c), MX_BLOCK_EXPS[i // 32]) if c != 8 else -0.0
-                      for i, c in enumerate(codes)])
+    x = torch.tensor(
+        [
+            math.ldexp(e2m1_value(c), MX_BLOCK_EXPS[i // 32]) if c != 8 else -0.0
+            for i, c in enumerate(codes)
+        ]
+    )
     entry = as_bytes(fmt.encode(x[None]))
     packed = [codes[2 * j] | (codes[2 * j + 1] << 4) for j in range(64)]  # low nibble = even elt
     assert entry[:64] == packed
@@ -248,11 +273,11 @@ def test_mxfp4_nibble_order_and_scales_by_hand():
 def test_mxfp4_scale_rule_and_zeros():
     fmt = MXFP4Format()
     x = torch.zeros(1, 128)
-    x[0, 0] = 1.0     # block 0: amax 1 -> 1/6 -> 2^ceil(-2.58) = 2^-2 (byte 125); 1/0.25 = 4 -> code 6
-    x[0, 1] = -0.3    # bf16(-0.3) = -0.30078125 / 0.25 = -1.203 -> 1.0 -> code 0xA
-    x[0, 32] = 6.0    # block 1: amax 6 -> scale 1 (byte 127)
-    x[0, 33] = 2.5    # tie between 2 and 3 -> even code 4 (value 2)
-    x[0, 64] = 1e-6   # block 2: no 1e-4 floor: 1e-6/6 -> 2^ceil(-22.5) = 2^-22 (byte 105);
+    x[0, 0] = 1.0  # block 0: amax 1 -> 1/6 -> 2^ceil(-2.58) = 2^-2 (byte 125); 1/0.25 = 4 -> code 6
+    x[0, 1] = -0.3  # bf16(-0.3) = -0.30078125 / 0.25 = -1.203 -> 1.0 -> code 0xA
+    x[0, 32] = 6.0  # block 1: amax 6 -> scale 1 (byte 127)
+    x[0, 33] = 2.5  # tie between 2 and 3 -> even code 4 (value 2)
+    x[0, 64] = 1e-6  # block 2: no 1e-4 floor: 1e-6/6 -> 2^ceil(-22.5) = 2^-22 (byte 105);
     #                   1e-6 * 2^22 = 4.19 -> 4 (code 6)
     data, scales = fmt.quantize(x)
     assert as_bytes(data[0, [0, 16, 32, 48]]) == [0xA6, 0x47, 0x06, 0]
@@ -261,7 +286,7 @@ def test_mxfp4_scale_rule_and_zeros():
     assert as_bytes(data[0, 48:]) == [0] * 16
     y = fmt.dequantize(data, scales)[0]
     assert y[0] == 1.0 and y[1] == -0.25 and y[32] == 6.0 and y[33] == 2.0
-    assert y[64] == 4.0 * 2.0 ** -22
+    assert y[64] == 4.0 * 2.0**-22
 
 
 def test_bf16_and_fp32_bytes_by_hand():
@@ -270,7 +295,7 @@ def test_bf16_and_fp32_bytes_by_hand():
         assert (fmt.data_bytes, fmt.scale_bytes, fmt.entry_bytes) == (2 * dim, 0, 2 * dim)
     fmt = BF16Format(dim=128)
     x = torch.zeros(1, 128)
-    x[0, :4] = torch.tensor([1.0, -2.0, 0.1, 1 + 2 ** -8 + 2 ** -10])
+    x[0, :4] = torch.tensor([1.0, -2.0, 0.1, 1 + 2**-8 + 2**-10])
     got = as_bytes(fmt.encode(x))
     assert got[:8] == [0x80, 0x3F, 0x00, 0xC0, 0xCD, 0x3D, 0x81, 0x3F] and got[8:] == [0] * 248
     f32 = FP32Format(dim=128)
@@ -315,7 +340,7 @@ def test_round_trip_error_bounds(fmt, gen):
     blocks = xb[:, :qdim].reshape(n, -1, bs)
     s = _block_scales(fmt, scales)  # [n, nb]
     is_fp4 = isinstance(fmt, MXFP4Format)
-    amax = blocks.abs().amax(-1).clamp_min(6.0 * 2.0 ** -126 if is_fp4 else 1e-4)
+    amax = blocks.abs().amax(-1).clamp_min(6.0 * 2.0**-126 if is_fp4 else 1e-4)
     grid_max = 6.0 if is_fp4 else 448.0
     # scale is the smallest power of two with amax / s <= grid max
     assert torch.all(amax / s <= grid_max) and torch.all(amax / s > grid_max / 2)
@@ -326,7 +351,7 @@ def test_round_trip_error_bounds(fmt, gen):
         bound = torch.maximum(0.25 * blocks.abs(), 0.25 * s[..., None])
     else:
         # e4m3 normal: half-ulp <= 2^-4 |q|; subnormal (|q| < 2^-6): 2^-10 absolute
-        bound = torch.maximum(2.0 ** -4 * blocks.abs(), 2.0 ** -10 * s[..., None])
+        bound = torch.maximum(2.0**-4 * blocks.abs(), 2.0**-10 * s[..., None])
     assert torch.all(err <= bound), float((err / bound).max())
     # the bound is not vacuous: on plain Gaussian rows the mean relative error is what the
     # grid gives (measured about 0.022 for e4m3, 0.11 for e2m1 with power-of-two block scales)
@@ -350,7 +375,7 @@ def test_bf16_and_fp32_round_trip(dim, gen):
     b = BF16Format(dim=dim)
     y = b.decode(b.encode(x))
     assert torch.equal(y, x.to(torch.bfloat16).float())
-    assert torch.all((y - x).abs() <= 2.0 ** -8 * x.abs())  # bf16 unit roundoff
+    assert torch.all((y - x).abs() <= 2.0**-8 * x.abs())  # bf16 unit roundoff
     f = FP32Format(dim=dim)
     assert torch.equal(f.decode(f.encode(x)), x)
     assert torch.equal(f.decode(f.encode(x.double())), x)  # any float dtype in
@@ -376,12 +401,19 @@ def test_input_dtypes_agree(kind, name, gen):
 def test_make_format_names_and_sizes():
     sizes = {(k, n): make_format(n, k, 64).entry_bytes for k, n in ALL_FORMATS}
     assert sizes == {
-        ("main", "bf16"): 1024, ("main", "fp8"): 584, ("main", "fp8_ds_mla"): 584,
-        ("main", "fp32"): 2048, ("indexer", "bf16"): 256, ("indexer", "fp8"): 132,
-        ("indexer", "mxfp4"): 68, ("indexer", "fp32"): 512,
+        ("main", "bf16"): 1024,
+        ("main", "fp8"): 584,
+        ("main", "fp8_ds_mla"): 584,
+        ("main", "fp32"): 2048,
+        ("indexer", "bf16"): 256,
+        ("indexer", "fp8"): 132,
+        ("indexer", "mxfp4"): 68,
+        ("indexer", "fp32"): 512,
     }
     f = make_format("fp8", "main", 32)
-    assert isinstance(f, FP8DSMLAFormat) and f.entries_per_page == 32 and f.min_page_bytes == 32 * 584
+    assert (
+        isinstance(f, FP8DSMLAFormat) and f.entries_per_page == 32 and f.min_page_bytes == 32 * 584
+    )
     assert isinstance(make_format("fp8", "indexer", 64), FP8IndexerFormat)
     assert isinstance(make_format("mxfp4", "indexer", 64), MXFP4Format)
     assert make_format("bf16", "indexer", 64) == BF16Format(dim=128, entries_per_page=64)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """plan_kv: the spec section 7 figures, entry/page counts against independent arithmetic, padding,
 capacity, and input validation."""
 
@@ -13,7 +14,7 @@ from vllm_dsv4_hw.kv_cache import blocks
 from vllm_dsv4_hw.kv_cache.sizing import KVPlanError, plan_kv
 from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
 
-GIB = 2 ** 30
+GIB = 2**30
 M = 1_048_576
 MAIN_B = {"fp8": 584, "bf16": 1024}
 IDX_B = {"mxfp4": 68, "fp8": 132, "bf16": 256}
@@ -92,8 +93,33 @@ def _expected(cfg, n, main, idx):
     return useful, alloc
 
 
-BOUNDARY_CONTEXTS = [1, 2, 3, 4, 5, 7, 8, 9, 63, 64, 65, 127, 128, 129, 255, 256, 257, 259, 260,
-                     511, 512, 513, 100_000, M - 1, M]
+BOUNDARY_CONTEXTS = [
+    1,
+    2,
+    3,
+    4,
+    5,
+    7,
+    8,
+    9,
+    63,
+    64,
+    65,
+    127,
+    128,
+    129,
+    255,
+    256,
+    257,
+    259,
+    260,
+    511,
+    512,
+    513,
+    100_000,
+    M - 1,
+    M,
+]
 
 
 @pytest.mark.parametrize("model", sorted(PRESETS))
@@ -225,10 +251,15 @@ def test_rejects_context_over_limit():
         plan_kv(small, 4097, "fp8", "fp8")
 
 
-@pytest.mark.parametrize("main,idx,word", [("fp4", "fp8", "main KV format 'fp4'"),
-                                           ("mxfp4", "fp8", "main KV format 'mxfp4'"),
-                                           ("fp8", "int8", "indexer format 'int8'"),
-                                           ("bf16", "fp8_ds_mla", "indexer format")])
+@pytest.mark.parametrize(
+    "main,idx,word",
+    [
+        ("fp4", "fp8", "main KV format 'fp4'"),
+        ("mxfp4", "fp8", "main KV format 'mxfp4'"),
+        ("fp8", "int8", "indexer format 'int8'"),
+        ("bf16", "fp8_ds_mla", "indexer format"),
+    ],
+)
 def test_rejects_unknown_formats(main, idx, word):
     with pytest.raises(KVPlanError, match=word):
         plan_kv(V4_PRO, 1024, main, idx)
@@ -251,9 +282,14 @@ def test_rejects_geometry_the_formats_do_not_cover():
 @pytest.mark.parametrize("main,idx", COMBOS)
 def test_entry_bytes_match_the_entry_formats(main, idx):
     from vllm_dsv4_hw.kv_cache import formats
+
     specs = {s.kind: s for s in layer_cache_specs(V4_FLASH, main, idx)}
-    for kind, fkind, name in (("c4a_kv", "main", main), ("c128a_kv", "main", main),
-                              ("window_kv", "main", main), ("indexer_kv", "indexer", idx)):
+    for kind, fkind, name in (
+        ("c4a_kv", "main", main),
+        ("c128a_kv", "main", main),
+        ("window_kv", "main", main),
+        ("indexer_kv", "indexer", idx),
+    ):
         spec = specs[kind]
         fmt = formats.make_format(name, fkind, spec.entries_per_page)
         assert fmt.entry_bytes == spec.entry_bytes

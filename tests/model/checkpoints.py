@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the ``make-checkpoint`` tests know of their generated checkpoints: the seed (:data:`SEED`;
 the ``ckpts`` fixture of ``conftest.py`` builds tiny-flash and tiny-pro in bf16 and fp8 once per
 test module), the prompt the transformers checks generate from, and readers of the safetensors
@@ -13,9 +14,11 @@ from pathlib import Path
 import torch
 
 SEED = 1234
-PROMPT = ("The quick brown fox jumps over the lazy dog. A long context model reads a whole book "
-          "before it answers a single question about chapter three, and then it writes a summary "
-          "for the committee, which meets on Tuesday at 10:30 to discuss 42 new proposals.")
+PROMPT = (
+    "The quick brown fox jumps over the lazy dog. A long context model reads a whole book "
+    "before it answers a single question about chapter three, and then it writes a summary "
+    "for the committee, which meets on Tuesday at 10:30 to discuss 42 new proposals."
+)
 NEW_TOKENS = 32
 
 

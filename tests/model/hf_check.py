@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Load generated checkpoints with transformers' DeepseekV4ForCausalLM; print one JSON report.
 
 Run in a subprocess by test_checkpoint.py (``python hf_check.py REQUEST_JSON``), because:
@@ -54,8 +55,14 @@ def _value_checks(model, ckpt_get, cfg) -> dict:
     """Spot checks that the official names landed on the right transformers parameters."""
     sd = model.state_dict()
     n = cfg.num_hidden_layers
-    ratios = [{"sliding_attention": 0, "compressed_sparse_attention": 4,
-               "heavily_compressed_attention": 128}[t] for t in cfg.layer_types]
+    ratios = [
+        {
+            "sliding_attention": 0,
+            "compressed_sparse_attention": 4,
+            "heavily_compressed_attention": 128,
+        }[t]
+        for t in cfg.layer_types
+    ]
     c4 = ratios.index(4)
     c128 = ratios.index(128)
     last = n - 1
@@ -73,21 +80,14 @@ def _value_checks(model, ckpt_get, cfg) -> dict:
         "layers.0.attn_norm.weight": "model.layers.0.input_layernorm.weight",
         "layers.0.ffn.gate.tid2eid": "model.layers.0.mlp.gate.tid2eid",
         f"layers.{last}.ffn.gate.bias": f"model.layers.{last}.mlp.gate.e_score_correction_bias",
-        f"layers.{last}.ffn.shared_experts.w2.weight":
-            f"model.layers.{last}.mlp.shared_experts.down_proj.weight",
+        f"layers.{last}.ffn.shared_experts.w2.weight": f"model.layers.{last}.mlp.shared_experts.down_proj.weight",
         f"layers.{c4}.attn.compressor.ape": f"model.layers.{c4}.self_attn.compressor.position_bias",
-        f"layers.{c4}.attn.compressor.wgate.weight":
-            f"model.layers.{c4}.self_attn.compressor.gate_proj.weight",
-        f"layers.{c4}.attn.indexer.wq_b.weight":
-            f"model.layers.{c4}.self_attn.compressor.indexer.q_b_proj.weight",
-        f"layers.{c4}.attn.indexer.weights_proj.weight":
-            f"model.layers.{c4}.self_attn.compressor.indexer.scorer.weights_proj.weight",
-        f"layers.{c4}.attn.indexer.compressor.wkv.weight":
-            f"model.layers.{c4}.self_attn.compressor.indexer.kv_proj.weight",
-        f"layers.{c4}.attn.indexer.compressor.norm.weight":
-            f"model.layers.{c4}.self_attn.compressor.indexer.kv_norm.weight",
-        f"layers.{c128}.attn.compressor.norm.weight":
-            f"model.layers.{c128}.self_attn.compressor.kv_norm.weight",
+        f"layers.{c4}.attn.compressor.wgate.weight": f"model.layers.{c4}.self_attn.compressor.gate_proj.weight",
+        f"layers.{c4}.attn.indexer.wq_b.weight": f"model.layers.{c4}.self_attn.compressor.indexer.q_b_proj.weight",
+        f"layers.{c4}.attn.indexer.weights_proj.weight": f"model.layers.{c4}.self_attn.compressor.indexer.scorer.weights_proj.weight",
+        f"layers.{c4}.attn.indexer.compressor.wkv.weight": f"model.layers.{c4}.self_attn.compressor.indexer.kv_proj.weight",
+        f"layers.{c4}.attn.indexer.compressor.norm.weight": f"model.layers.{c4}.self_attn.compressor.indexer.kv_norm.weight",
+        f"layers.{c128}.attn.compressor.norm.weight": f"model.layers.{c128}.self_attn.compressor.kv_norm.weight",
     }
     bad = []
     for ours, theirs in pairs.items():
@@ -102,8 +102,12 @@ def _value_checks(model, ckpt_get, cfg) -> dict:
     # Routed experts: gate_up_proj[e] = cat(w1, w3), down_proj[e] = w2.
     for e in (0, cfg.n_routed_experts - 1):
         gu = sd[f"model.layers.{last}.mlp.experts.gate_up_proj"][e]
-        want = torch.cat([ckpt_get(f"layers.{last}.ffn.experts.{e}.w1.weight"),
-                          ckpt_get(f"layers.{last}.ffn.experts.{e}.w3.weight")]).float()
+        want = torch.cat(
+            [
+                ckpt_get(f"layers.{last}.ffn.experts.{e}.w1.weight"),
+                ckpt_get(f"layers.{last}.ffn.experts.{e}.w3.weight"),
+            ]
+        ).float()
         if not torch.equal(gu.float(), want):
             bad.append(f"experts.{e}.w1/w3 -> gate_up_proj")
         dn = sd[f"model.layers.{last}.mlp.experts.down_proj"][e]
@@ -125,8 +129,9 @@ def check_bf16(path: str, prompt: str, new_tokens: int, nocache: bool) -> dict:
     rep["rope_parameters"] = cfg.rope_parameters
     rep["qk_rope_head_dim"] = cfg.qk_rope_head_dim
     rep["compress_rates"] = cfg.compress_rates
-    model, info = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                        output_loading_info=True)
+    model, info = DeepseekV4ForCausalLM.from_pretrained(
+        path, dtype=torch.float32, output_loading_info=True
+    )
     model.eval()
     rep["loading_info"] = {k: sorted(str(x) for x in v) for k, v in info.items()}
     rep["num_parameters"] = sum(p.numel() for p in model.parameters())
@@ -135,8 +140,12 @@ def check_bf16(path: str, prompt: str, new_tokens: int, nocache: bool) -> dict:
 
     tok = AutoTokenizer.from_pretrained(path)
     rep["tokenizer_class"] = type(tok).__name__
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"},
-            {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Count to 3."}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": "Count to 3."},
+    ]
     rep["chat_text"] = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     chat_ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
     if isinstance(chat_ids, dict) or hasattr(chat_ids, "keys"):
@@ -153,9 +162,10 @@ def check_bf16(path: str, prompt: str, new_tokens: int, nocache: bool) -> dict:
         rep["logits_std"] = float(logits.std())
         rep["top1_prob_mean"] = float(logits.softmax(-1).max(-1).values.mean())
         rep["argmax_per_position"] = logits.argmax(-1).tolist()
-        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False,
-                             pad_token_id=tok.pad_token_id)
-        rep["greedy"] = out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id
+        )
+        rep["greedy"] = out[0, ids.shape[1] :].tolist()
         rep["greedy_text"] = tok.decode(rep["greedy"])
         if nocache:
             seq = ids
@@ -177,17 +187,22 @@ def check_fp8(path: str, bf16_path: str | None = None) -> dict:
     try:
         model = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32)
     except Exception as exc:  # noqa: BLE001 -- the outcome is the report
-        return {"loaded": False, "error_type": type(exc).__name__,
-                "error": " ".join(str(exc).split())[:500],
-                "where": traceback.extract_tb(exc.__traceback__)[-1].filename.split(
-                    "site-packages/")[-1]}
+        return {
+            "loaded": False,
+            "error_type": type(exc).__name__,
+            "error": " ".join(str(exc).split())[:500],
+            "where": traceback.extract_tb(exc.__traceback__)[-1].filename.split("site-packages/")[
+                -1
+            ],
+        }
     rep = {"loaded": True}
     if bf16_path is not None:
         twin = DeepseekV4ForCausalLM.from_pretrained(bf16_path, dtype=torch.float32).state_dict()
         mine = model.state_dict()
         rep["compared"] = len(twin)
-        rep["differs"] = sorted(k for k in twin if k not in mine
-                                or not torch.equal(twin[k].float(), mine[k].float()))[:20]
+        rep["differs"] = sorted(
+            k for k in twin if k not in mine or not torch.equal(twin[k].float(), mine[k].float())
+        )[:20]
     return rep
 
 
@@ -195,11 +210,16 @@ def main() -> None:
     req = json.loads(sys.argv[1])
     import transformers
 
-    out = {"transformers": transformers.__version__, "torch": torch.__version__,
-           "bf16": {}, "fp8": {}}
+    out = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "bf16": {},
+        "fp8": {},
+    }
     for path in req.get("bf16", []):
-        out["bf16"][path] = check_bf16(path, req["prompt"], req["new_tokens"],
-                                       path in req.get("nocache_check", []))
+        out["bf16"][path] = check_bf16(
+            path, req["prompt"], req["new_tokens"], path in req.get("nocache_check", [])
+        )
     twins = {Path(p).name.replace("-bf16", ""): p for p in req.get("bf16", [])}
     for path in req.get("fp8", []):
         out["fp8"][path] = check_fp8(path, twins.get(Path(path).name.replace("-fp8", "")))

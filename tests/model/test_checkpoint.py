@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``make-checkpoint``: config.json, official tensor names / dtypes / shapes, FP8 and FP4 encodings,
 the tokenizer and chat template, and the CLI. transformers reading the directories:
 ``test_checkpoint_transformers.py``; the official layout the names are checked against:
@@ -40,13 +41,22 @@ def test_config_json_has_the_official_fields(ckpts, preset, dtype):
     assert (cfg["head_dim"], cfg["qk_rope_head_dim"], cfg["sliding_window"]) == (512, 64, 128)
     assert (cfg["index_n_heads"], cfg["index_head_dim"], cfg["index_topk"]) == (64, 128, 16)
     assert cfg["hc_mult"] == 4 and cfg["num_attention_heads"] % cfg["o_groups"] == 0
-    assert cfg["rope_scaling"] == {"beta_fast": 32, "beta_slow": 1, "factor": 16,
-                                   "original_max_position_embeddings": 65536, "type": "yarn"}
+    assert cfg["rope_scaling"] == {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 16,
+        "original_max_position_embeddings": 65536,
+        "type": "yarn",
+    }
     assert 0 < cfg["num_hash_layers"] < n
     if dtype == "fp8":
         assert cfg["quantization_config"] == {
-            "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-            "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "quant_method": "fp8",
+            "scale_fmt": "ue8m0",
+            "weight_block_size": [128, 128],
+        }
         assert cfg["expert_dtype"] == "fp4"
     else:
         assert "quantization_config" not in cfg and "expert_dtype" not in cfg
@@ -68,15 +78,22 @@ def test_config_loads_with_dsv4config(ckpts, preset):
     path = ckpts[preset, "fp8"].path
     raw = json.loads((path / "config.json").read_text())
     c = DSV4Config.from_json(path)
-    assert c.compress_ratios == tuple(raw["compress_ratios"][:raw["num_hidden_layers"]])
+    assert c.compress_ratios == tuple(raw["compress_ratios"][: raw["num_hidden_layers"]])
     assert (c.head_dim, c.rope_dim, c.nope_dim) == (512, 64, 448)
     assert (c.index_n_heads, c.index_head_dim, c.index_topk, c.sliding_window) == (64, 128, 16, 128)
     assert (c.hidden_size, c.num_heads, c.o_groups, c.o_lora_rank, c.q_lora_rank) == (
-        raw["hidden_size"], raw["num_attention_heads"], raw["o_groups"], raw["o_lora_rank"],
-        raw["q_lora_rank"])
+        raw["hidden_size"],
+        raw["num_attention_heads"],
+        raw["o_groups"],
+        raw["o_lora_rank"],
+        raw["q_lora_rank"],
+    )
     assert (c.n_routed_experts, c.num_experts_per_tok, c.num_hash_layers, c.vocab_size) == (
-        raw["n_routed_experts"], raw["num_experts_per_tok"], raw["num_hash_layers"],
-        raw["vocab_size"])
+        raw["n_routed_experts"],
+        raw["num_experts_per_tok"],
+        raw["num_hash_layers"],
+        raw["vocab_size"],
+    )
     assert c.yarn.factor == 16 and c.yarn.original_max_position_embeddings == 65536
     assert c.compress_rope_theta == 160000 and c.rope_theta == 10000
     assert c.num_mtp_layers == 1
@@ -101,7 +118,8 @@ def test_tensor_names_dtypes_shapes_are_official(ckpts, preset, dtype):
     assert index["weight_map"] == {n: shard for n, (_, _, shard) in stored.items()}
     sizes = {"F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "BF16": 2, "F32": 4, "I64": 8}
     assert index["metadata"]["total_size"] == sum(
-        math.prod(s) * sizes[dt] for dt, s in got.values())
+        math.prod(s) * sizes[dt] for dt, s in got.values()
+    )
     shards = sorted(path.glob("model-*.safetensors"))
     assert len(shards) > 1 and all(f"-of-{len(shards):05d}" in s.name for s in shards)
     # The generator's own layout table agrees with the official one.
@@ -114,8 +132,10 @@ def _dequant_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (q.double() * s).float()
 
 
-_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-                      -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=torch.float64)
+_E2M1 = torch.tensor(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+    dtype=torch.float64,
+)
 
 
 def _dequant_fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -165,10 +185,11 @@ def test_fp8_and_fp4_dequantize_to_the_bf16_checkpoint(ckpts, preset):
             blocks = master.reshape(rows // 128, 128, cols // 128, 128)
             block_scale = torch.exp2(scale.view(torch.uint8).float() - 127)
             ratio = blocks.abs().amax(dim=(1, 3)) / block_scale
-            assert ((ratio > 224) & (ratio <= 448)).all(), \
+            assert ((ratio > 224) & (ratio <= 448)).all(), (
                 f"{name}: scale is not 2^ceil(log2(amax/448))"
+            )
             # e4m3: 3 mantissa bits (relative error <= 2^-4); subnormal step 2^-9 * s.
-            tol = torch.maximum(2.0 ** -4 * master.abs(), 2.0 ** -10 * s) + 1e-12
+            tol = torch.maximum(2.0**-4 * master.abs(), 2.0**-10 * s) + 1e-12
         assert torch.equal(deq, b[name].float()), f"{name}: dequantized fp8 != bf16 checkpoint"
         assert ((deq - master).abs() <= tol).all(), f"{name}: beyond quantization error of master"
     assert n8 > 0 and n4 == 3 * cfg["n_routed_experts"] * (cfg["num_hidden_layers"] + 1)
@@ -176,6 +197,7 @@ def test_fp8_and_fp4_dequantize_to_the_bf16_checkpoint(ckpts, preset):
 
 def test_weights_are_deterministic_in_the_seed(ckpts, tmp_path):
     a = ckpts["tiny-flash", "fp8"].path
+
     def quiet(_msg):
         pass
 
@@ -183,8 +205,11 @@ def test_weights_are_deterministic_in_the_seed(ckpts, tmp_path):
     other = ck.make_checkpoint(tmp_path / "other", "tiny-flash", "fp8", SEED + 1, progress=quiet)
 
     def digest(p):
-        return {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-                for f in sorted(p.iterdir()) if f.name != "checkpoint_info.json"}
+        return {
+            f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(p.iterdir())
+            if f.name != "checkpoint_info.json"
+        }
 
     assert digest(again.path) == digest(a)
     assert digest(other.path) != digest(a)
@@ -219,8 +244,14 @@ def test_tokenizer_round_trips_and_has_a_chat_template(ckpts, preset):
     assert tok.get_vocab_size() == cfg["vocab_size"]
     assert tok.token_to_id(tokenizer_gen.BOS) == cfg["bos_token_id"] == 0
     assert tok.token_to_id(tokenizer_gen.EOS) == cfg["eos_token_id"] == 1
-    for text in ["Hello, world!", PROMPT, "  two  spaces\tand a tab\n", "café ünïcödé 你好 🙂 ∞",
-                 "def f(x):\n    return x * 2\n", ""]:
+    for text in [
+        "Hello, world!",
+        PROMPT,
+        "  two  spaces\tand a tab\n",
+        "café ünïcödé 你好 🙂 ∞",
+        "def f(x):\n    return x * 2\n",
+        "",
+    ]:
         enc = tok.encode(text)
         assert enc.ids[0] == 0, "BOS is prepended"
         assert tok.decode(enc.ids) == text
@@ -232,13 +263,26 @@ def test_tokenizer_round_trips_and_has_a_chat_template(ckpts, preset):
     assert tcfg["chat_template"]
     import jinja2
 
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"},
-            {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Count to 3."}]
-    text = jinja2.Environment().from_string(tcfg["chat_template"]).render(
-        messages=msgs, add_generation_prompt=True, bos_token=tcfg["bos_token"],
-        eos_token=tcfg["eos_token"])
-    assert text == (f"{tokenizer_gen.BOS}Be brief.{tokenizer_gen.USER}Hello!{tokenizer_gen.ASSISTANT}"
-                    f"Hi.{tokenizer_gen.EOS}{tokenizer_gen.USER}Count to 3.{tokenizer_gen.ASSISTANT}")
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": "Count to 3."},
+    ]
+    text = (
+        jinja2.Environment()
+        .from_string(tcfg["chat_template"])
+        .render(
+            messages=msgs,
+            add_generation_prompt=True,
+            bos_token=tcfg["bos_token"],
+            eos_token=tcfg["eos_token"],
+        )
+    )
+    assert text == (
+        f"{tokenizer_gen.BOS}Be brief.{tokenizer_gen.USER}Hello!{tokenizer_gen.ASSISTANT}"
+        f"Hi.{tokenizer_gen.EOS}{tokenizer_gen.USER}Count to 3.{tokenizer_gen.ASSISTANT}"
+    )
     ids = tok.encode(text, add_special_tokens=False).ids
     assert ids[0] == 0 and ids[-1] == tok.token_to_id(tokenizer_gen.ASSISTANT)
     assert ids.count(tok.token_to_id(tokenizer_gen.USER)) == 2
@@ -249,8 +293,18 @@ def test_tokenizer_round_trips_and_has_a_chat_template(ckpts, preset):
 # -- CLI ----------------------------------------------------------------------------------------------
 def test_cli_make_checkpoint(ckpts, tmp_path, capsys):
     out = tmp_path / "cli"
-    rc = main(["make-checkpoint", str(out), "--preset", "tiny-flash", "--dtype", "bf16",
-               "--seed", str(SEED)])
+    rc = main(
+        [
+            "make-checkpoint",
+            str(out),
+            "--preset",
+            "tiny-flash",
+            "--dtype",
+            "bf16",
+            "--seed",
+            str(SEED),
+        ]
+    )
     o, e = capsys.readouterr()
     assert rc == 0, e
     assert str(out) in o and "tiny-flash" in o
@@ -274,13 +328,16 @@ def test_cli_make_checkpoint(ckpts, tmp_path, capsys):
     assert not list(tmp_path.glob(".cli.partial-*")), "no leftover temporary directory"
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--preset", "tiny-huge"], "invalid choice"),
-    (["--preset", "tiny-flash", "--dtype", "fp16"], "invalid choice"),
-    (["--preset", "tiny-flash", "--seed", "-3"], "seed must be in"),
-    (["--preset", "tiny-flash", "--seed", "x"], "not an integer seed"),
-    ([], "required"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--preset", "tiny-huge"], "invalid choice"),
+        (["--preset", "tiny-flash", "--dtype", "fp16"], "invalid choice"),
+        (["--preset", "tiny-flash", "--seed", "-3"], "seed must be in"),
+        (["--preset", "tiny-flash", "--seed", "x"], "not an integer seed"),
+        ([], "required"),
+    ],
+)
 def test_cli_make_checkpoint_bad_arguments(tmp_path, capsys, argv, needle):
     rc = main(["make-checkpoint", str(tmp_path / "x"), *argv])
     _, e = capsys.readouterr()

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``make-checkpoint`` directories read by transformers' DeepseekV4ForCausalLM (in a subprocess,
 ``hf_check.py``).
 
@@ -29,15 +30,26 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def hf_report(ckpts):
     bf16 = [str(ckpts[p, "bf16"].path) for p in ck.PRESETS]
-    req = {"bf16": bf16, "fp8": [str(ckpts["tiny-flash", "fp8"].path)], "prompt": PROMPT,
-           "new_tokens": NEW_TOKENS, "nocache_check": [str(ckpts["tiny-flash", "bf16"].path)]}
+    req = {
+        "bf16": bf16,
+        "fp8": [str(ckpts["tiny-flash", "fp8"].path)],
+        "prompt": PROMPT,
+        "new_tokens": NEW_TOKENS,
+        "nocache_check": [str(ckpts["tiny-flash", "bf16"].path)],
+    }
     script = Path(__file__).with_name("hf_check.py")
-    proc = subprocess.run([sys.executable, str(script), json.dumps(req)], capture_output=True,
-                          text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), json.dumps(req)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("HF_CHECK_JSON ")), None)
     assert proc.returncode == 0 and line, (
-        f"hf_check.py failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(line[len("HF_CHECK_JSON "):])
+        f"hf_check.py failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    return json.loads(line[len("HF_CHECK_JSON ") :])
 
 
 @pytest.mark.parametrize("preset", list(ck.PRESETS))
@@ -45,12 +57,16 @@ def test_transformers_reads_the_config(ckpts, hf_report, preset):
     rep = hf_report["bf16"][str(ckpts[preset, "bf16"].path)]
     cfg = ck.hf_config(preset, "bf16")
     n = cfg["num_hidden_layers"]
-    names = {0: "sliding_attention", 4: "compressed_sparse_attention",
-             128: "heavily_compressed_attention"}
+    names = {
+        0: "sliding_attention",
+        4: "compressed_sparse_attention",
+        128: "heavily_compressed_attention",
+    }
     assert rep["config_class"] == "DeepseekV4Config"
     assert rep["layer_types"] == [names[r] for r in cfg["compress_ratios"][:n]]
-    assert rep["mlp_layer_types"] == (["hash_moe"] * cfg["num_hash_layers"]
-                                      + ["moe"] * (n - cfg["num_hash_layers"]))
+    assert rep["mlp_layer_types"] == (
+        ["hash_moe"] * cfg["num_hash_layers"] + ["moe"] * (n - cfg["num_hash_layers"])
+    )
     comp = rep["rope_parameters"]["compress"]
     assert comp["rope_type"] == "yarn" and comp["factor"] == 16 and comp["rope_theta"] == 160000
     assert comp["attention_factor"] == 1.0
@@ -63,16 +79,21 @@ def test_transformers_loads_every_tensor(ckpts, hf_report, preset):
     """No missing / unexpected / mismatched keys through transformers' official-name mapping, and
     the values land on the right parameters (spot checks incl. expert merging, tid2eid, bias)."""
     rep = hf_report["bf16"][str(ckpts[preset, "bf16"].path)]
-    assert rep["loading_info"] == {"missing_keys": [], "unexpected_keys": [],
-                                   "mismatched_keys": [], "error_msgs": []}
+    assert rep["loading_info"] == {
+        "missing_keys": [],
+        "unexpected_keys": [],
+        "mismatched_keys": [],
+        "error_msgs": [],
+    }
     assert rep["values"]["mismatched"] == []
     summary = ckpts[preset, "bf16"]
     cfg = ck.hf_config(preset, "bf16")
     # transformers' parameters = ours without the MTP layer and without its buffers
     # (tid2eid on hash layers, e_score_correction_bias on the others).
     n, nh = cfg["num_hidden_layers"], cfg["num_hash_layers"]
-    buffers = (nh * cfg["vocab_size"] * cfg["num_experts_per_tok"]
-               + (n - nh) * cfg["n_routed_experts"])
+    buffers = (
+        nh * cfg["vocab_size"] * cfg["num_experts_per_tok"] + (n - nh) * cfg["n_routed_experts"]
+    )
     assert rep["num_parameters"] == summary.num_params_main - buffers
 
 

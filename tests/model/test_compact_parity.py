@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The compact caches against transformers fp32, with bounds that reject a broken selection.
 
 The served default (the FP8 checkpoint's weights as shipped, bf16 network, fp8 main + MXFP4
@@ -84,8 +85,10 @@ CONFIGS = {"served-default": ("fp8", torch.bfloat16), "fp32-network": ("bf16", t
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_compact_caches_are_within_the_bound(config):
     median, rate = _measure(_runner(*CONFIGS[config]))
-    print(f"\n{config}, fp8 + MXFP4 caches vs transformers fp32: mean median {median:.4f}, "
-          f"top-1 move rate {rate:.4f} (bound {cb.POOLED})")
+    print(
+        f"\n{config}, fp8 + MXFP4 caches vs transformers fp32: mean median {median:.4f}, "
+        f"top-1 move rate {rate:.4f} (bound {cb.POOLED})"
+    )
     bad = cb.violations(median, rate, cb.POOLED)
     assert not bad, f"{config}: {bad} (seed {SESSION_SEED})"
 
@@ -97,8 +100,7 @@ def _lowest(q, w, *args, **kw):
     return _topk(q, -w, *args, **kw)  # the score is linear in w: -w ranks it upside down
 
 
-def _first_k(q, w, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4,
-             **kw):
+def _first_k(q, w, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4, **kw):
     top = _topk(q, w, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio, **kw)
     visible = ((token_pos.long() + 1) // ratio)[:, None]
     first = torch.arange(topk, device=top.device)[None, :]

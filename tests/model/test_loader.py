@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The loader keeps weights as shipped and names the tensor in every error.
 
 * An FP8 checkpoint loads into a network built from its config.json with every weight resident in
@@ -73,10 +74,13 @@ def _config(preset: str, dtype: str) -> dict:
 def _fresh(dtype_ckpt: str = "bf16", dtype: torch.dtype = torch.float32) -> DSV4Network:
     cfg_dict = _config("tiny-flash", dtype_ckpt)
     acfg = DSV4Config.from_hf_dict(cfg_dict)
-    return DSV4Network(cfg_dict, lambda i, r: DSV4Attention(acfg, i, ratio=r, dtype=dtype,
-                                                            max_positions=16,
-                                                            prefix=f"layers.{i}.attn"),
-                       dtype=dtype)
+    return DSV4Network(
+        cfg_dict,
+        lambda i, r: DSV4Attention(
+            acfg, i, ratio=r, dtype=dtype, max_positions=16, prefix=f"layers.{i}.attn"
+        ),
+        dtype=dtype,
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -124,8 +128,10 @@ def test_fp8_and_bf16_twins_give_the_same_network(gen):
     sa, sb = a.layers[2].attn, b.layers[2].attn
     assert sa.merged_qkv and sb.merged_qkv  # wq_a | wkv: one GEMM, from the two tensors
     for name in ("wq_a_wkv", "wo_b"):
-        ya, yb = getattr(sa, name)(x if name != "wo_b" else x[:, :sa.wo_b.input_size]), \
-            getattr(sb, name)(x if name != "wo_b" else x[:, :sb.wo_b.input_size])
+        ya, yb = (
+            getattr(sa, name)(x if name != "wo_b" else x[:, : sa.wo_b.input_size]),
+            getattr(sb, name)(x if name != "wo_b" else x[:, : sb.wo_b.input_size]),
+        )
         assert float((ya - yb).abs().max()) <= 1e-5 * float(ya.abs().max()), name
 
 
@@ -142,8 +148,11 @@ def test_loader_errors_name_the_tensor():
     fp8 = _tensors("tiny-flash", "fp8")
     net = _fresh()
 
-    with pytest.raises(MissingTensorError, match=r"1 tensor\(s\) missing.*layers\.3\.attn\.wkv"
-                                                 r"\.weight"):
+    with pytest.raises(
+        MissingTensorError,
+        match=r"1 tensor\(s\) missing.*layers\.3\.attn\.wkv"
+        r"\.weight",
+    ):
         load_weights(net, _without(bf16, "layers.3.attn.wkv.weight"))
     with pytest.raises(MissingTensorError, match=r"layers\.2\.ffn\.experts\.5\.w3\.weight"):
         load_weights(net, _without(bf16, "layers.2.ffn.experts.5.w3.weight"))
@@ -160,40 +169,59 @@ def test_loader_errors_name_the_tensor():
         load_weights(net, list(bf16) + [("layers.0.attn.bogus", torch.zeros(3))])
     for order in ("after", "before"):
         extra = [("layers.0.attn.q_norm.scale", torch.zeros(3))]
-        with pytest.raises(UnexpectedTensorError, match=r"layers\.0\.attn\.q_norm\.scale: "
-                                                        r"unexpected scale"):
+        with pytest.raises(
+            UnexpectedTensorError,
+            match=r"layers\.0\.attn\.q_norm\.scale: "
+            r"unexpected scale",
+        ):
             load_weights(net, list(bf16) + extra if order == "after" else extra + list(bf16))
     # quantized tensors never enter a dense network (no dequantized copies at load)
     with pytest.raises(QuantFormatError, match=r"layers\.\d+\..*dense"):
         load_weights(net, fp8)
 
     net8 = _fresh("fp8")
-    with pytest.raises(MissingTensorError, match=r"without their \.scale.*layers\.4\.attn\.wo_b"
-                                                 r"\.weight"):
+    with pytest.raises(
+        MissingTensorError,
+        match=r"without their \.scale.*layers\.4\.attn\.wo_b"
+        r"\.weight",
+    ):
         load_weights(net8, _without(fp8, "layers.4.attn.wo_b.scale"))
     wrong_scale = torch.zeros(3, 3, dtype=torch.uint8).view(torch.float8_e8m0fnu)
     with pytest.raises(ShapeMismatchError, match=r"layers\.2\.ffn\.experts\.1\.w2\.scale"):
         load_weights(net8, _replace(fp8, "layers.2.ffn.experts.1.w2.scale", wrong_scale))
     with pytest.raises(ShapeMismatchError, match=r"layers\.2\.ffn\.experts\.1\.w2\.weight.*packed"):
-        load_weights(net8, _replace(fp8, "layers.2.ffn.experts.1.w2.weight",
-                                    torch.zeros(256, 256, dtype=torch.int8)))
+        load_weights(
+            net8,
+            _replace(
+                fp8, "layers.2.ffn.experts.1.w2.weight", torch.zeros(256, 256, dtype=torch.int8)
+            ),
+        )
     nan_scale = dict(fp8)["layers.1.attn.wq_a.scale"].view(torch.uint8).clone()
     nan_scale[0, 0] = 255
-    with pytest.raises(QuantFormatError, match=r"layers\.1\.attn\.wq_a\.scale: ue8m0 scale byte "
-                                               r"255"):
-        load_weights(net8, _replace(fp8, "layers.1.attn.wq_a.scale",
-                                    nan_scale.view(torch.float8_e8m0fnu)))
+    with pytest.raises(
+        QuantFormatError,
+        match=r"layers\.1\.attn\.wq_a\.scale: ue8m0 scale byte "
+        r"255",
+    ):
+        load_weights(
+            net8, _replace(fp8, "layers.1.attn.wq_a.scale", nan_scale.view(torch.float8_e8m0fnu))
+        )
     as_bf16 = dict(bf16)["layers.1.attn.wq_a.weight"]
-    with pytest.raises(QuantFormatError, match=r"layers\.1\.attn\.wq_a\.weight: torch\.bfloat16 "
-                                               r"cannot be loaded into an FP8"):
+    with pytest.raises(
+        QuantFormatError,
+        match=r"layers\.1\.attn\.wq_a\.weight: torch\.bfloat16 "
+        r"cannot be loaded into an FP8",
+    ):
         load_weights(net8, _replace(fp8, "layers.1.attn.wq_a.weight", as_bf16))
     tid = dict(bf16)["layers.0.ffn.gate.tid2eid"].clone()
     tid[5, 0] = 99
     with pytest.raises(QuantFormatError, match=r"layers\.0\.ffn\.gate\.tid2eid.*\[0, 8\)"):
         load_weights(net, _replace(bf16, "layers.0.ffn.gate.tid2eid", tid), net.cfg)
     assert issubclass(CheckpointLoadError, ValueError)
-    assert all(issubclass(e, CheckpointLoadError) for e in (
-        MissingTensorError, ShapeMismatchError, UnexpectedTensorError, QuantFormatError))
+    assert all(
+        issubclass(e, CheckpointLoadError)
+        for e in (MissingTensorError, ShapeMismatchError, UnexpectedTensorError, QuantFormatError)
+    )
 
 
 def test_config_validator_names_field_layer_and_allowed_values():
@@ -216,13 +244,20 @@ def test_config_validator_names_field_layer_and_allowed_values():
         validate_hf_config(dict(cfg, scoring_func="softmax"))
     fp8 = ck.hf_config("tiny-flash", "fp8")
     assert validate_hf_config(fp8).weights.fp8_linears
-    with pytest.raises(ConfigError, match=r"weight_block_size=\[64, 64\].*\[128, 128\], \[32, 32\]"):
-        validate_hf_config(dict(fp8, quantization_config=dict(fp8["quantization_config"],
-                                                              weight_block_size=[64, 64])))
+    with pytest.raises(
+        ConfigError, match=r"weight_block_size=\[64, 64\].*\[128, 128\], \[32, 32\]"
+    ):
+        validate_hf_config(
+            dict(
+                fp8,
+                quantization_config=dict(fp8["quantization_config"], weight_block_size=[64, 64]),
+            )
+        )
     with pytest.raises(ConfigError, match=r"expert_dtype='fp8'"):
         validate_hf_config(dict(fp8, expert_dtype="fp8"))
-    assert validate_hf_config(dict(fp8, quantization_config=dict(
-        fp8["quantization_config"], weight_block_size=[32, 32]))).weights.block == (32, 32)
+    assert validate_hf_config(
+        dict(fp8, quantization_config=dict(fp8["quantization_config"], weight_block_size=[32, 32]))
+    ).weights.block == (32, 32)
     # transformers' own config dict (no compress_ratios / num_hash_layers: layer_types and
     # mlp_layer_types instead) describes the same network.
     hf_dict = DeepseekV4Config(**cfg, experts_implementation="eager").to_dict()
@@ -230,8 +265,9 @@ def test_config_validator_names_field_layer_and_allowed_values():
     ours = validate_hf_config(cfg)
     assert validate_hf_config(hf_dict) == ours and ours.num_hash_layers == 2
     with pytest.raises(ConfigError, match=r"hash_moe layers must be the first"):
-        validate_hf_config(dict(hf_dict, mlp_layer_types=["hash_moe", "moe", "hash_moe", "moe",
-                                                          "moe"]))
+        validate_hf_config(
+            dict(hf_dict, mlp_layer_types=["hash_moe", "moe", "hash_moe", "moe", "moe"])
+        )
     # The network and the loader validate dict configs the same way.
     with pytest.raises(ConfigError, match=r"compress_ratios\[3\] = 64"):
         DSV4Network(bad, lambda i, r: torch.nn.Identity(), dtype=torch.float32)

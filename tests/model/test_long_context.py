@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The network past the sizes the other tests reach: more visible c4a entries than a top-k of 512,
 and positions past 65,536 (YaRN's original context).
 
@@ -35,22 +36,21 @@ from vllm_dsv4_hw.tools import checkpoint as ck
 pytestmark = pytest.mark.usefixtures("vllm_single_rank", "one_thread")
 
 TOPK = 512
-PROMPT = 2304            # 576 c4a entries visible at the end
-PARITY_TOL = 2e-4        # max |dlogprob|, fp32 network vs transformers fp32
-SELF_TOL = 1e-4          # chunked / decode vs our one shot, fp32 caches
+PROMPT = 2304  # 576 c4a entries visible at the end
+PARITY_TOL = 2e-4  # max |dlogprob|, fp32 network vs transformers fp32
+SELF_TOL = 1e-4  # chunked / decode vs our one shot, fp32 caches
 FAR_START = 65530
 FAR_TOKENS = 12
-NEAR_TIE = 1e-5          # selection margin (relative) below which fp32 rounding of q may swap
+NEAR_TIE = 1e-5  # selection margin (relative) below which fp32 rounding of q may swap
 #                          entries (seen: 1e-7 - 3e-7)
-FAR_TOL = 2e-2           # chunk vs decode over bf16 caches: entries written by a chunk and by single
+FAR_TOL = 2e-2  # chunk vs decode over bf16 caches: entries written by a chunk and by single
 #                          steps may round one bf16 ulp apart (fp32 GEMMs of different row counts)
 
 
 @pytest.fixture(scope="module")
 def ckpt_topk512(tmp_path_factory):
     base = tmp_path_factory.mktemp("long_context") / "tiny-flash"
-    ck.make_checkpoint(base, "tiny-flash", "bf16", SESSION_SEED % 100_000,
-                       progress=lambda _m: None)
+    ck.make_checkpoint(base, "tiny-flash", "bf16", SESSION_SEED % 100_000, progress=lambda _m: None)
     path = shutil.copytree(base, base.parent / "topk512")
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["index_topk"] < TOPK
@@ -71,7 +71,7 @@ def _hf_logprobs_and_margins(hf, ids: torch.Tensor) -> tuple[torch.Tensor, torch
     gaps: list[torch.Tensor] = []
 
     def scorer_hook(_mod, _args, out):
-        s = out[0]                                          # [S, T] (batch 1)
+        s = out[0]  # [S, T] (batch 1)
         pos = torch.arange(s.shape[0])
         visible = torch.arange(s.shape[1])[None, :] < ((pos + 1) // 4)[:, None]
         v = s.masked_fill(~visible, float("-inf")).sort(-1, descending=True).values
@@ -84,10 +84,13 @@ def _hf_logprobs_and_margins(hf, ids: torch.Tensor) -> tuple[torch.Tensor, torch
         sel = (scores + mod.e_score_correction_bias).sort(dim=-1, descending=True).values
         gaps.append((sel[:, mod.top_k - 1] - sel[:, mod.top_k]) / sel[:, 0].abs())
 
-    hooks = [mod.register_forward_hook(scorer_hook if isinstance(mod, m.DeepseekV4IndexerScorer)
-                                       else router_hook)
-             for mod in hf.modules()
-             if isinstance(mod, (m.DeepseekV4IndexerScorer, m.DeepseekV4TopKRouter))]
+    hooks = [
+        mod.register_forward_hook(
+            scorer_hook if isinstance(mod, m.DeepseekV4IndexerScorer) else router_hook
+        )
+        for mod in hf.modules()
+        if isinstance(mod, (m.DeepseekV4IndexerScorer, m.DeepseekV4TopKRouter))
+    ]
     try:
         ref = hf(ids[None]).logits[0].log_softmax(-1)
     finally:
@@ -117,8 +120,10 @@ def test_topk_512_with_more_entries_visible(ckpt_topk512):
         if upto >= 4 * TOPK + 32:
             break
     else:
-        pytest.fail(f"40 prompts had a near-tie < {MIN_MARGIN} before token {4 * TOPK + 32} "
-                    f"(seed {SESSION_SEED})")
+        pytest.fail(
+            f"40 prompts had a near-tie < {MIN_MARGIN} before token {4 * TOPK + 32} "
+            f"(seed {SESSION_SEED})"
+        )
     del hf
     runner = SingleSequenceRunner(ckpt_topk512, torch.float32, "fp32", "fp32", max_len=PROMPT)
     c4a = [m for m in runner.net.modules() if isinstance(m, DSV4Attention) and m.ratio == 4]
@@ -131,8 +136,10 @@ def test_topk_512_with_more_entries_visible(ckpt_topk512):
     last = last[-1]
     assert int((last >= 0).sum()) == TOPK and int(last.max()) < PROMPT // 4
     err = float((ours - ref)[:upto].abs().max())
-    print(f"\ntop-k {TOPK}, {PROMPT} tokens ({PROMPT // 4} entries visible at the end): "
-          f"max |dlogprob| vs transformers {err:.3g} over the first {upto} tokens")
+    print(
+        f"\ntop-k {TOPK}, {PROMPT} tokens ({PROMPT // 4} entries visible at the end): "
+        f"max |dlogprob| vs transformers {err:.3g} over the first {upto} tokens"
+    )
     assert err <= PARITY_TOL, err
     # Chunked prefill + decode against our one shot, over the same tokens: past the first near-tie
     # the chunked run's fp32 sums may swap that selection too (seed 578553: 0.032). Decode steps
@@ -148,8 +155,11 @@ def test_topk_512_with_more_entries_visible(ckpt_topk512):
 def _fill_random(caches, gen: torch.Generator) -> None:
     """Every slot of every cache a valid entry of its format; compressor states random rows."""
     for lc in caches.values():
-        for cache, fmt in ((lc.window, lc.main_format), (lc.comp, lc.comp_format),
-                           (lc.indexer, lc.indexer_format)):
+        for cache, fmt in (
+            (lc.window, lc.main_format),
+            (lc.comp, lc.comp_format),
+            (lc.indexer, lc.indexer_format),
+        ):
             if cache is None:
                 continue
             n = cache.shape[0] * fmt.entries_per_page
@@ -171,10 +181,30 @@ class _PinnedNearTies:
         self.layers, self.rows, self.pinned, self.replaying, self.calls = layers, [], [], False, 0
         inner = ops.indexer_topk
 
-        def select(q, w, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4,
-                   q_scales=None):
-            top = inner(q, w, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio,
-                        q_scales=q_scales)
+        def select(
+            q,
+            w,
+            key_cache,
+            key_fmt,
+            block_table,
+            token_req,
+            token_pos,
+            topk,
+            ratio=4,
+            q_scales=None,
+        ):
+            top = inner(
+                q,
+                w,
+                key_cache,
+                key_fmt,
+                block_table,
+                token_req,
+                token_pos,
+                topk,
+                ratio,
+                q_scales=q_scales,
+            )
             layer, self.calls = self.calls % self.layers, self.calls + 1
             if not self.replaying:
                 self.rows.append(top.clone())
@@ -183,12 +213,14 @@ class _PinnedNearTies:
             want = self.rows[layer][token]
             if set(top[0].tolist()) == set(want.tolist()):
                 return top
-            margin = float(_margins(q, w, key_cache, key_fmt, block_table, token_pos, topk,
-                                    ratio, q_scales)[0])
+            margin = float(
+                _margins(q, w, key_cache, key_fmt, block_table, token_pos, topk, ratio, q_scales)[0]
+            )
             assert margin < NEAR_TIE, (
                 f"c4a layer {layer}, token {token}: decode chose "
                 f"{len(set(top[0].tolist()) ^ set(want.tolist()))} entries other than the chunk "
-                f"with a selection margin of {margin:.3g} (>= {NEAR_TIE})")
+                f"with a selection margin of {margin:.3g} (>= {NEAR_TIE})"
+            )
             self.pinned.append((layer, token, margin))
             return want[None].clone()
 
@@ -208,8 +240,9 @@ def _margins(q, w, key_cache, key_fmt, block_table, token_pos, topk, ratio, q_sc
         return torch.full(visible.shape, float("inf"), dtype=torch.float64)
     keys = ref_indexer.gather_keys(key_cache, key_fmt, block_table, 0, n).double()
     qv = ref_indexer.query_values(q, q_scales).double()
-    scores = torch.einsum("ths,th->ts", torch.relu(torch.einsum("thd,sd->ths", qv, keys)),
-                          w.double())
+    scores = torch.einsum(
+        "ths,th->ts", torch.relu(torch.einsum("thd,sd->ths", qv, keys)), w.double()
+    )
     hidden = torch.arange(n)[None, :] >= visible[:, None]
     v = scores.masked_fill(hidden, float("-inf")).sort(-1, descending=True).values
     gap = (v[:, topk - 1] - v[:, topk]) / v[:, 0].abs().clamp_min(1e-300)
@@ -231,7 +264,7 @@ def test_positions_past_65536_decode_equals_chunk(ckpt_topk512, monkeypatch):
         runner.pos = FAR_START
         out, start = [], 0
         for c in chunks:
-            out.append(runner._step(ids[start:start + c]))
+            out.append(runner._step(ids[start : start + c]))
             start += c
         return torch.cat(out).log_softmax(-1)
 
@@ -240,8 +273,10 @@ def test_positions_past_65536_decode_equals_chunk(ckpt_topk512, monkeypatch):
     steps = run((1,) * FAR_TOKENS)
     assert torch.isfinite(chunk).all()
     err = float((chunk - steps).abs().max())
-    print(f"\npositions {FAR_START}-{end - 1} over random valid caches: decode vs chunk {err:.3g}"
-          f"; near-tie selections pinned to the chunk's: {selection.pinned}")
+    print(
+        f"\npositions {FAR_START}-{end - 1} over random valid caches: decode vs chunk {err:.3g}"
+        f"; near-tie selections pinned to the chunk's: {selection.pinned}"
+    )
     assert err <= FAR_TOL, err
     # the filled prefix matters: another fill gives other logits
     monkeypatch.undo()

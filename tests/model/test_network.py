@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DeepSeek V4 network around attention (``vllm_dsv4_hw.model``) against transformers.
 
 * **Parity** (the central test): tiny-flash / tiny-pro bf16 checkpoints (``make_checkpoint``, seed
@@ -41,11 +42,7 @@ import torch
 
 from tests.conftest import SESSION_SEED
 from tests.weights import assign
-from vllm_dsv4_hw.attention.caches import (
-    allocate_layer_caches,
-    page_geometry,
-    static_block_tables,
-)
+from vllm_dsv4_hw.attention.caches import allocate_layer_caches, page_geometry, static_block_tables
 from vllm_dsv4_hw.attention.layer import DSV4Attention, running_step
 from vllm_dsv4_hw.attention.metadata import build_step_metadata
 from vllm_dsv4_hw.config import DSV4Config, validate_hf_config

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The tensor / expert-parallel split (``vllm_dsv4_hw.parallel``): which sizes a checkpoint allows,
 the one-line refusals, and what each rank holds (the split model itself, across two real ranks:
 ``tests/serve/test_tensor_parallel.py``)."""
@@ -20,8 +21,10 @@ def test_real_models_split_where_the_blocks_allow():
     with pytest.raises(SplitError) as exc:
         check_split(shipped(V4_PRO), 16)
     msg = str(exc.value)
-    assert msg.startswith("--tensor-parallel-size 16: shared expert intermediate per rank "
-                          "3072/16 = 192 cuts the 128-wide FP8 block"), msg
+    assert msg.startswith(
+        "--tensor-parallel-size 16: shared expert intermediate per rank "
+        "3072/16 = 192 cuts the 128-wide FP8 block"
+    ), msg
     assert msg.endswith("sizes that split this checkpoint: 1, 2, 4, 8"), msg
     assert "\n" not in msg
     check_split(shipped(V4_PRO), 8)
@@ -31,11 +34,14 @@ def test_real_models_split_where_the_blocks_allow():
     assert 16 in working_sizes(V4_PRO, False)
 
 
-@pytest.mark.parametrize("tp,ep,needle", [
-    (3, False, "num_attention_heads 4 is not divisible by 3"),
-    (4, False, "o_groups 2 is not divisible by 4"),
-    (2, True, "n_routed_experts 9 is not divisible by 2 (expert parallelism"),
-])
+@pytest.mark.parametrize(
+    "tp,ep,needle",
+    [
+        (3, False, "num_attention_heads 4 is not divisible by 3"),
+        (4, False, "o_groups 2 is not divisible by 4"),
+        (2, True, "n_routed_experts 9 is not divisible by 2 (expert parallelism"),
+    ],
+)
 def test_bad_splits_name_the_dimension_and_the_sizes_that_work(tp, ep, needle):
     raw = hf_config("tiny-flash", "fp8")
     raw["n_routed_experts"] = 9
@@ -47,7 +53,7 @@ def test_bad_splits_name_the_dimension_and_the_sizes_that_work(tp, ep, needle):
 
 def test_fp4_scale_block_bounds_expert_tensor_parallelism():
     raw = hf_config("tiny-flash", "bf16")
-    raw["moe_intermediate_size"] = 64          # 64 / 4 = 16 rows per rank: half an FP4 block
+    raw["moe_intermediate_size"] = 64  # 64 / 4 = 16 rows per rank: half an FP4 block
     raw.update(num_attention_heads=4, o_groups=4)
     cfg = dataclasses.replace(validate_hf_config(raw), weights=WeightScheme(experts="fp4"))
     with pytest.raises(SplitError, match="64/4 = 16 cuts the 32-wide FP4 scale block"):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The launch checks (``engine/serve_checks.py``) on stand-in vLLM configs: every refusal is one
 line naming the field or flag and the fix; honoured flags map to our cache formats. (Through a real
 ``vllm serve`` and timed: ``tests/serve/test_dropin.py``.)"""
@@ -26,21 +27,31 @@ def ckpt(tmp_path_factory):
     return path
 
 
-def _config(path, *, tp=1, pp=1, dp=1, ep=False, spec=None, quant="ours", cache_dtype="auto",
-            indexer="auto"):
+def _config(
+    path, *, tp=1, pp=1, dp=1, ep=False, spec=None, quant="ours", cache_dtype="auto", indexer="auto"
+):
     from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
     from vllm_dsv4_hw.quant.scheme import WeightScheme
 
     cfg = json.loads((path / "config.json").read_text())
-    qc = {"ours": DSV4HwQuantConfig(WeightScheme.from_hf_config(cfg)), "none": None,
-          "other": SimpleNamespace(get_name=lambda: "awq")}[quant]
+    qc = {
+        "ours": DSV4HwQuantConfig(WeightScheme.from_hf_config(cfg)),
+        "none": None,
+        "other": SimpleNamespace(get_name=lambda: "awq"),
+    }[quant]
     return SimpleNamespace(
         model_config=SimpleNamespace(model=str(path), hf_config=None),
-        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp,
-                                        data_parallel_size=dp, enable_expert_parallel=ep),
-        speculative_config=spec, quant_config=qc,
+        parallel_config=SimpleNamespace(
+            tensor_parallel_size=tp,
+            pipeline_parallel_size=pp,
+            data_parallel_size=dp,
+            enable_expert_parallel=ep,
+        ),
+        speculative_config=spec,
+        quant_config=qc,
         cache_config=SimpleNamespace(cache_dtype=cache_dtype),
-        attention_config=SimpleNamespace(indexer_kv_dtype=indexer))
+        attention_config=SimpleNamespace(indexer_kv_dtype=indexer),
+    )
 
 
 def test_honoured_flags_map_to_our_formats(ckpt):
@@ -54,18 +65,30 @@ def test_honoured_flags_map_to_our_formats(ckpt):
     assert (s.main_format, s.indexer_format) == ("fp8", "fp8")
 
 
-@pytest.mark.parametrize("kw,needle", [
-    ({"tp": 4}, "--tensor-parallel-size 4: o_groups 2 is not divisible by 4 (each rank takes "
-                "whole output groups); sizes that split this checkpoint: 1, 2"),
-    ({"tp": 3, "ep": True}, "--tensor-parallel-size 3 with --enable-expert-parallel: "
-                            "num_attention_heads 4 is not divisible by 3"),
-    ({"pp": 2}, "--pipeline-parallel-size 2"),
-    ({"dp": 4}, "--data-parallel-size 4"),
-    ({"spec": object()}, "--speculative-config"),
-    ({"quant": "other"}, "--quantization awq"),
-    ({"cache_dtype": "fp8_e5m2"}, "--kv-cache-dtype fp8_e5m2"),
-    ({"indexer": "nvfp4"}, "indexer_kv_dtype=nvfp4 is not supported by vllm-dsv4-hw; use mxfp4"),
-])
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (
+            {"tp": 4},
+            "--tensor-parallel-size 4: o_groups 2 is not divisible by 4 (each rank takes "
+            "whole output groups); sizes that split this checkpoint: 1, 2",
+        ),
+        (
+            {"tp": 3, "ep": True},
+            "--tensor-parallel-size 3 with --enable-expert-parallel: "
+            "num_attention_heads 4 is not divisible by 3",
+        ),
+        ({"pp": 2}, "--pipeline-parallel-size 2"),
+        ({"dp": 4}, "--data-parallel-size 4"),
+        ({"spec": object()}, "--speculative-config"),
+        ({"quant": "other"}, "--quantization awq"),
+        ({"cache_dtype": "fp8_e5m2"}, "--kv-cache-dtype fp8_e5m2"),
+        (
+            {"indexer": "nvfp4"},
+            "indexer_kv_dtype=nvfp4 is not supported by vllm-dsv4-hw; use mxfp4",
+        ),
+    ],
+)
 def test_refusals_are_one_line_with_the_fix(ckpt, kw, needle):
     with pytest.raises(UnsupportedSettingError) as exc:
         check_serve_settings(_config(ckpt, **kw))
@@ -94,9 +117,16 @@ def test_checkpoint_problems_are_named(ckpt, tmp_path):
     assert "layers.2.ffn.experts.3.w2.weight" in msg
 
 
-@pytest.mark.parametrize("max_len,kv_bytes,fits", [
-    (792, 64 << 20, True), (793, 64 << 20, False),  # vLLM's engine: 792 is its estimate here
-    (1 << 20, 1 << 30, True), (1 << 20, 64 << 20, False), (1 << 20, None, True)])
+@pytest.mark.parametrize(
+    "max_len,kv_bytes,fits",
+    [
+        (792, 64 << 20, True),
+        (793, 64 << 20, False),  # vLLM's engine: 792 is its estimate here
+        (1 << 20, 1 << 30, True),
+        (1 << 20, 64 << 20, False),
+        (1 << 20, None, True),
+    ],
+)
 def test_kv_capacity_for_one_request(ckpt, monkeypatch, max_len, kv_bytes, fits):
     """The boundary is vLLM's own: 792 tokens start with 64 MiB and 2048-token chunks (``vllm
     serve`` logged "CPU KV cache size: 794 tokens, ... 1.00x"), 793 are refused in one line; an
@@ -144,5 +174,8 @@ def test_hf_overrides_apply_to_the_config_we_read(ckpt):
     cfg.model_config.hf_overrides = {"index_topk": 32}
     assert check_serve_settings(cfg).cfg.index_topk == 32
     plain = SimpleNamespace(model=str(ckpt), hf_config=None, hf_overrides=lambda c: c)
-    assert raw_hf_config(plain)["index_topk"] == json.loads((ckpt / "config.json").read_text())[
-        "index_topk"] != 32
+    assert (
+        raw_hf_config(plain)["index_topk"]
+        == json.loads((ckpt / "config.json").read_text())["index_topk"]
+        != 32
+    )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The model split over two tensor-parallel ranks (``vllm_dsv4_hw.parallel``) equals the whole model:
 two processes join one vLLM tensor-parallel group (gloo, as vLLM's CPU workers do), each builds
 its shard of the fp32 network and the whole network from the same checkpoint, and runs one prompt
@@ -26,10 +27,10 @@ from tests.conftest import SESSION_SEED
 from vllm_dsv4_hw.tools import checkpoint as ck
 
 TP = 2
-LENGTH = 257           # test_network.MAX_LEN: positions 0..256
+LENGTH = 257  # test_network.MAX_LEN: positions 0..256
 CHUNKS = (100, 29, 124, 1, 1, 1, 1)
-TOL = 1e-4            # max |logprob diff| split vs whole, fp32 (sum order only; observed 1.4e-5)
-MIN_MARGIN = 2e-5     # smallest relative top-k gap of a drawn prompt (as tests/model/test_network)
+TOL = 1e-4  # max |logprob diff| split vs whole, fp32 (sum order only; observed 1.4e-5)
+MIN_MARGIN = 2e-5  # smallest relative top-k gap of a drawn prompt (as tests/model/test_network)
 DRAWS = 10
 
 
@@ -107,14 +108,19 @@ def _rank_main(rank: int, port: int, ckpt: str, out_dir: str, ep: bool, seed: in
         chunked = split.logprobs(ids, CHUNKS)
         top2 = ref.topk(2, dim=-1).values
         clear = (top2[:, 0] - top2[:, 1]) > 2 * TOL
-        nbytes = [sum(p.numel() * p.element_size() for p in r.net.parameters())
-                  for r in (whole, split)]
-        res = {"oneshot": float((got - ref).abs().max()),
-               "chunked": float((chunked - ref).abs().max()),
-               # where the whole model's best two tokens are further apart than the split may
-               # move them (2 TOL: an exact tie's order is the sum order's)
-               "greedy_equal": bool(torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])),
-               "clear": int(clear.sum()), "bytes": nbytes, "margin": margin}
+        nbytes = [
+            sum(p.numel() * p.element_size() for p in r.net.parameters()) for r in (whole, split)
+        ]
+        res = {
+            "oneshot": float((got - ref).abs().max()),
+            "chunked": float((chunked - ref).abs().max()),
+            # where the whole model's best two tokens are further apart than the split may
+            # move them (2 TOL: an exact tie's order is the sum order's)
+            "greedy_equal": bool(torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])),
+            "clear": int(clear.sum()),
+            "bytes": nbytes,
+            "margin": margin,
+        }
     except BaseException:  # noqa: BLE001 (reported to the parent)
         res = {"error": traceback.format_exc()}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))
@@ -126,23 +132,28 @@ def ckpts(tmp_path_factory):
     out = {}
     for dtype in ("bf16", "fp8"):
         out[dtype] = root / f"tiny-flash-{dtype}"
-        ck.make_checkpoint(out[dtype], "tiny-flash", dtype, SESSION_SEED % 1000,
-                           progress=lambda _m: None)
+        ck.make_checkpoint(
+            out[dtype], "tiny-flash", dtype, SESSION_SEED % 1000, progress=lambda _m: None
+        )
     return out
 
 
 @pytest.mark.parametrize("dtype,ep", [("bf16", False), ("fp8", False), ("fp8", True)])
 def test_split_model_equals_whole_model(ckpts, tmp_path, dtype, ep):
-    mp.start_processes(_rank_main, args=(_free_port(), str(ckpts[dtype]), str(tmp_path), ep,
-                                         SESSION_SEED),
-                       nprocs=TP, start_method="spawn", join=True)
+    mp.start_processes(
+        _rank_main,
+        args=(_free_port(), str(ckpts[dtype]), str(tmp_path), ep, SESSION_SEED),
+        nprocs=TP,
+        start_method="spawn",
+        join=True,
+    )
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(TP)]
     for r, res in enumerate(results):
         assert "error" not in res, f"rank {r}:\n{res['error']}"
         assert res["oneshot"] < TOL and res["chunked"] < TOL, (r, res)
         assert res["greedy_equal"] and res["clear"] > LENGTH // 2, (r, res)
         whole, split = res["bytes"]
-        assert split < 0.8 * whole, (r, res)   # the shards are not replicated copies
+        assert split < 0.8 * whole, (r, res)  # the shards are not replicated copies
 
 
 def _shipped_bytes_main(rank: int, port: int, out_dir: str) -> None:
@@ -158,11 +169,19 @@ def _shipped_bytes_main(rank: int, port: int, out_dir: str) -> None:
 
         cfg = shipped(V4_FLASH)
         res = {}
-        for name, layout in (("whole", ParallelLayout()), ("tp", current_layout()),
-                             ("ep", current_layout(expert_parallel=True))):
+        for name, layout in (
+            ("whole", ParallelLayout()),
+            ("tp", current_layout()),
+            ("ep", current_layout(expert_parallel=True)),
+        ):
             with torch.device("meta"):
-                net = DSV4Network(cfg, lambda i, r, lo=layout: DSV4Attention(
-                    cfg, i, dtype=torch.bfloat16, max_positions=256, layout=lo), layout=layout)
+                net = DSV4Network(
+                    cfg,
+                    lambda i, r, lo=layout: DSV4Attention(
+                        cfg, i, dtype=torch.bfloat16, max_positions=256, layout=lo
+                    ),
+                    layout=layout,
+                )
             res[name] = sum(p.numel() * p.element_size() for p in net.parameters())
     except BaseException:  # noqa: BLE001 (reported to the parent)
         res = {"error": traceback.format_exc()}
@@ -173,11 +192,16 @@ def test_each_rank_of_v4_flash_holds_about_half(tmp_path):
     """The tiny checkpoints keep the real head geometry, so their replicated part (KV vector,
     compressors, indexer: one shared head) weighs a quarter of them; in V4-Flash the sharded
     experts dominate and each of two ranks holds about half."""
-    mp.start_processes(_shipped_bytes_main, args=(_free_port(), str(tmp_path)), nprocs=TP,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        _shipped_bytes_main,
+        args=(_free_port(), str(tmp_path)),
+        nprocs=TP,
+        start_method="spawn",
+        join=True,
+    )
     for r in range(TP):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert "error" not in res, f"rank {r}:\n{res['error']}"
-        assert 140 * 2**30 < res["whole"] < 160 * 2**30, res      # ~150 GiB as shipped
+        assert 140 * 2**30 < res["whole"] < 160 * 2**30, res  # ~150 GiB as shipped
         for split in ("tp", "ep"):
             assert abs(res[split] / res["whole"] - 0.5) < 0.05, (split, res)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures for the npu backend on CPU: the torch_npu stub (tests/stubs/torch_npu) with controls."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The kv_insert case both npu scatter paths run: fp8 entries into padded, 0xAB-filled pages with a
 -1 slot, byte for byte against ``kv_cache.paged.insert_rows``."""
 

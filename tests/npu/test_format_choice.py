@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cache formats from device capabilities: auto picks the most compact one the device holds (one
 log line saying which and why); an explicit format the device cannot hold is a clear error; the
 CLI's --device plans and reports for another device than the local one."""
@@ -26,9 +27,10 @@ def _fresh_log_memory(monkeypatch):
     monkeypatch.setattr(format_choice, "_LOGGED", set())
 
 
-@pytest.mark.parametrize("device,main_fmt,idx_fmt", [("cpu", "fp8", "mxfp4"),
-                                                     ("cuda", "fp8", "mxfp4"),
-                                                     ("npu", "bf16", "bf16")])
+@pytest.mark.parametrize(
+    "device,main_fmt,idx_fmt",
+    [("cpu", "fp8", "mxfp4"), ("cuda", "fp8", "mxfp4"), ("npu", "bf16", "bf16")],
+)
 def test_auto_takes_the_best_the_device_holds(device, main_fmt, idx_fmt):
     c = choose_formats(device, log=False)
     assert (c.main, c.indexer) == (main_fmt, idx_fmt)
@@ -65,9 +67,14 @@ def test_supported_formats_per_device():
         supported_formats("window", CPU)
 
 
-@pytest.mark.parametrize("var,value,kind", [("VLLM_DSV4_HW_KV_FORMAT", "fp8", "main KV"),
-                                            ("VLLM_DSV4_HW_INDEXER_FORMAT", "mxfp4", "indexer key"),
-                                            ("VLLM_DSV4_HW_INDEXER_FORMAT", "fp8", "indexer key")])
+@pytest.mark.parametrize(
+    "var,value,kind",
+    [
+        ("VLLM_DSV4_HW_KV_FORMAT", "fp8", "main KV"),
+        ("VLLM_DSV4_HW_INDEXER_FORMAT", "mxfp4", "indexer key"),
+        ("VLLM_DSV4_HW_INDEXER_FORMAT", "fp8", "indexer key"),
+    ],
+)
 def test_unsupported_explicit_format_is_a_clear_error(monkeypatch, var, value, kind):
     monkeypatch.setenv(var, value)
     with pytest.raises(FormatUnsupportedError) as exc:
@@ -93,31 +100,46 @@ def _run(capsys, *argv):
 
 
 def test_kv_plan_defaults_follow_the_device(capsys):
-    rc, out, err = _run(capsys, "kv-plan", "--model", "v4-flash", "--context", "1M", "--device",
-                        "npu", "--json")
+    rc, out, err = _run(
+        capsys, "kv-plan", "--model", "v4-flash", "--context", "1M", "--device", "npu", "--json"
+    )
     assert rc == 0, err
     d = json.loads(out)
     assert d["device"] == "npu"
     assert (d["main_format"], d["indexer_format"]) == ("bf16", "bf16")
-    assert round((d["breakdown"]["compressed_kv"] + d["breakdown"]["indexer_keys"]) / 2 ** 30,
-                 3) == 6.719  # spec section 7, V4-Flash bf16 / bf16
-    rc, out, _ = _run(capsys, "kv-plan", "--model", "v4-flash", "--context", "1M", "--device",
-                      "cuda", "--json")
+    assert (
+        round((d["breakdown"]["compressed_kv"] + d["breakdown"]["indexer_keys"]) / 2**30, 3)
+        == 6.719
+    )  # spec section 7, V4-Flash bf16 / bf16
+    rc, out, _ = _run(
+        capsys, "kv-plan", "--model", "v4-flash", "--context", "1M", "--device", "cuda", "--json"
+    )
     d = json.loads(out)
     assert d["main_format"] == "fp8" and d["indexer_format"] == "mxfp4"
 
 
 def test_kv_plan_text_says_why(capsys):
-    rc, out, _ = _run(capsys, "kv-plan", "--model", "v4-pro", "--context", "128k", "--device",
-                      "npu")
+    rc, out, _ = _run(
+        capsys, "kv-plan", "--model", "v4-pro", "--context", "128k", "--device", "npu"
+    )
     assert rc == 0
     assert "main bf16, indexer bf16" in out
     assert "formats for npu (Ascend NPU): main bf16: the device lacks fp8" in out
 
 
 def test_kv_plan_unsupported_format_for_device_is_one_line(capsys):
-    rc, out, err = _run(capsys, "kv-plan", "--model", "v4-pro", "--context", "1M", "--device",
-                        "npu", "--indexer-format", "mxfp4")
+    rc, out, err = _run(
+        capsys,
+        "kv-plan",
+        "--model",
+        "v4-pro",
+        "--context",
+        "1M",
+        "--device",
+        "npu",
+        "--indexer-format",
+        "mxfp4",
+    )
     assert rc == 2 and out == ""
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert "--indexer-format=mxfp4" in err and "device 'npu'" in err
@@ -159,14 +181,17 @@ def _declared_capability_restored(monkeypatch):
     REGISTRY.clear_cache()
 
 
-@pytest.mark.parametrize("target,cvt", [("cuda:8.0", False), ("cuda:8.6", False),
-                                        ("cuda:8.9", True), ("cuda:12.0", True)])
+@pytest.mark.parametrize(
+    "target,cvt",
+    [("cuda:8.0", False), ("cuda:8.6", False), ("cuda:8.9", True), ("cuda:12.0", True)],
+)
 def test_targets_by_compute_capability(capsys, _declared_capability_restored, target, cvt):
     """Every CUDA target keeps the compact formats (3.432 GiB per 1M-token V4-Flash sequence);
     below sm_89 there is no e4m3 conversion instruction, and every CUDA target decodes e4m3 in the
     hot kernels with the packed PTX decode; the ops get the triton backend there."""
-    rc, out, err = _run(capsys, "kv-plan", "--model", "v4-flash", "--context", "1M", "--device",
-                        target, "--json")
+    rc, out, err = _run(
+        capsys, "kv-plan", "--model", "v4-flash", "--context", "1M", "--device", target, "--json"
+    )
     assert rc == 0, err
     d = json.loads(out)
     assert (d["main_format"], d["indexer_format"]) == ("fp8", "mxfp4")

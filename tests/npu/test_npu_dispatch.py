@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Dispatch on 'npu': the npu backend where a torch_npu operator fits, the probe's messages, and
 missing torch_npu / CANN / device (fallback with one warning; a clear error when requested)."""
 
@@ -14,9 +15,18 @@ from vllm_dsv4_hw.ops.backends import backend_available
 from vllm_dsv4_hw.ops.registry import REGISTRY, BackendUnavailableError
 from vllm_dsv4_hw.platform.npu import probe_torch_npu
 
-VENDOR_OPS = {api.RMS_NORM, api.QKV_RMS_NORM, api.ROPE, api.KV_INSERT, api.KV_GATHER,
-              api.QNORM_ROPE_KV_INSERT, api.COMPRESSOR_STORE, api.SPARSE_ATTENTION,
-              api.INDEXER_TOPK, api.INV_ROPE_FP8_QUANT}
+VENDOR_OPS = {
+    api.RMS_NORM,
+    api.QKV_RMS_NORM,
+    api.ROPE,
+    api.KV_INSERT,
+    api.KV_GATHER,
+    api.QNORM_ROPE_KV_INSERT,
+    api.COMPRESSOR_STORE,
+    api.SPARSE_ATTENTION,
+    api.INDEXER_TOPK,
+    api.INV_ROPE_FP8_QUANT,
+}
 
 
 def _warnings(caplog):
@@ -26,9 +36,11 @@ def _warnings(caplog):
 def test_npu_backend_registers_without_importing_torch_npu():
     import subprocess
 
-    code = ("import sys, vllm_dsv4_hw.ops as o; "
-            "print('torch_npu' in sys.modules, sorted(op for op in o.REGISTRY.ops() "
-            "if 'npu' in o.REGISTRY.implementations(op)))")
+    code = (
+        "import sys, vllm_dsv4_hw.ops as o; "
+        "print('torch_npu' in sys.modules, sorted(op for op in o.REGISTRY.ops() "
+        "if 'npu' in o.REGISTRY.implementations(op)))"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     imported, ops = p.stdout.strip().split(" ", 1)
@@ -56,8 +68,11 @@ def test_npu_device_selects_npu_where_an_operator_fits(npu_device, caplog):
     # one warning per op that skipped a preferred backend (its npu implementation, or the triton
     # one: triton-ascend is absent here), none for the npu-served ops
     warned = {r.getMessage().split()[2] for r in _warnings(caplog)}
-    skipped_triton = {op for op in REGISTRY.ops() if op not in VENDOR_OPS
-                      and "triton" in REGISTRY.implementations(op)}
+    skipped_triton = {
+        op
+        for op in REGISTRY.ops()
+        if op not in VENDOR_OPS and "triton" in REGISTRY.implementations(op)
+    }
     assert api.FP8_BLOCK_LINEAR in skipped_triton and api.DECODE_METADATA in skipped_triton
     assert warned == {api.INV_ROPE_FP8_QUANT} | skipped_triton
 
@@ -101,9 +116,11 @@ def test_torch_npu_without_cann_is_named(tmp_path, monkeypatch):
     """torch_npu present but its import fails on a CANN library: the message says so and how."""
     pkg = tmp_path / "torch_npu"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text(textwrap.dedent("""
+    (pkg / "__init__.py").write_text(
+        textwrap.dedent("""
         raise ImportError("libhccl.so: cannot open shared object file: No such file or directory")
-    """))
+    """)
+    )
     for name in [m for m in sys.modules if m == "torch_npu" or m.startswith("torch_npu.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(tmp_path))

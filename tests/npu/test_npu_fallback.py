@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A torch_npu operator that raises at run time (documented in ops/npu/_vendor.py and
 docs/npu-ops.md): under automatic selection the op logs one warning naming the op and the error and
 falls back to the reference for the rest of the process (the failed call is served too); when the
@@ -50,8 +51,9 @@ def test_fallback_is_per_op(stub, gen, caplog):
     fmt = make_format("bf16", "main", 64)
     cache = fmt.new_cache(2)
     ops_npu = {op: impl(op, "npu") for op in (api.SPARSE_ATTENTION, api.ROPE)}
-    ops_npu[api.SPARSE_ATTENTION](x, cache, torch.zeros(3, 4, dtype=torch.long), None, None, fmt,
-                                  torch.zeros(2), 0.05)
+    ops_npu[api.SPARSE_ATTENTION](
+        x, cache, torch.zeros(3, 4, dtype=torch.long), None, None, fmt, torch.zeros(2), 0.05
+    )
     ops_npu[api.ROPE](x, torch.tensor([1, 2, 3]), torch.randn(8, 64))
     assert set(disabled_ops()) == {api.SPARSE_ATTENTION}
     assert stub._control.calls["npu_rotary_mul"] == 1
@@ -70,15 +72,17 @@ def test_failed_composite_still_correct(stub, gen):
     pos, slots = torch.tensor([0, 5, 9, 63]), torch.tensor([3, -1, 7, 12])
     got_cache, want_cache = fmt.new_cache(2), fmt.new_cache(2)
     got = impl(api.QNORM_ROPE_KV_INSERT, "npu")(q, kv, pos, tab, 1e-6, got_cache, slots, fmt)
-    want = impl(api.QNORM_ROPE_KV_INSERT, "reference")(q, kv, pos, tab, 1e-6, want_cache, slots,
-                                                       fmt)
+    want = impl(api.QNORM_ROPE_KV_INSERT, "reference")(
+        q, kv, pos, tab, 1e-6, want_cache, slots, fmt
+    )
     assert torch.equal(got_cache, want_cache)
-    torch.testing.assert_close(got.double(), want.double(), rtol=2 ** -7, atol=1e-5)
+    torch.testing.assert_close(got.double(), want.double(), rtol=2**-7, atol=1e-5)
     assert set(disabled_ops()) == {api.KV_INSERT}
 
 
-@pytest.mark.parametrize("var,value", [("VLLM_DSV4_HW_BACKEND", "npu"),
-                                       ("VLLM_DSV4_HW_OP_BACKENDS", "rope=npu")])
+@pytest.mark.parametrize(
+    "var,value", [("VLLM_DSV4_HW_BACKEND", "npu"), ("VLLM_DSV4_HW_OP_BACKENDS", "rope=npu")]
+)
 def test_explicit_request_raises_instead_of_falling_back(stub, gen, monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     stub._control.fail("npu_rotary_mul", RuntimeError(AICORE))

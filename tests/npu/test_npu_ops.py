@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The npu backend's vendor paths at the real dimensions, on CPU tensors through the torch_npu stub.
 
 tests/ops/ already runs every npu op through the shared conformance tests (cpu_backends includes
@@ -54,7 +55,7 @@ def _attention_case(gen, t, h, w, k, fmt_name="bf16", p_invalid=0.1, empty=()):
     sink = torch.randn(h, generator=gen)
     keys = torch.cat([wst[wi], cst[ci]], dim=1)
     valid = torch.cat([wv, cv], dim=1)
-    return (q, wc, ws, cc, cs, wf, sink, d ** -0.5, cf), keys, valid
+    return (q, wc, ws, cc, cs, wf, sink, d**-0.5, cf), keys, valid
 
 
 @pytest.mark.parametrize("t,h,w,k", [(8, 64, 128, 512), (3, 128, 128, 64), (4, 16, 20, 0)])
@@ -80,8 +81,9 @@ def test_sparse_attention_fia_sink_and_empty_tokens(stub, gen):
         out = f(*a)
         assert torch.equal(out[[0, 3]], torch.zeros(2, 8, 512, dtype=torch.bfloat16))
         ref = dense_attention_with_sink(args[0], keys, valid, sink, args[7])
-        torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2 * max(
-            float(ref.abs().max()), 1e-6))
+        torch.testing.assert_close(
+            out.double(), ref, rtol=2e-2, atol=2e-2 * max(float(ref.abs().max()), 1e-6)
+        )
     assert stub._control.calls["npu_fused_infer_attention_score"] == 3
 
 
@@ -99,8 +101,9 @@ def _key_cache(gen, keys_per_req, fmt, pad):
     pool = len(keys_per_req) * nb + 2
     bt = torch.randperm(pool, generator=gen)[: len(keys_per_req) * nb].view(-1, nb).to(torch.int32)
     cache = fmt.new_cache(pool, page_bytes=fmt.min_page_bytes + pad)
-    paged.insert_rows(cache, torch.arange(pool * e), 30 * torch.randn(pool * e, fmt.dim,
-                                                                      generator=gen), fmt)
+    paged.insert_rows(
+        cache, torch.arange(pool * e), 30 * torch.randn(pool * e, fmt.dim, generator=gen), fmt
+    )
     stored = []
     for r, k in enumerate(keys_per_req):
         s = torch.arange(k.shape[0])
@@ -122,8 +125,9 @@ def test_indexer_topk_bf16_through_lightning_indexer(stub, gen, pad):
     t = len(token_req)
     q = torch.randn(t, hi, di, generator=gen).to(torch.bfloat16)
     w = indexer_head_weights(torch.randn(t, hi, generator=gen), hi, di)
-    out = impl(api.INDEXER_TOPK, "npu")(q, w, cache, fmt, bt, torch.tensor(token_req),
-                                        torch.tensor(token_pos), topk)
+    out = impl(api.INDEXER_TOPK, "npu")(
+        q, w, cache, fmt, bt, torch.tensor(token_req), torch.tensor(token_pos), topk
+    )
     assert stub._control.calls["npu_lightning_indexer"] == 1
     assert out.dtype == torch.int32 and out.shape == (t, topk)
     expected = oracle.expected_topk(q, w, stored, token_req, token_pos, topk, 4)
@@ -141,11 +145,12 @@ def test_indexer_topk_other_formats_use_the_reference(stub, gen):
     cache, bt, stored = _key_cache(gen, keys, fmt, 0)
     q = torch.randn(2, 16, 128, generator=gen).to(torch.bfloat16)
     w = torch.randn(2, 16, generator=gen)
-    out = impl(api.INDEXER_TOPK, "npu")(q, w, cache, fmt, bt, torch.zeros(2, dtype=torch.long),
-                                        torch.tensor([100, 159]), 8)
-    ref = impl(api.INDEXER_TOPK, "reference")(q, w, cache, fmt, bt,
-                                              torch.zeros(2, dtype=torch.long),
-                                              torch.tensor([100, 159]), 8)
+    out = impl(api.INDEXER_TOPK, "npu")(
+        q, w, cache, fmt, bt, torch.zeros(2, dtype=torch.long), torch.tensor([100, 159]), 8
+    )
+    ref = impl(api.INDEXER_TOPK, "reference")(
+        q, w, cache, fmt, bt, torch.zeros(2, dtype=torch.long), torch.tensor([100, 159]), 8
+    )
     assert stub._control.calls["npu_lightning_indexer"] == 0
     assert [set(r.tolist()) for r in out] == [set(r.tolist()) for r in ref]
 
@@ -156,8 +161,16 @@ def test_indexer_topk_unallocated_visible_page_is_an_error(stub, gen):
     bt[0, 1] = -1
     q = torch.randn(1, 8, 128, generator=gen).to(torch.bfloat16)
     with pytest.raises(ValueError, match="unallocated"):
-        impl(api.INDEXER_TOPK, "npu")(q, torch.ones(1, 8), cache, fmt, bt,
-                                      torch.zeros(1, dtype=torch.long), torch.tensor([399]), 16)
+        impl(api.INDEXER_TOPK, "npu")(
+            q,
+            torch.ones(1, 8),
+            cache,
+            fmt,
+            bt,
+            torch.zeros(1, dtype=torch.long),
+            torch.tensor([399]),
+            16,
+        )
 
 
 def test_rope_uses_interleave_rotary_mul(stub, gen):
@@ -167,7 +180,7 @@ def test_rope_uses_interleave_rotary_mul(stub, gen):
     for inverse in (False, True):
         out = impl(api.ROPE, "npu")(x, pos, tab, inverse)
         ref = rope_oracle(x, pos, rope_inv_freq(160000.0, 64), inverse)
-        torch.testing.assert_close(out.double(), ref, rtol=2 ** -8, atol=1e-2)
+        torch.testing.assert_close(out.double(), ref, rtol=2**-8, atol=1e-2)
         assert torch.equal(out[..., :448], x[..., :448])
     assert stub._control.calls["npu_rotary_mul"] == 2
 
@@ -188,8 +201,9 @@ def test_rope_prefers_vllm_ascend_partial_rotary_when_loaded(stub, gen, monkeypa
         x[..., lo:hi] = (part * cos + rot * sin).to(x.dtype)
         seen.append(tuple(x.shape))
 
-    monkeypatch.setattr(npu_platform, "vllm_ascend_ops",
-                        lambda: {"inplace_partial_rotary_mul": fake_partial})
+    monkeypatch.setattr(
+        npu_platform, "vllm_ascend_ops", lambda: {"inplace_partial_rotary_mul": fake_partial}
+    )
     tab = rope_cos_sin(10000.0, 64, 512)
     x = torch.randn(3, 4, 512, generator=gen).to(torch.bfloat16)
     pos = torch.tensor([0, 17, 511])
@@ -197,9 +211,11 @@ def test_rope_prefers_vllm_ascend_partial_rotary_when_loaded(stub, gen, monkeypa
         out = impl(api.ROPE, "npu")(x, pos, tab, True)
     assert seen == [(3, 1, 4, 512)] and stub._control.calls["npu_rotary_mul"] == 0
     ref = rope_oracle(x, pos, rope_inv_freq(10000.0, 64), True)
-    torch.testing.assert_close(out.double(), ref, rtol=2 ** -8, atol=1e-2)
-    assert any("vllm-ascend ops: inplace_partial_rotary_mul (rope)" in r.getMessage()
-               for r in caplog.records)
+    torch.testing.assert_close(out.double(), ref, rtol=2**-8, atol=1e-2)
+    assert any(
+        "vllm-ascend ops: inplace_partial_rotary_mul (rope)" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def test_kv_insert_scatters_data_and_scale_parts(stub, gen):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The NPU platform decision (standalone / cooperating with vllm-ascend / none) and the stream layer
 on torch.npu (the stub's recording streams and events)."""
 
@@ -10,11 +11,7 @@ import torch
 
 from vllm_dsv4_hw.platform import npu as npu_platform
 from vllm_dsv4_hw.platform.device import adaptor_for
-from vllm_dsv4_hw.platform.npu import (
-    choose_npu_platform,
-    vllm_ascend_ops,
-    vllm_ascend_plugin,
-)
+from vllm_dsv4_hw.platform.npu import choose_npu_platform, vllm_ascend_ops, vllm_ascend_plugin
 from vllm_dsv4_hw.platform.streams import AuxStreams, stream_module
 
 USABLE = (True, "torch_npu 2.13.0 with 8 NPU(s)")
@@ -32,8 +29,13 @@ def test_vllm_ascend_present_means_cooperate():
     assert "NPUPlatform is the active platform" in c.reason and "only one" in c.reason
 
 
-@pytest.mark.parametrize("plugin", [(False, False, "vllm-ascend is not installed"),
-                                    (True, False, "VLLM_PLUGINS does not enable it")])
+@pytest.mark.parametrize(
+    "plugin",
+    [
+        (False, False, "vllm-ascend is not installed"),
+        (True, False, "VLLM_PLUGINS does not enable it"),
+    ],
+)
 def test_without_active_vllm_ascend_no_platform_and_the_fix_is_named(plugin):
     c = choose_npu_platform(USABLE, plugin)
     assert c.platform_class is None and c.mode == "unsupported"
@@ -45,12 +47,17 @@ class _EP:
         self.name, self.value = name, value
 
 
-@pytest.mark.parametrize("allowed,expect", [(None, True), ("ascend,dsv4_hw", True),
-                                            ("dsv4_hw", False)])
+@pytest.mark.parametrize(
+    "allowed,expect", [(None, True), ("ascend,dsv4_hw", True), ("dsv4_hw", False)]
+)
 def test_vllm_plugins_allowlist_is_respected(monkeypatch, allowed, expect):
-    monkeypatch.setattr(importlib.metadata, "entry_points",
-                        lambda group: [_EP("ascend", "vllm_ascend:register")]
-                        if group == "vllm.platform_plugins" else [])
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda group: (
+            [_EP("ascend", "vllm_ascend:register")] if group == "vllm.platform_plugins" else []
+        ),
+    )
     if allowed is None:
         monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     else:
@@ -95,9 +102,12 @@ def test_aux_streams_on_npu_order_branches_with_events(npu_device):
     assert seen == ["aux0", "aux1", "default0"]
     ordered = [e for e in log if e[0] not in ("new_stream",)]
     assert ordered == [
-        ("wait_stream", "aux0", "default0"), ("record", "aux0"),
-        ("wait_stream", "aux1", "default0"), ("record", "aux1"),
-        ("wait_event", "default0", "aux0"), ("wait_event", "default0", "aux1"),
+        ("wait_stream", "aux0", "default0"),
+        ("record", "aux0"),
+        ("wait_stream", "aux1", "default0"),
+        ("record", "aux1"),
+        ("wait_event", "default0", "aux0"),
+        ("wait_event", "default0", "aux1"),
     ]
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The npu backend with vllm-ascend's DeepSeek V4 operators loaded (the stubs in tests/stubs).
 
 The stubs are registered as ``torch.ops._C_ascend`` with vllm-ascend's schemas, so the backend's
@@ -53,19 +54,21 @@ def _positional_case(gen, positions, h, k, ratio, fmt_name="bf16", comp=True):
     q = torch.randn(len(positions), h, d, generator=gen).to(torch.bfloat16)
     sink = torch.randn(h, generator=gen)
     if not comp:
-        return (q, wc, ws, None, None, wf, sink, d ** -0.5, None), wst[wi], wv
-    cc, cslot, cst = _fill(gen, cf, torch.randn(k + 4, d, generator=gen) * 2, (k + 4) // 2 + 2,
-                           pad=24)
+        return (q, wc, ws, None, None, wf, sink, d**-0.5, None), wst[wi], wv
+    cc, cslot, cst = _fill(
+        gen, cf, torch.randn(k + 4, d, generator=gen) * 2, (k + 4) // 2 + 2, pad=24
+    )
     ci, cv = _scattered(gen, ((pos + 1) // ratio).clamp(max=k).tolist(), k, k + 4)
     cs = torch.where(cv, cslot[ci], -1)
     keys = torch.cat([wst[wi], cst[ci]], dim=1)
-    return (q, wc, ws, cc, cs, wf, sink, d ** -0.5, cf), keys, torch.cat([wv, cv], dim=1)
+    return (q, wc, ws, cc, cs, wf, sink, d**-0.5, cf), keys, torch.cat([wv, cv], dim=1)
 
 
 def _close(out, args, keys, valid):
     ref = dense_attention_with_sink(args[0], keys, valid, args[6], args[7])
-    torch.testing.assert_close(out.double(), ref, rtol=2e-2,
-                               atol=2e-2 * max(float(ref.abs().max()), 1e-6))
+    torch.testing.assert_close(
+        out.double(), ref, rtol=2e-2, atol=2e-2 * max(float(ref.abs().max()), 1e-6)
+    )
 
 
 def test_detection_finds_the_stub_ops_only_when_switched_on(stub):
@@ -79,12 +82,16 @@ def test_detection_finds_the_stub_ops_only_when_switched_on(stub):
         assert npu_platform.vllm_ascend_installed() is False  # the marker is not an install
 
 
-@pytest.mark.parametrize("positions,h,k,ratio", [
-    ((0, 5, 126, 127, 300, 2047, 5000, 9000), 64, 512, 4),  # c4a: partial and full windows
-    ((127, 1000, 4095, 8191), 128, 64, 128),  # c128a: every visible entry, two head groups
-])
-def test_sparse_attention_through_sparse_attn_sharedkv(ascend_ops, stub, gen, positions, h, k,
-                                                       ratio):
+@pytest.mark.parametrize(
+    "positions,h,k,ratio",
+    [
+        ((0, 5, 126, 127, 300, 2047, 5000, 9000), 64, 512, 4),  # c4a: partial and full windows
+        ((127, 1000, 4095, 8191), 128, 64, 128),  # c128a: every visible entry, two head groups
+    ],
+)
+def test_sparse_attention_through_sparse_attn_sharedkv(
+    ascend_ops, stub, gen, positions, h, k, ratio
+):
     args, keys, valid = _positional_case(gen, positions, h, k, ratio)
     out = impl(api.SPARSE_ATTENTION, "npu")(*args)
     calls = stub._control.calls
@@ -131,8 +138,9 @@ def test_calls_the_operator_cannot_express_take_the_torch_npu_path(ascend_ops, s
     _close(out, args, keys, valid)
 
 
-def test_a_failing_sparse_attn_sharedkv_falls_back_once_with_a_warning(ascend_ops, stub, gen,
-                                                                        caplog):
+def test_a_failing_sparse_attn_sharedkv_falls_back_once_with_a_warning(
+    ascend_ops, stub, gen, caplog
+):
     stub._control.fail(SAS, RuntimeError("aclnn error 561103"))
     args, keys, valid = _positional_case(gen, (130, 2000), 64, 512, 4)
     with caplog.at_level(logging.WARNING, logger="vllm_dsv4_hw"):
@@ -146,27 +154,43 @@ def test_the_stub_enforces_the_documented_constraints(ascend_ops):
     ops = torch.ops._C_ascend
     q = torch.zeros(2, 64, 512, dtype=torch.bfloat16)
     kv = torch.zeros(2, 128, 1, 512, dtype=torch.bfloat16)
-    common = dict(ori_kv=kv, ori_block_table=torch.zeros(2, 1, dtype=torch.int32),
-                  cu_seqlens_q=torch.arange(3, dtype=torch.int32),
-                  seqused_kv=torch.tensor([5, 9], dtype=torch.int32),
-                  sinks=torch.zeros(64), softmax_scale=0.04, ori_win_left=127, layout_q="TND")
-    meta = ops.npu_sparse_attn_sharedkv_metadata(64, 1, 512, batch_size=2, max_seqlen_kv=9,
-                                                  cmp_ratio=1, ori_win_left=127,
-                                                  has_cmp_kv=False, layout_q="TND")
+    common = dict(
+        ori_kv=kv,
+        ori_block_table=torch.zeros(2, 1, dtype=torch.int32),
+        cu_seqlens_q=torch.arange(3, dtype=torch.int32),
+        seqused_kv=torch.tensor([5, 9], dtype=torch.int32),
+        sinks=torch.zeros(64),
+        softmax_scale=0.04,
+        ori_win_left=127,
+        layout_q="TND",
+    )
+    meta = ops.npu_sparse_attn_sharedkv_metadata(
+        64,
+        1,
+        512,
+        batch_size=2,
+        max_seqlen_kv=9,
+        cmp_ratio=1,
+        ori_win_left=127,
+        has_cmp_kv=False,
+        layout_q="TND",
+    )
     out, _ = ops.npu_sparse_attn_sharedkv(q, metadata=meta, **common)
     assert out.shape == q.shape
     with pytest.raises(RuntimeError, match="64"):  # N1 only 64
         ops.npu_sparse_attn_sharedkv(q[:, :32].contiguous(), metadata=meta, **common)
     with pytest.raises(RuntimeError, match="ori_win_left"):  # the schema default (128) is refused
         ops.npu_sparse_attn_sharedkv(q, metadata=meta, **{**common, "ori_win_left": 128})
-    other = ops.npu_sparse_attn_sharedkv_metadata(64, 1, 512, batch_size=3, max_seqlen_kv=9,
-                                                   ori_win_left=127, has_cmp_kv=False)
+    other = ops.npu_sparse_attn_sharedkv_metadata(
+        64, 1, 512, batch_size=3, max_seqlen_kv=9, ori_win_left=127, has_cmp_kv=False
+    )
     with pytest.raises(RuntimeError, match="another call"):
         ops.npu_sparse_attn_sharedkv(q, metadata=other, **common)
     var = torch.zeros(2, 4, 8, dtype=torch.uint8)
     with pytest.raises(RuntimeError, match="uint8"):
-        ops.npu_scatter_nd_update_v2(var, torch.zeros(1, 2, dtype=torch.long),
-                                     torch.zeros(1, 8, dtype=torch.uint8))
+        ops.npu_scatter_nd_update_v2(
+            var, torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 8, dtype=torch.uint8)
+        )
 
 
 def test_kv_insert_through_scatter_nd_update_v2(ascend_ops, stub, gen):
@@ -182,7 +206,7 @@ def test_rope_through_the_registered_partial_rotary_op(ascend_ops, stub, gen):
     for inverse in (False, True):
         out = impl(api.ROPE, "npu")(x, pos, tab, inverse)
         ref = rope_oracle(x, pos, rope_inv_freq(160000.0, 64), inverse)
-        torch.testing.assert_close(out.double(), ref, rtol=2 ** -8, atol=1e-2)
+        torch.testing.assert_close(out.double(), ref, rtol=2**-8, atol=1e-2)
         assert torch.equal(out[..., :448], x[..., :448])
     calls = stub._control.calls
     assert calls["inplace_partial_rotary_mul"] == 2 and calls["npu_rotary_mul"] == 0

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """compressor_pool / compressor_store against the float64 oracle (spec section 3), and chunked
 prefill / token-by-token decode against one-shot prefill, through the paged sliding-window state.
 
@@ -58,8 +59,10 @@ def chunk_schedule(lengths, pattern, gen=None, idle_prob=0.0):
     """Steps of {req: n_new}: every unfinished request advances by its next chunk size
     (``pattern`` cycled, per request offset), some idling a step when ``idle_prob`` > 0."""
     done = [0] * len(lengths)
-    cycles = [itertools.cycle(pattern[r % len(pattern):] + pattern[: r % len(pattern)])
-              for r in range(len(lengths))]
+    cycles = [
+        itertools.cycle(pattern[r % len(pattern) :] + pattern[: r % len(pattern)])
+        for r in range(len(lengths))
+    ]
     steps = []
     while any(done[r] < lengths[r] for r in range(len(lengths))):
         step = {}
@@ -110,7 +113,7 @@ class CompressorSim:
         dead = []
         for r, slots in enumerate(self._all_slots):
             keep_lo = max(0, self.next[r] - w + 1)
-            dead += [slots[:keep_lo], slots[self.next[r]:]]
+            dead += [slots[:keep_lo], slots[self.next[r] :]]
         self.state.index_fill_(0, torch.cat(dead), float("nan"))
 
     def step(self, advance, kv, score, ape, op, backend, **store_args):
@@ -121,8 +124,8 @@ class CompressorSim:
         qsl, pos, kvb, scb = [0], [], [], []
         for r in order:
             s, n = self.next[r], advance[r]
-            kvb.append(kv[r][s: s + n])
-            scb.append(score[r][s: s + n])
+            kvb.append(kv[r][s : s + n])
+            scb.append(score[r][s : s + n])
             pos.extend(range(s, s + n))
             qsl.append(qsl[-1] + n)
         qsl_t = torch.tensor(qsl, dtype=torch.int32)
@@ -131,8 +134,16 @@ class CompressorSim:
         e = self.fmt.entries_per_page if self.fmt is not None else 64
         plan = compressor_plan(qsl_t, seq_start, self.sbt[order], self.rpp, self.ratio, kbt, e)
         positions = torch.tensor(pos, dtype=torch.int64)
-        args = (torch.cat(kvb), torch.cat(scb), positions, ape, self.state, plan.state_slots,
-                plan.group_rows, self.ratio)
+        args = (
+            torch.cat(kvb),
+            torch.cat(scb),
+            positions,
+            ape,
+            self.state,
+            plan.state_slots,
+            plan.group_rows,
+            self.ratio,
+        )
         if op == COMPRESSOR_POOL:
             out = impl(COMPRESSOR_POOL, backend)(*args)
             assert out.shape == (plan.num_groups, self.d) and out.dtype == torch.float32
@@ -142,8 +153,15 @@ class CompressorSim:
                 self.pooled[key] = out[g]
         else:
             impl(COMPRESSOR_STORE, backend)(
-                *args, store_args["norm_weight"], EPS, store_args["cos_sin"],
-                plan.group_entry_index, self.cache, plan.cache_slots, self.fmt)
+                *args,
+                store_args["norm_weight"],
+                EPS,
+                store_args["cos_sin"],
+                plan.group_entry_index,
+                self.cache,
+                plan.cache_slots,
+                self.fmt,
+            )
         for r in order:
             self.next[r] += advance[r]
         return plan, positions
@@ -172,16 +190,18 @@ def run_pool(gen, lengths, ratio, d, rpp, pattern, backend, kv, score, ape, idle
     return [sim.pooled_of(r) for r in range(len(lengths))]
 
 
-def run_store(gen, lengths, ratio, d, rpp, pattern, backend, kv, score, ape, fmt, norm_weight,
-              cos_sin):
+def run_store(
+    gen, lengths, ratio, d, rpp, pattern, backend, kv, score, ape, fmt, norm_weight, cos_sin
+):
     sim = CompressorSim(gen, lengths, ratio, d, rpp, fmt)
     for adv in chunk_schedule(lengths, pattern, gen):
-        sim.step(adv, kv, score, ape, COMPRESSOR_STORE, backend, norm_weight=norm_weight,
-                 cos_sin=cos_sin)
+        sim.step(
+            adv, kv, score, ape, COMPRESSOR_STORE, backend, norm_weight=norm_weight, cos_sin=cos_sin
+        )
     return [sim.stored_of(r) for r in range(len(lengths))]
 
 
-ONE_SHOT = [10 ** 9]
+ONE_SHOT = [10**9]
 
 
 # -- compressor_pool ------------------------------------------------------------------------------
@@ -200,8 +220,11 @@ def test_pool_one_shot_matches_oracle(gen, backend, ratio, rpp):
 
 @pytest.mark.parametrize("backend", cpu_backends(COMPRESSOR_POOL))
 @pytest.mark.parametrize("ratio", [4, 128])
-@pytest.mark.parametrize("pattern", [[1], [3], [64], [100], [100, 1, 3], [5, 64, 1, 1, 2]],
-                         ids=["decode", "c3", "c64", "c100", "mixed", "mixed2"])
+@pytest.mark.parametrize(
+    "pattern",
+    [[1], [3], [64], [100], [100, 1, 3], [5, 64, 1, 1, 2]],
+    ids=["decode", "c3", "c64", "c100", "mixed", "mixed2"],
+)
 def test_pool_chunked_equals_one_shot(gen, backend, ratio, pattern):
     d = 16
     rpp = 4 if ratio == 4 else 8
@@ -209,20 +232,35 @@ def test_pool_chunked_equals_one_shot(gen, backend, ratio, pattern):
     kv, score, ape = make_inputs(gen, lengths, ratio, d)
     # one-shot of the reference (a backend's own one-shot is checked against the oracle above)
     one = run_pool(gen, lengths, ratio, d, rpp, ONE_SHOT, "reference", kv, score, ape)
-    chunked = run_pool(gen, lengths, ratio, d, rpp, pattern, backend, kv, score, ape,
-                       idle_prob=0.2 if len(pattern) > 1 else 0.0)
+    chunked = run_pool(
+        gen,
+        lengths,
+        ratio,
+        d,
+        rpp,
+        pattern,
+        backend,
+        kv,
+        score,
+        ape,
+        idle_prob=0.2 if len(pattern) > 1 else 0.0,
+    )
     # same implementation: equal up to fp32 noise; another backend vs the reference: fp32 rounding
     tol = dict(rtol=1e-6, atol=1e-7) if backend == "reference" else dict(rtol=1e-5, atol=1e-6)
     for r in range(len(lengths)):
         torch.testing.assert_close(chunked[r], one[r], **tol)
-        torch.testing.assert_close(chunked[r].double(),
-                                   oracle.pooled_entries(kv[r], score[r], ape, ratio),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            chunked[r].double(),
+            oracle.pooled_entries(kv[r], score[r], ape, ratio),
+            rtol=1e-5,
+            atol=1e-5,
+        )
 
 
 @pytest.mark.parametrize("backend", cpu_backends(COMPRESSOR_POOL))
-@pytest.mark.parametrize("ratio,d", [(4, 512), (128, 512), (4, 128)],
-                         ids=["c4a", "c128a", "indexer"])
+@pytest.mark.parametrize(
+    "ratio,d", [(4, 512), (128, 512), (4, 128)], ids=["c4a", "c128a", "indexer"]
+)
 def test_pool_real_dims(gen, backend, ratio, d):
     lengths = lengths_for(backend, [5, 129, 257], [5, 257] if ratio == 128 else [5, 129])
     rpp = 4 if ratio == 4 else 8
@@ -248,8 +286,16 @@ def test_pool_writes_state_rows(gen, backend, ratio):
     slots = torch.randperm(4 * n, generator=gen)[:n]
     start = 1000 + int(torch.randint(0, ratio, (1,), generator=gen))
     positions = torch.arange(start, start + n)
-    out = impl(COMPRESSOR_POOL, backend)(kv[0], score[0], positions, ape, state, slots,
-                                         torch.zeros(0, coff * ratio, dtype=torch.long), ratio)
+    out = impl(COMPRESSOR_POOL, backend)(
+        kv[0],
+        score[0],
+        positions,
+        ape,
+        state,
+        slots,
+        torch.zeros(0, coff * ratio, dtype=torch.long),
+        ratio,
+    )
     assert out.shape == (0, d)
     want = torch.cat([kv[0], score[0] + ape[positions % ratio]], dim=-1)
     torch.testing.assert_close(state[slots], want, rtol=0, atol=0)
@@ -266,16 +312,17 @@ def test_pool_c4a_channel_halves(backend):
     state = torch.full((16, 4 * d), float("nan"))
     kv = torch.zeros(8, 2 * d)
     for p in range(8):
-        kv[p, :d] = 10 + p    # first half tags: 10..17
-        kv[p, d:] = 100 + p   # second half tags: 100..107
+        kv[p, :d] = 10 + p  # first half tags: 10..17
+        kv[p, d:] = 100 + p  # second half tags: 100..107
     score = torch.full((8, 2 * d), -50.0)
-    score[2, :d] = 0.0        # wins among previous rows only in channels [0,d)
-    score[6, d:] = 0.0        # wins among own rows only in channels [d,2d)
+    score[2, :d] = 0.0  # wins among previous rows only in channels [0,d)
+    score[6, d:] = 0.0  # wins among own rows only in channels [d,2d)
     ape = torch.zeros(ratio, 2 * d)
-    ape[1, d:] = 50.0         # pos % 4 == 1 rows gain 50 in the second half of the gate
+    ape[1, d:] = 50.0  # pos % 4 == 1 rows gain 50 in the second half of the gate
     rows = torch.tensor([[-1, -1, -1, -1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7]])
-    out = impl(COMPRESSOR_POOL, backend)(kv, score, torch.arange(8), ape, state, torch.arange(8),
-                                         rows, ratio)
+    out = impl(COMPRESSOR_POOL, backend)(
+        kv, score, torch.arange(8), ape, state, torch.arange(8), rows, ratio
+    )
     # entry 0: own rows 0..3, second half; gates -50, 0, -50, -50
     g0 = torch.tensor([-50.0, 0.0, -50.0, -50.0])
     e0 = (torch.softmax(g0, 0) * torch.tensor([100.0, 101, 102, 103])).sum()
@@ -289,8 +336,9 @@ def test_pool_c4a_channel_halves(backend):
 # -- compressor_store -----------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", cpu_backends(COMPRESSOR_STORE))
 @pytest.mark.parametrize("ratio", [4, 128])
-@pytest.mark.parametrize("pattern", [ONE_SHOT, [1], [3, 64, 100]],
-                         ids=["oneshot", "decode", "mixed"])
+@pytest.mark.parametrize(
+    "pattern", [ONE_SHOT, [1], [3, 64, 100]], ids=["oneshot", "decode", "mixed"]
+)
 def test_store_fp32_matches_oracle(gen, backend, ratio, pattern):
     d, rope_dim = 16, 8
     rpp = 4 if ratio == 4 else 8
@@ -299,8 +347,9 @@ def test_store_fp32_matches_oracle(gen, backend, ratio, pattern):
     norm_w = 1.0 + 0.3 * torch.randn(d, generator=gen)
     cos_sin = random_cos_sin(gen, max(lengths) + 1, rope_dim)
     fmt = FP32Format(dim=d, entries_per_page=4)
-    got = run_store(gen, lengths, ratio, d, rpp, pattern, backend, kv, score, ape, fmt, norm_w,
-                    cos_sin)
+    got = run_store(
+        gen, lengths, ratio, d, rpp, pattern, backend, kv, score, ape, fmt, norm_w, cos_sin
+    )
     for r, n in enumerate(lengths):
         want = oracle.stored_entries(kv[r], score[r], ape, ratio, norm_w, EPS, cos_sin)
         assert got[r].shape == want.shape == (n // ratio, d)
@@ -308,8 +357,9 @@ def test_store_fp32_matches_oracle(gen, backend, ratio, pattern):
 
 
 @pytest.mark.parametrize("backend", cpu_backends(COMPRESSOR_STORE))
-@pytest.mark.parametrize("ratio,d,epp", [(4, 512, 64), (128, 512, 2), (4, 128, 64)],
-                         ids=["c4a", "c128a", "indexer"])
+@pytest.mark.parametrize(
+    "ratio,d,epp", [(4, 512, 64), (128, 512, 2), (4, 128, 64)], ids=["c4a", "c128a", "indexer"]
+)
 def test_store_real_dims_yarn(gen, backend, ratio, d, epp):
     """Real dims with the compressed-layer YaRN table (theta 160000): fp32 entries exact to the
     oracle; chunked/decode equal to one-shot; bf16 entries within bf16 rounding."""
@@ -320,17 +370,20 @@ def test_store_real_dims_yarn(gen, backend, ratio, d, epp):
     norm_w = 1.0 + 0.3 * torch.randn(d, generator=gen)
     cos_sin = rope_cos_sin(160000.0, 64, 512, YarnParams())
     fmt = FP32Format(dim=d, entries_per_page=epp)
-    one = run_store(gen, lengths, ratio, d, rpp, ONE_SHOT, backend, kv, score, ape, fmt, norm_w,
-                    cos_sin)
-    dec = run_store(gen, lengths, ratio, d, rpp, [64, 1, 3], backend, kv, score, ape, fmt, norm_w,
-                    cos_sin)
+    one = run_store(
+        gen, lengths, ratio, d, rpp, ONE_SHOT, backend, kv, score, ape, fmt, norm_w, cos_sin
+    )
+    dec = run_store(
+        gen, lengths, ratio, d, rpp, [64, 1, 3], backend, kv, score, ape, fmt, norm_w, cos_sin
+    )
     bfmt = BF16Format(dim=d, entries_per_page=epp)
-    bf = run_store(gen, lengths, ratio, d, rpp, [100], backend, kv, score, ape, bfmt, norm_w,
-                   cos_sin)
+    bf = run_store(
+        gen, lengths, ratio, d, rpp, [100], backend, kv, score, ape, bfmt, norm_w, cos_sin
+    )
     for r in range(len(lengths)):
         want = oracle.stored_entries(kv[r], score[r], ape, ratio, norm_w, EPS, cos_sin)
         torch.testing.assert_close(one[r].double(), want, rtol=2e-5, atol=2e-5)
         # fp32 rounding noise only: kernels may reduce a group's rows in another order when
         # the step's batch differs (entries are O(1), 5e-6 is a few dozen fp32 ulps)
         torch.testing.assert_close(dec[r], one[r], rtol=5e-6, atol=5e-6)
-        torch.testing.assert_close(bf[r].double(), want, rtol=2 ** -8, atol=1e-6)
+        torch.testing.assert_close(bf[r].double(), want, rtol=2**-8, atol=1e-6)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton compressor kernels against the reference op at real dims (d 512 main, d 128 indexer) with
 every cache entry format, plus bit-exactness of the shared ``ops/triton/common/quant.py`` codecs.
 
@@ -35,16 +36,33 @@ if "triton" not in REGISTRY.implementations(COMPRESSOR_STORE):
 from vllm_dsv4_hw.ops.triton import compressor as tc  # noqa: E402
 from vllm_dsv4_hw.ops.triton.common import quant  # noqa: E402
 
-FORMATS = [("main", "bf16"), ("main", "fp8"), ("main", "fp32"),
-           ("indexer", "bf16"), ("indexer", "fp8"), ("indexer", "mxfp4")]
+FORMATS = [
+    ("main", "bf16"),
+    ("main", "fp8"),
+    ("main", "fp32"),
+    ("indexer", "bf16"),
+    ("indexer", "fp8"),
+    ("indexer", "mxfp4"),
+]
 
 
 # -- codec kernels (test-only wrappers around the shared helpers) ---------------------------------
 @triton.jit
-def _encode_kernel(x_ptr, slot_ptr, cache_ptr, n, page_stride,
-                   D: tl.constexpr, NB: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr,
-                   E: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
-                   FMT: tl.constexpr):
+def _encode_kernel(
+    x_ptr,
+    slot_ptr,
+    cache_ptr,
+    n,
+    page_stride,
+    D: tl.constexpr,
+    NB: tl.constexpr,
+    BP: tl.constexpr,
+    GB: tl.constexpr,
+    E: tl.constexpr,
+    DATA_BYTES: tl.constexpr,
+    SCALE_BYTES: tl.constexpr,
+    FMT: tl.constexpr,
+):
     q = tl.arange(0, GB * NB)
     gi = tl.program_id(0) * GB + q // NB
     gv = gi < n
@@ -63,9 +81,19 @@ def _encode_kernel(x_ptr, slot_ptr, cache_ptr, n, page_stride,
 
 
 @triton.jit
-def _decode_kernel(cache_ptr, slot_ptr, out_ptr, n, page_stride, D: tl.constexpr,
-                   BN: tl.constexpr, E: tl.constexpr, DATA_BYTES: tl.constexpr,
-                   SCALE_BYTES: tl.constexpr, FMT: tl.constexpr):
+def _decode_kernel(
+    cache_ptr,
+    slot_ptr,
+    out_ptr,
+    n,
+    page_stride,
+    D: tl.constexpr,
+    BN: tl.constexpr,
+    E: tl.constexpr,
+    DATA_BYTES: tl.constexpr,
+    SCALE_BYTES: tl.constexpr,
+    FMT: tl.constexpr,
+):
     i = tl.program_id(0) * BN + tl.arange(0, BN)
     iv = i < n
     s = tl.load(slot_ptr + i, mask=iv, other=0)
@@ -89,8 +117,23 @@ def _edge_rows(gen, fmt, n_random=48):
     k = 2.0 ** torch.randint(-20, 20, (8, 1), generator=gen).float()
     if fmt.name in ("fp8_ds_mla", "fp8_indexer"):
         # block amax 448 * 2^k (scale 2^k) and e4m3 midpoints (normal and subnormal) times 2^k
-        mids = torch.tensor([1.0625, 1.1875, 3.25, 0.0029296875, 0.0087890625, 0.0009765625, 240.0,
-                             -1.0625, -0.0029296875, 416.0, 1e-9, 0.015625, 0.01513671875])
+        mids = torch.tensor(
+            [
+                1.0625,
+                1.1875,
+                3.25,
+                0.0029296875,
+                0.0087890625,
+                0.0009765625,
+                240.0,
+                -1.0625,
+                -0.0029296875,
+                416.0,
+                1e-9,
+                0.015625,
+                0.01513671875,
+            ]
+        )
         t = mids.repeat(d // mids.numel() + 1)[:d].expand(8, d).clone()
         t[:, ::64] = 448.0
         rows.append(t * k)
@@ -123,17 +166,38 @@ def test_codecs_bit_exact(gen, kind, name):
     code = quant.format_code(fmt)
     nb, bp = tc._layout(code, fmt.dim)
     gb = 16
-    _encode_kernel[(triton.cdiv(n, gb),)](x, slots, got, n, got.stride(0), D=fmt.dim, NB=nb,
-                                          BP=bp, GB=gb, E=e, DATA_BYTES=fmt.data_bytes,
-                                          SCALE_BYTES=fmt.scale_bytes, FMT=code)
+    _encode_kernel[(triton.cdiv(n, gb),)](
+        x,
+        slots,
+        got,
+        n,
+        got.stride(0),
+        D=fmt.dim,
+        NB=nb,
+        BP=bp,
+        GB=gb,
+        E=e,
+        DATA_BYTES=fmt.data_bytes,
+        SCALE_BYTES=fmt.scale_bytes,
+        FMT=code,
+    )
     assert torch.equal(got, want), f"{name}: {(got != want).sum().item()} bytes differ"
     # decode: every entry back (exact), against the format's own decoder
     s_all = torch.arange(pages * e)
     out = torch.empty(s_all.numel(), fmt.dim)
-    _decode_kernel[(triton.cdiv(s_all.numel(), 64),)](got, s_all, out, s_all.numel(), got.stride(0),
-                                                       D=fmt.dim, BN=64, E=e,
-                                                       DATA_BYTES=fmt.data_bytes,
-                                                       SCALE_BYTES=fmt.scale_bytes, FMT=code)
+    _decode_kernel[(triton.cdiv(s_all.numel(), 64),)](
+        got,
+        s_all,
+        out,
+        s_all.numel(),
+        got.stride(0),
+        D=fmt.dim,
+        BN=64,
+        E=e,
+        DATA_BYTES=fmt.data_bytes,
+        SCALE_BYTES=fmt.scale_bytes,
+        FMT=code,
+    )
     d_v, s_v = fmt.page_views(got)
     n_all = s_all.numel()
     ref = fmt.dequantize(d_v.reshape(n_all, fmt.data_bytes), s_v.reshape(n_all, fmt.scale_bytes))
@@ -171,9 +235,23 @@ def _run_store(backend, fmt, ratio, d, gen_seed, lengths, starts):
     cache = fmt.new_cache(len(lengths) * nkb + 2).fill_(0x5A)  # poison
     norm_w = 1.0 + 0.3 * torch.randn(d, generator=gen)
     cos_sin = rope_cos_sin(160000.0, 64, 4096, YarnParams())
-    impl(COMPRESSOR_STORE, backend)(kv, score, plan.positions, ape, state, plan.state_slots,
-                                    plan.group_rows, ratio, norm_w, 1e-6, cos_sin,
-                                    plan.group_entry_index, cache, plan.cache_slots, fmt)
+    impl(COMPRESSOR_STORE, backend)(
+        kv,
+        score,
+        plan.positions,
+        ape,
+        state,
+        plan.state_slots,
+        plan.group_rows,
+        ratio,
+        norm_w,
+        1e-6,
+        cos_sin,
+        plan.group_entry_index,
+        cache,
+        plan.cache_slots,
+        fmt,
+    )
     return cache, state, plan
 
 
@@ -184,18 +262,20 @@ def _entry_bounds(fmt, exact):
     if fmt.name == "fp32":
         return 1e-5 * (1 + a)
     if fmt.name == "bf16":
-        return 2 ** -8 * a + 1e-6
+        return 2**-8 * a + 1e-6
     if fmt.name == "fp8_ds_mla":
         blocks = exact[:, :448].reshape(-1, 7, 64).abs().amax(-1).clamp_min(1e-4)
         scale = 2.0 ** torch.ceil(torch.log2(blocks / 448.0))
-        b = torch.cat([(2 ** -4 * a[:, :448] + 2 ** -9 * scale.repeat_interleave(64, 1)),
-                       2 ** -8 * a[:, 448:]], dim=1)
+        b = torch.cat(
+            [(2**-4 * a[:, :448] + 2**-9 * scale.repeat_interleave(64, 1)), 2**-8 * a[:, 448:]],
+            dim=1,
+        )
         return 1.05 * b + 1e-6
     if fmt.name == "fp8_indexer":
         scale = 2.0 ** torch.ceil(torch.log2(a.amax(-1, keepdim=True).clamp_min(1e-4) / 448.0))
-        return 1.05 * (2 ** -4 * a + 2 ** -9 * scale) + 1e-6
+        return 1.05 * (2**-4 * a + 2**-9 * scale) + 1e-6
     assert fmt.name == "mxfp4"
-    blocks = exact.reshape(-1, fmt.dim // 32, 32).abs().amax(-1).clamp_min(6 * 2.0 ** -126)
+    blocks = exact.reshape(-1, fmt.dim // 32, 32).abs().amax(-1).clamp_min(6 * 2.0**-126)
     scale = 2.0 ** torch.ceil(torch.log2(blocks / 6.0))
     return 1.05 * (0.25 * a + 0.25 * scale.repeat_interleave(32, 1)) + 1e-6
 
@@ -204,8 +284,11 @@ def _written(cache, fmt, slots):
     data_v, scale_v = fmt.page_views(cache)
     e = fmt.entries_per_page
     s = slots[slots >= 0]
-    return data_v[s // e, s % e], scale_v[s // e, s % e], fmt.dequantize(data_v[s // e, s % e],
-                                                                          scale_v[s // e, s % e])
+    return (
+        data_v[s // e, s % e],
+        scale_v[s // e, s % e],
+        fmt.dequantize(data_v[s // e, s % e], scale_v[s // e, s % e]),
+    )
 
 
 def _assert_poison_outside(cache, fmt, slots):
@@ -228,8 +311,12 @@ CASES = {  # (kind, d, ratio): steps as (new tokens, history) per request
 
 
 # Every (cache kind, format) pair that exists: mxfp4 is an indexer-only format.
-STORE_CASES = [(case, name) for case in CASES for name in ("bf16", "fp8", "fp32", "mxfp4")
-               if not (name == "mxfp4" and CASES[case][0] == "main")]
+STORE_CASES = [
+    (case, name)
+    for case in CASES
+    for name in ("bf16", "fp8", "fp32", "mxfp4")
+    if not (name == "mxfp4" and CASES[case][0] == "main")
+]
 
 
 @pytest.mark.parametrize("case,name", STORE_CASES)
@@ -237,7 +324,7 @@ def test_store_quantized_vs_reference(gen, case, name):
     kind, d, ratio, lengths, starts = CASES[case]
     fmt = make_format(name, kind, 64 if ratio == 4 else 2)
     exact_fmt = make_format("fp32", kind, fmt.entries_per_page)
-    seed = int(torch.randint(0, 2 ** 31, (1,), generator=gen))
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
     cache_t, state_t, plan = _run_store("triton", fmt, ratio, d, seed, lengths, starts)
     cache_r, state_r, _ = _run_store("reference", fmt, ratio, d, seed, lengths, starts)
     cache_x, _, _ = _run_store("reference", exact_fmt, ratio, d, seed, lengths, starts)
@@ -265,7 +352,7 @@ def test_gpu_launch_config(gen, monkeypatch, ratio, d):
     kind = "main" if d == 512 else "indexer"
     fmt = make_format("fp8" if kind == "main" else "mxfp4", kind, 64 if ratio == 4 else 2)
     lengths, starts = ([1, 1, 5], [3, 127, 124]) if ratio == 128 else ([1, 6], [7, 30])
-    seed = int(torch.randint(0, 2 ** 31, (1,), generator=gen))
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
     want, state_w, plan = _run_store("triton", fmt, ratio, d, seed, lengths, starts)
     monkeypatch.setattr(tc, "_INTERP_GROUPS", 1)
     monkeypatch.setattr(tc, "_INTERP_TOKENS", 1)
@@ -283,9 +370,11 @@ def test_gpu_launch_config(gen, monkeypatch, ratio, d):
     sbt, state, qsl, kv, score, ape, seq_start = _step_inputs(gen, ratio, d, lengths, starts)
     plan = compressor_plan(qsl, seq_start, sbt, 8, ratio)
     s2 = state.clone()
-    out_t = impl(COMPRESSOR_POOL, "triton")(kv, score, plan.positions, ape, state,
-                                            plan.state_slots, plan.group_rows, ratio)
-    out_r = impl(COMPRESSOR_POOL, "reference")(kv, score, plan.positions, ape, s2,
-                                               plan.state_slots, plan.group_rows, ratio)
+    out_t = impl(COMPRESSOR_POOL, "triton")(
+        kv, score, plan.positions, ape, state, plan.state_slots, plan.group_rows, ratio
+    )
+    out_r = impl(COMPRESSOR_POOL, "reference")(
+        kv, score, plan.positions, ape, s2, plan.state_slots, plan.group_rows, ratio
+    )
     torch.testing.assert_close(out_t, out_r, rtol=1e-5, atol=1e-5)
     assert torch.equal(state, s2)

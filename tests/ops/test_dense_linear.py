@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """dense_linear (every CPU-runnable backend) against a float64 oracle on fresh random inputs: M = 1
 .. 40 (across the Triton kernel's 16-row limit), N and K that are no multiples of its tiles, K below
 one tile, bf16 / fp32 outputs, fp32 weights; the Triton kernel's split-K summed inside the launch
@@ -17,13 +18,13 @@ from tests.backends import cpu_backends, impl
 from vllm_dsv4_hw.ops.api import DENSE_LINEAR
 
 BACKENDS = cpu_backends(DENSE_LINEAR)
-_HALF_ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}
+_HALF_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
 triton_only = pytest.mark.skipif("triton" not in BACKENDS, reason="no triton backend here")
 
 
 def _inputs(gen, m, n, k, w_dtype=torch.bfloat16):
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
-    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(w_dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(w_dtype)
     return x, w
 
 
@@ -31,15 +32,17 @@ def assert_close(got, x, w, out_dtype):
     xd, wd = x.double(), w.double()
     want = xd @ wd.t()
     a = xd.abs() @ wd.abs().t()
-    bound = _HALF_ULP[out_dtype] * want.abs() + (x.shape[1] + 4) * 2.0 ** -24 * a + 1e-300
+    bound = _HALF_ULP[out_dtype] * want.abs() + (x.shape[1] + 4) * 2.0**-24 * a + 1e-300
     assert got.dtype == out_dtype and got.shape == want.shape
     err = (got.double() - want).abs()
     assert bool((err <= bound).all()), f"max err / bound {float((err / bound).max()):.3g}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("m,n,k", [(1, 2048, 256), (1, 96, 130), (3, 64, 4096), (16, 200, 200),
-                                   (17, 40, 300), (40, 33, 40)])
+@pytest.mark.parametrize(
+    "m,n,k",
+    [(1, 2048, 256), (1, 96, 130), (3, 64, 4096), (16, 200, 200), (17, 40, 300), (40, 33, 40)],
+)
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_matches_oracle(backend, m, n, k, out_dtype, gen):
     x, w = _inputs(gen, m, n, k)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """fp8_block_linear conformance (every CPU-runnable backend) against an explicit block-by-block
 float64 oracle written here, on fresh random inputs: plain and grouped weights, M = 0 .. 300, N and
 K that are not multiples of the block, blocks 128x128 (V4) and 32x32 (V4.1), bf16 / fp16 / fp32 /

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``fp8_block_linear(..., quantize_x=True)``: the FP8 linears with e4m3 activations (W8A8, the
 checkpoints' dynamic activation scheme) on every CPU-runnable backend, against a float64 oracle
 written here: x's quantization (per row and ``bk`` block: scale ``2^ceil(log2(max(amax, 1e-4) /
@@ -33,8 +34,8 @@ def _x(gen, m, g, k, dtype):
     x = rand_x(gen, m, g, k, torch.float64)
     x = x * torch.exp2(torch.randint(-12, 6, x.shape[:-1] + (1,), generator=gen).double())
     if k > 40:
-        x[..., 3] *= 300.0           # an outlier sets its block's scale
-        x[..., 32:40] = 0.0          # with bk = 32: a whole zero block (the 1e-4 floor)
+        x[..., 3] *= 300.0  # an outlier sets its block's scale
+        x[..., 32:40] = 0.0  # with bk = 32: a whole zero block (the 1e-4 floor)
     return x.to(dtype)
 
 
@@ -64,12 +65,12 @@ def test_triton_quantize_launch_is_bit_exact(bk, gen):
 
 
 SHAPES = [  # m, n, k, g (None = plain), block
-    (1, 256, 384, None, (128, 128)),    # decode
-    (3, 200, 300, None, (128, 128)),    # ragged N and K
-    (5, 64, 256, 3, (128, 128)),        # grouped (wo_a form)
-    (17, 100, 150, 2, (32, 32)),        # grouped, V4.1 blocks, ragged, a 32-row tile
-    (70, 130, 200, None, (32, 32)),     # the prefill tile, ragged
-    (0, 64, 128, None, (128, 128)),     # empty batch
+    (1, 256, 384, None, (128, 128)),  # decode
+    (3, 200, 300, None, (128, 128)),  # ragged N and K
+    (5, 64, 256, 3, (128, 128)),  # grouped (wo_a form)
+    (17, 100, 150, 2, (32, 32)),  # grouped, V4.1 blocks, ragged, a 32-row tile
+    (70, 130, 200, None, (32, 32)),  # the prefill tile, ragged
+    (0, 64, 128, None, (128, 128)),  # empty batch
 ]
 
 
@@ -81,7 +82,7 @@ def test_matches_oracle(backend, m, n, k, g, block, dtype, gen):
     x = _x(gen, m, g, k, dtype)
     got = impl(FP8_BLOCK_LINEAR, backend)(x, wq, sc, block, None, True)
     assert got.shape == ((m, g, n) if g else (m, n)) and got.dtype == dtype
-    xq = oracle_quantize(x, block[1]).float()   # exact in fp32
+    xq = oracle_quantize(x, block[1]).float()  # exact in fp32
     assert_close(got, xq, wq, sc, block, dtype)
     if m:
         # the test sees the quantization: a backend that skipped it (W8A16 on x itself, in the
@@ -92,31 +93,44 @@ def test_matches_oracle(backend, m, n, k, g, block, dtype, gen):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("x_dtype,out_dtype,block", [
-    (torch.float64, None, (128, 128)),        # float64 x: the W8A16 kernel on the quantized values
-    (torch.bfloat16, torch.float32, (64, 96)),  # a scale block the W8A8 kernel does not take
-    (torch.float16, None, (32, 32)),
-])
+@pytest.mark.parametrize(
+    "x_dtype,out_dtype,block",
+    [
+        (torch.float64, None, (128, 128)),  # float64 x: the W8A16 kernel on the quantized values
+        (torch.bfloat16, torch.float32, (64, 96)),  # a scale block the W8A8 kernel does not take
+        (torch.float16, None, (32, 32)),
+    ],
+)
 def test_dtypes_and_fallbacks(backend, x_dtype, out_dtype, block, gen):
     wq, sc = quantized_weight(gen, (72, 200), (block[0], block[0]))
-    sc = torch.randint(120, 128, (-(-72 // block[0]), -(-200 // block[1])), generator=gen,
-                       dtype=torch.uint8)
-    x = rand_x(gen, 3, None, 200, x_dtype)   # (fp16 outputs: no outlier blocks)
+    sc = torch.randint(
+        120, 128, (-(-72 // block[0]), -(-200 // block[1])), generator=gen, dtype=torch.uint8
+    )
+    x = rand_x(gen, 3, None, 200, x_dtype)  # (fp16 outputs: no outlier blocks)
     got = impl(FP8_BLOCK_LINEAR, backend)(x, wq, sc, block, out_dtype, True)
     xq = oracle_quantize(x, block[1])
-    assert_close(got, xq.to(torch.float64 if x_dtype == torch.float64 else torch.float32),
-                 wq, sc, block, out_dtype or x_dtype)
+    assert_close(
+        got,
+        xq.to(torch.float64 if x_dtype == torch.float64 else torch.float32),
+        wq,
+        sc,
+        block,
+        out_dtype or x_dtype,
+    )
 
 
-@pytest.mark.parametrize("knobs", [
-    dict(wt=True, pre=False, xpf=True),                 # decode default
-    dict(wt=True, pre=False, xpf=False),
-    dict(wt=True, pre=True, block_n=128),
-    dict(wt=False, pre=True, block_m=64),               # the prefill tile
-    dict(wt=False, pre=False, xpf=True, block_m=16),
-    dict(wt=True, split_k=3, serial=True),              # the last split sums
-    dict(wt=True, split_k=3, serial=False, pre=True),   # the separate sum launch
-])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(wt=True, pre=False, xpf=True),  # decode default
+        dict(wt=True, pre=False, xpf=False),
+        dict(wt=True, pre=True, block_n=128),
+        dict(wt=False, pre=True, block_m=64),  # the prefill tile
+        dict(wt=False, pre=False, xpf=True, block_m=16),
+        dict(wt=True, split_k=3, serial=True),  # the last split sums
+        dict(wt=True, split_k=3, serial=False, pre=True),  # the separate sum launch
+    ],
+)
 @pytest.mark.parametrize("g", [None, 2])
 def test_triton_w8a8_tiles(knobs, g, gen):
     """Every tile and mode of the W8A8 kernel (interpreter) within the bound, and bit-equal to
@@ -139,7 +153,7 @@ def test_activation_setting(monkeypatch):
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("VLLM_DSV4_HW_FP8_ACTIVATIONS", raising=False)
-    assert e4m3_activations(cpu) is False            # auto: the CPU declares no FP8 dots
+    assert e4m3_activations(cpu) is False  # auto: the CPU declares no FP8 dots
     monkeypatch.setenv("VLLM_DSV4_HW_FP8_ACTIVATIONS", "e4m3")
     assert e4m3_activations(cpu) is True
     monkeypatch.setenv("VLLM_DSV4_HW_FP8_ACTIVATIONS", "model")
@@ -154,20 +168,25 @@ def test_fp8_dot_capability():
 
     assert not cuda_capabilities(8, 0).fp8_dot and not cuda_capabilities(8, 6).fp8_dot
     assert all(cuda_capabilities(*cc).fp8_dot for cc in ((8, 9), (9, 0), (10, 0), (12, 0)))
-    assert not cuda_capabilities(9, 4, hip=True).fp8_dot     # ROCm e4m3 is the fnuz variant
+    assert not cuda_capabilities(9, 4, hip=True).fp8_dot  # ROCm e4m3 is the fnuz variant
 
 
 def test_w8a8_tile_rule():
     """The measured launch rule (``fp8_dot_linear._tile``) at the shipped projections."""
     from vllm_dsv4_hw.ops.triton.linear.w8a8 import _tile
 
-    dec = _tile(1, 32768, 1, 1024)                      # V4-Flash wq_b, decode
-    assert (dec["block_m"], dec["block_n"], dec["pre"], dec["xpf"], dec["wt"]) == \
-        (16, 64, False, True, True)
+    dec = _tile(1, 32768, 1, 1024)  # V4-Flash wq_b, decode
+    assert (dec["block_m"], dec["block_n"], dec["pre"], dec["xpf"], dec["wt"]) == (
+        16,
+        64,
+        False,
+        True,
+        True,
+    )
     assert _tile(32, 32768, 1, 1024)["pre"] and _tile(32, 1024, 8, 4096)["pre"]  # wq_b, wo_a
     assert _tile(32, 1024, 8, 4096)["max_split"] == 4
-    assert not _tile(32, 8192, 1, 1024)["pre"]          # indexer wq_b: x quantized in place
-    assert not _tile(32, 1536, 1, 7168)["pre"]          # V4-Pro wq_a
+    assert not _tile(32, 8192, 1, 1024)["pre"]  # indexer wq_b: x quantized in place
+    assert not _tile(32, 1536, 1, 7168)["pre"]  # V4-Pro wq_a
     assert _tile(32, 1024, 1, 4096)["block_m"] == 32
     pre = _tile(4096, 4096, 1, 8192)
     assert (pre["block_m"], pre["block_n"], pre["wt"], pre["pre"]) == (64, 128, False, True)
@@ -193,8 +212,14 @@ def test_prequantized_x_is_quantize_x(backend, m, n, k, g, block, gen):
     assert got.dtype == torch.bfloat16
     want = f(x, wq, sc, block, torch.bfloat16, True)
     assert torch.equal(got, want)
-    assert_close(f(codes, wq, sc, block, torch.float32, x_scales=scales),
-                 oracle_quantize(x, block[1]).float(), wq, sc, block, torch.float32)
+    assert_close(
+        f(codes, wq, sc, block, torch.float32, x_scales=scales),
+        oracle_quantize(x, block[1]).float(),
+        wq,
+        sc,
+        block,
+        torch.float32,
+    )
 
 
 def test_prequantized_x_errors(gen):
@@ -209,8 +234,9 @@ def test_prequantized_x_errors(gen):
 
 
 @pytest.mark.parametrize("g,n,k", [(None, 200, 1000), (3, 64, 300), (None, 24, 128)])
-@pytest.mark.parametrize("knobs", [dict(), dict(split_k=3, block_k=128),
-                                   dict(split_k=2, block_k=256, block_n=16)])
+@pytest.mark.parametrize(
+    "knobs", [dict(), dict(split_k=3, block_k=128), dict(split_k=2, block_k=256, block_n=16)]
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_triton_gemv_one_row(g, n, k, knobs, dtype, gen):
     """The one-row GEMV (``fp8_gemv``, the decode row's W8A8 path; interpreter): within the
@@ -231,17 +257,21 @@ def test_triton_gemv_one_row(g, n, k, knobs, dtype, gen):
     assert_close(got, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
     assert torch.equal(fp8_gemv.launch(a, serial=False, **knobs), got)
     if not knobs:
-        assert torch.equal(fp8_block_linear(x, wq, sc, block, torch.float32, True, gemv=True),
-                           got)
+        assert torch.equal(fp8_block_linear(x, wq, sc, block, torch.float32, True, gemv=True), got)
         tiles = fp8_block_linear(x, wq, sc, block, torch.float32, True, gemv=False)
         assert_close(tiles, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
 
 
-@pytest.mark.parametrize("m,g,n,k,knobs", [(2, None, 200, 1000, dict(split_k=3, block_k=128)),
-                                             (3, 3, 64, 300, dict()),
-                                             (5, None, 24, 384, dict(block_n=16, block_k=256)),
-                                             (3, None, 200, 1000, dict(split_k=2)),
-                                             (2, 2, 40, 768, dict(block_k=256, split_k=2))])
+@pytest.mark.parametrize(
+    "m,g,n,k,knobs",
+    [
+        (2, None, 200, 1000, dict(split_k=3, block_k=128)),
+        (3, 3, 64, 300, dict()),
+        (5, None, 24, 384, dict(block_n=16, block_k=256)),
+        (3, None, 200, 1000, dict(split_k=2)),
+        (2, 2, 40, 768, dict(block_k=256, split_k=2)),
+    ],
+)
 def test_triton_gemv_rows_and_codes(m, g, n, k, knobs, gen):
     """The GEMV of a few rows (one weight tile, every row's products): within the oracle's
     bound, and each row the bits of a one-row launch of that row (batch-invariant); x given as
@@ -260,17 +290,19 @@ def test_triton_gemv_rows_and_codes(m, g, n, k, knobs, gen):
     assert got.shape == ((m, g, n) if g else (m, n))
     assert_close(got, oracle_quantize(x, 128).float(), wq, sc, block, torch.float32)
     for r in (0, m - 1):
-        one = check_fp8_block_linear_args(x[r:r + 1], wq, sc, block, torch.float32)
-        assert torch.equal(fp8_gemv.launch(one, **knobs), got[r:r + 1])
+        one = check_fp8_block_linear_args(x[r : r + 1], wq, sc, block, torch.float32)
+        assert torch.equal(fp8_gemv.launch(one, **knobs), got[r : r + 1])
     codes, scales = _codes(x.float(), 128)
     c = check_fp8_block_linear_args(codes, wq, sc, block, torch.float32, x_dtype=torch.float32)
     xs = scales if g else scales.unsqueeze(1)
     assert fp8_gemv.takes(c._replace(x=codes if g else codes.unsqueeze(1)), m, codes=True)
-    assert torch.equal(fp8_gemv.launch(c._replace(x=codes if g else codes.unsqueeze(1)),
-                                       x_scales=xs, **knobs), got)
+    assert torch.equal(
+        fp8_gemv.launch(c._replace(x=codes if g else codes.unsqueeze(1)), x_scales=xs, **knobs), got
+    )
     if not knobs:
-        assert torch.equal(fp8_block_linear(codes, wq, sc, block, torch.float32,
-                                            x_scales=scales, gemv=True), got)
+        assert torch.equal(
+            fp8_block_linear(codes, wq, sc, block, torch.float32, x_scales=scales, gemv=True), got
+        )
 
 
 def test_gemv_takes_one_row_of_128_column_blocks(gen):
@@ -283,8 +315,9 @@ def test_gemv_takes_one_row_of_128_column_blocks(gen):
     assert fp8_gemv.takes(check_fp8_block_linear_args(one, wq, sc, (128, 128), None), 1)
     assert not fp8_gemv.takes(check_fp8_block_linear_args(two, wq, sc, (128, 128), None), 1)
     assert not fp8_gemv.takes(check_fp8_block_linear_args(one, w32, s32, (32, 32), None), 1)
-    assert not fp8_gemv.takes(check_fp8_block_linear_args(one.double(), wq, sc, (128, 128),
-                                                          None), 1)
+    assert not fp8_gemv.takes(
+        check_fp8_block_linear_args(one.double(), wq, sc, (128, 128), None), 1
+    )
     # the product's row count (LinearTuning.gemv_max_rows: one row, from the stack's timings),
     # and a scope that passes another
     from vllm_dsv4_hw.ops import tuning

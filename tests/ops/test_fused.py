@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fused prologue / epilogue ops (qnorm_rope_kv_insert, inv_rope_fp8_quant, qkv_rms_norm) on every
 CPU-runnable backend, against float64 oracles written here (complex-number RoPE, plain RMSNorm,
 power-of-two FP8 scales). Real dims (D 512, R 64), few heads and tokens; positions cross the 4 / 8 /
@@ -40,10 +41,12 @@ def rope64(x, pos, inverse=False):
     ang = torch.as_tensor(pos, dtype=torch.float64)[:, None] * inv_freq64()[None, :]
     if inverse:
         ang = -ang
-    rot = torch.polar(torch.ones_like(ang), ang).reshape((x.shape[0],) + (1,) * (x.dim() - 2) + (-1,))
-    z = torch.complex(x[..., D - R::2], x[..., D - R + 1::2]) * rot
+    rot = torch.polar(torch.ones_like(ang), ang).reshape(
+        (x.shape[0],) + (1,) * (x.dim() - 2) + (-1,)
+    )
+    z = torch.complex(x[..., D - R :: 2], x[..., D - R + 1 :: 2]) * rot
     out = x.clone()
-    out[..., D - R::2], out[..., D - R + 1::2] = z.real, z.imag
+    out[..., D - R :: 2], out[..., D - R + 1 :: 2] = z.real, z.imag
     return out
 
 
@@ -57,7 +60,9 @@ def rms64(x, w, eps):
 def _rows(gen, shape, dtype, lo=-4.0, hi=4.0):
     """Random rows with per-row magnitudes 2^lo .. 2^hi."""
     x = torch.randn(shape, generator=gen, dtype=torch.float64)
-    mag = torch.exp2(torch.empty(shape[:-1] + (1,), dtype=torch.float64).uniform_(lo, hi, generator=gen))
+    mag = torch.exp2(
+        torch.empty(shape[:-1] + (1,), dtype=torch.float64).uniform_(lo, hi, generator=gen)
+    )
     return (x * mag).to(dtype)
 
 
@@ -78,34 +83,44 @@ def _check_cache(cache, before, fmt, slots, want):
         page, ds, ss = _entry_spans(fmt, s)
         written[page, ds] = True
         written[page, ss] = True
-        got = fmt.dequantize(cache[page, ds][None].clone(), cache[page, ss][None].clone())[0].double()
+        got = fmt.dequantize(cache[page, ds][None].clone(), cache[page, ss][None].clone())[
+            0
+        ].double()
         x = want[i]
         assert torch.isfinite(got).all(), f"slot {s}: entry not fully written"
         if fmt.name == "fp32":
             torch.testing.assert_close(got, x, rtol=1e-5, atol=1e-5)
         elif fmt.name == "bf16":
-            torch.testing.assert_close(got, x, rtol=2 ** -8, atol=1e-5)
+            torch.testing.assert_close(got, x, rtol=2**-8, atol=1e-5)
         else:  # fp8_ds_mla: 7 e4m3 blocks of 64 with power-of-two scales, bf16 rope dims
             sb = cache[page, ss]
             assert int(sb[7]) == 0
             s_blk = torch.exp2(sb[:7].double() - 127)
             amax = x[:448].reshape(7, 64).abs().amax(-1).clamp_min(1e-4)
             # s = 2^ceil(log2(amax / 448)) (slack: the codec rounds x to bf16 first)
-            assert torch.all(448 * s_blk >= amax * (1 - 2 ** -8)), (s_blk, amax)
-            assert torch.all(448 * s_blk < 2 * amax * (1 + 2 ** -8)), (s_blk, amax)
+            assert torch.all(448 * s_blk >= amax * (1 - 2**-8)), (s_blk, amax)
+            assert torch.all(448 * s_blk < 2 * amax * (1 + 2**-8)), (s_blk, amax)
             s_el = s_blk.repeat_interleave(64)
-            bound = x[:448].abs() * (2 ** -4 + 2 ** -8) + s_el * 2 ** -10 + 1e-6
+            bound = x[:448].abs() * (2**-4 + 2**-8) + s_el * 2**-10 + 1e-6
             assert torch.all((got[:448] - x[:448]).abs() <= bound)
-            torch.testing.assert_close(got[448:], x[448:], rtol=2 ** -8, atol=1e-5)
-    assert torch.equal(cache[~written], before[~written]), "bytes outside the written entries changed"
+            torch.testing.assert_close(got[448:], x[448:], rtol=2**-8, atol=1e-5)
+    assert torch.equal(cache[~written], before[~written]), (
+        "bytes outside the written entries changed"
+    )
 
 
 # -- qnorm_rope_kv_insert -------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", cpu_backends(QNORM_ROPE_KV_INSERT))
-@pytest.mark.parametrize("fmt_name,dtype,pad", [
-    ("fp8", torch.bfloat16, 64), ("fp8", torch.float32, 13), ("bf16", torch.bfloat16, 64),
-    ("bf16", torch.float32, 13), ("fp32", torch.float32, 64),
-])
+@pytest.mark.parametrize(
+    "fmt_name,dtype,pad",
+    [
+        ("fp8", torch.bfloat16, 64),
+        ("fp8", torch.float32, 13),
+        ("bf16", torch.bfloat16, 64),
+        ("bf16", torch.float32, 13),
+        ("fp32", torch.float32, 64),
+    ],
+)
 def test_qnorm_rope_kv_insert_matches_oracle(backend, fmt_name, dtype, pad, table, gen):
     f = impl(QNORM_ROPE_KV_INSERT, backend)
     t, h, e, pages, eps = len(POSITIONS), 3, 8, 3, 1e-6
@@ -125,7 +140,7 @@ def test_qnorm_rope_kv_insert_matches_oracle(backend, fmt_name, dtype, pad, tabl
     assert q_out.shape == q.shape and q_out.dtype == dtype
     assert torch.equal(q, q_in) and torch.equal(kv, kv_in)  # inputs untouched
     want_q = rope64(rms64(q, None, eps), POSITIONS)
-    tol = dict(rtol=2 ** -8, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    tol = dict(rtol=2**-8, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(q_out.double(), want_q, **tol)
     assert torch.equal(q_out[1, 2], torch.zeros(D, dtype=dtype))
     _check_cache(cache, before, fmt, slots, rope64(kv, POSITIONS))
@@ -138,13 +153,30 @@ def test_qnorm_rope_kv_insert_no_slots_and_empty(backend, table, gen):
     cache = fmt.new_cache(2).fill_(POISON)
     before = cache.clone()
     q = _rows(gen, (2, 2, D), torch.bfloat16)
-    out = f(q, _rows(gen, (2, D), torch.bfloat16), torch.tensor([5, 300]), table, 1e-6, cache,
-            torch.tensor([-1, -1]), fmt)
+    out = f(
+        q,
+        _rows(gen, (2, D), torch.bfloat16),
+        torch.tensor([5, 300]),
+        table,
+        1e-6,
+        cache,
+        torch.tensor([-1, -1]),
+        fmt,
+    )
     assert torch.equal(cache, before)
-    torch.testing.assert_close(out.double(), rope64(rms64(q, None, 1e-6), [5, 300]),
-                               rtol=2 ** -8, atol=1e-5)
-    empty = f(torch.zeros(0, 2, D), torch.zeros(0, D), torch.zeros(0, dtype=torch.long), table,
-              1e-6, cache, torch.zeros(0, dtype=torch.long), fmt)
+    torch.testing.assert_close(
+        out.double(), rope64(rms64(q, None, 1e-6), [5, 300]), rtol=2**-8, atol=1e-5
+    )
+    empty = f(
+        torch.zeros(0, 2, D),
+        torch.zeros(0, D),
+        torch.zeros(0, dtype=torch.long),
+        table,
+        1e-6,
+        cache,
+        torch.zeros(0, dtype=torch.long),
+        fmt,
+    )
     assert empty.shape == (0, 2, D) and torch.equal(cache, before)
 
 
@@ -153,7 +185,12 @@ def test_qnorm_rope_kv_insert_bad_inputs(backend, table):
     f = impl(QNORM_ROPE_KV_INSERT, backend)
     fmt = make_format("fp8", "main", 4)
     cache = fmt.new_cache(2)
-    q, kv, pos, sl = torch.zeros(2, 2, D), torch.zeros(2, D), torch.tensor([0, 1]), torch.tensor([0, 1])
+    q, kv, pos, sl = (
+        torch.zeros(2, 2, D),
+        torch.zeros(2, D),
+        torch.tensor([0, 1]),
+        torch.tensor([0, 1]),
+    )
     with pytest.raises(ValueError):
         f(q, torch.zeros(2, 128), pos, table, 1e-6, cache, sl, fmt)
     with pytest.raises(ValueError):
@@ -167,8 +204,9 @@ def test_qnorm_rope_kv_insert_bad_inputs(backend, table):
 
 # -- inv_rope_fp8_quant ---------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", cpu_backends(INV_ROPE_FP8_QUANT))
-@pytest.mark.parametrize("dtype,inverse", [(torch.bfloat16, True), (torch.float32, True),
-                                           (torch.bfloat16, False)])
+@pytest.mark.parametrize(
+    "dtype,inverse", [(torch.bfloat16, True), (torch.float32, True), (torch.bfloat16, False)]
+)
 def test_inv_rope_fp8_quant_matches_oracle(backend, dtype, inverse, table, gen):
     """inverse=False is ``rope_fp8_quant`` (the indexer's q^I): the forward rotation."""
     f = impl(INV_ROPE_FP8_QUANT, backend)
@@ -188,7 +226,9 @@ def test_inv_rope_fp8_quant_matches_oracle(backend, dtype, inverse, table, gen):
     # power-of-two scales, s = 2^ceil(log2(max(amax, 1e-10) / 448)) (slack: x is fp32 in the op)
     assert torch.equal(torch.exp2(torch.log2(s64).round()), s64)
     amax = x.reshape(t, h, 4, 128).abs().amax(-1).clamp_min(1e-10)
-    assert torch.all(448 * s64 >= amax * (1 - 1e-6)) and torch.all(448 * s64 < 2 * amax * (1 + 1e-6))
+    assert torch.all(448 * s64 >= amax * (1 - 1e-6)) and torch.all(
+        448 * s64 < 2 * amax * (1 + 1e-6)
+    )
     floor_scale = 2.0 ** math.ceil(math.log2(1e-10 / 448))
     assert torch.all(s64[2, 1] == floor_scale) and torch.all(s64[3, 0] == floor_scale)
     assert torch.all(q[2, 1].float() == 0)  # (+-0: the rotation may give -0.0)
@@ -196,7 +236,7 @@ def test_inv_rope_fp8_quant_matches_oracle(backend, dtype, inverse, table, gen):
     assert torch.isfinite(qf).all() and qf.abs().max() <= 448
     deq = qf * s64.repeat_interleave(128, -1)
     s_el = s64.repeat_interleave(128, -1)
-    assert torch.all((deq - x).abs() <= x.abs() * (2 ** -4 + 1e-6) + s_el * 2 ** -10)
+    assert torch.all((deq - x).abs() <= x.abs() * (2**-4 + 1e-6) + s_el * 2**-10)
 
 
 @pytest.mark.parametrize("inverse", [True, False])
@@ -207,7 +247,7 @@ def test_inv_rope_fp8_quant_row_tiles(rows, warps, inverse, table, gen):
     from vllm_dsv4_hw.ops.triton.rope import inv_rope_fp8_quant
 
     t = len(POSITIONS)
-    o = _rows(gen, (t, 3, D), torch.bfloat16, -20.0, 10.0)   # 42 rows
+    o = _rows(gen, (t, 3, D), torch.bfloat16, -20.0, 10.0)  # 42 rows
     o[1, 2] = -0.0  # a row of -0.0: its codes keep the sign outside the rotated dims
     pos = torch.tensor(POSITIONS)
     q1, s1 = inv_rope_fp8_quant(o, pos, table, inverse, rows=1)
@@ -246,7 +286,7 @@ def test_inv_rope_fp8_quant_undoes_forward_rope(backend, table, gen):
     deq1 = q1.double() * s1.double().repeat_interleave(128, -1)
     deq0 = q0.double() * s0.double().repeat_interleave(128, -1)
     x64, s_el = x.double(), s0.double().repeat_interleave(128, -1)
-    assert torch.all((deq0 - x64).abs() <= x64.abs() * 2 ** -4 + s_el * 2 ** -10)
+    assert torch.all((deq0 - x64).abs() <= x64.abs() * 2**-4 + s_el * 2**-10)
     torch.testing.assert_close(deq1[..., :448], deq0[..., :448], rtol=0, atol=0)  # nope dims
     assert s1.shape == (4, 2, 4)
     empty_q, empty_s = f(torch.zeros(0, 2, D), torch.zeros(0, dtype=torch.long), table)
@@ -255,8 +295,9 @@ def test_inv_rope_fp8_quant_undoes_forward_rope(backend, table, gen):
 
 # -- qkv_rms_norm ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", cpu_backends(QKV_RMS_NORM))
-@pytest.mark.parametrize("dtype,q_lora", [(torch.bfloat16, 1024), (torch.float32, 1536),
-                                          (torch.bfloat16, 1536)])
+@pytest.mark.parametrize(
+    "dtype,q_lora", [(torch.bfloat16, 1024), (torch.float32, 1536), (torch.bfloat16, 1536)]
+)
 def test_qkv_rms_norm_matches_oracle(backend, dtype, q_lora, gen):
     f = impl(QKV_RMS_NORM, backend)
     t, eps = 5, 1e-6
@@ -268,7 +309,7 @@ def test_qkv_rms_norm_matches_oracle(backend, dtype, q_lora, gen):
     qn, kvn = f(q_r, q_w, kv, kv_w, eps)
     assert torch.equal(fused, before)
     assert qn.shape == (t, q_lora) and kvn.shape == (t, D) and qn.dtype == kvn.dtype == dtype
-    tol = dict(rtol=2 ** -8, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=2e-6, atol=1e-6)
+    tol = dict(rtol=2**-8, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=2e-6, atol=1e-6)
     torch.testing.assert_close(qn.double(), rms64(q_r, q_w, eps), **tol)
     torch.testing.assert_close(kvn.double(), rms64(kv, kv_w, eps), **tol)
     e1, e2 = f(fused[:0, :q_lora], q_w, fused[:0, q_lora:], kv_w, eps)
@@ -299,7 +340,9 @@ def test_new_ops_are_dispatched(monkeypatch, table, gen):
 
 
 # -- grid-stride loops of the triton kernels (capped grids: Ascend, large CUDA batches) ------------
-@pytest.mark.skipif("triton" not in cpu_backends(QNORM_ROPE_KV_INSERT), reason="triton not runnable")
+@pytest.mark.skipif(
+    "triton" not in cpu_backends(QNORM_ROPE_KV_INSERT), reason="triton not runnable"
+)
 def test_triton_kernels_with_capped_grid(monkeypatch, table, gen):
     from vllm_dsv4_hw.ops.triton.common import rows as common
 
@@ -315,20 +358,32 @@ def test_triton_kernels_with_capped_grid(monkeypatch, table, gen):
         q_out = impl(QNORM_ROPE_KV_INSERT, backend)(q, kv, pos, table, 1e-6, cache, slots, fmt)
         c2 = fmt.new_cache(3).fill_(POISON)
         impl(api.KV_INSERT, backend)(c2, slots, kv, fmt)
-        outs[backend] = (q_out, cache, c2, impl(INV_ROPE_FP8_QUANT, backend)(q, pos, table),
-                         impl(QKV_RMS_NORM, backend)(kv, kv[0], kv, kv[1], 1e-6),
-                         impl(api.ROPE, backend)(q, pos, table, True),
-                         impl(api.RMS_NORM, backend)(q, None, 1e-6))
+        outs[backend] = (
+            q_out,
+            cache,
+            c2,
+            impl(INV_ROPE_FP8_QUANT, backend)(q, pos, table),
+            impl(QKV_RMS_NORM, backend)(kv, kv[0], kv, kv[1], 1e-6),
+            impl(api.ROPE, backend)(q, pos, table, True),
+            impl(api.RMS_NORM, backend)(q, None, 1e-6),
+        )
     ref, tri = outs["reference"], outs["triton"]
-    torch.testing.assert_close(tri[0].double(), ref[0].double(), rtol=2 ** -7, atol=1e-5)
+    torch.testing.assert_close(tri[0].double(), ref[0].double(), rtol=2**-7, atol=1e-5)
     assert torch.equal(tri[1], ref[1]) and torch.equal(tri[2], ref[2])
     assert torch.equal(tri[3][1], ref[3][1])
     assert (tri[3][0].view(torch.uint8).int() - ref[3][0].view(torch.uint8).int()).abs().max() <= 1
-    for a, b in [(tri[4][0], ref[4][0]), (tri[4][1], ref[4][1]), (tri[5], ref[5]), (tri[6], ref[6])]:
-        torch.testing.assert_close(a.double(), b.double(), rtol=2 ** -7, atol=1e-5)
+    for a, b in [
+        (tri[4][0], ref[4][0]),
+        (tri[4][1], ref[4][1]),
+        (tri[5], ref[5]),
+        (tri[6], ref[6]),
+    ]:
+        torch.testing.assert_close(a.double(), b.double(), rtol=2**-7, atol=1e-5)
 
 
-@pytest.mark.skipif("triton" not in cpu_backends(QNORM_ROPE_KV_INSERT), reason="triton not runnable")
+@pytest.mark.skipif(
+    "triton" not in cpu_backends(QNORM_ROPE_KV_INSERT), reason="triton not runnable"
+)
 @pytest.mark.parametrize("fmt_name", ["fp8", "bf16"])
 def test_triton_qnorm_separate_launches_equal_fused(monkeypatch, fmt_name, table, gen):
     """From SEPARATE_FROM_TOKENS tokens the query rows and the KV rows are two launches: the same
@@ -342,10 +397,12 @@ def test_triton_qnorm_separate_launches_equal_fused(monkeypatch, fmt_name, table
     slots[2] = -1
     pos = torch.tensor(POSITIONS)
     got = {}
-    for separate in (10 ** 9, 1):
+    for separate in (10**9, 1):
         monkeypatch.setattr(fused_qkv, "SEPARATE_FROM_TOKENS", separate)
         cache = fmt.new_cache(3).fill_(POISON)
-        got[separate] = (impl(QNORM_ROPE_KV_INSERT, "triton")(q, kv, pos, table, 1e-6, cache,
-                                                               slots, fmt), cache)
-    assert torch.equal(got[1][0], got[10 ** 9][0]) and torch.equal(got[1][1], got[10 ** 9][1])
+        got[separate] = (
+            impl(QNORM_ROPE_KV_INSERT, "triton")(q, kv, pos, table, 1e-6, cache, slots, fmt),
+            cache,
+        )
+    assert torch.equal(got[1][0], got[10**9][0]) and torch.equal(got[1][1], got[10**9][1])
     assert (got[1][1] == POISON).any()  # the skipped slot and the spare pages kept their bytes

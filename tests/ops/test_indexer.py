@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """indexer_topk against the float64 oracle (spec section 4), selections compared as sets.
 
 Keys live in paged caches with shuffled, interleaved (non-contiguous) pages per request. The oracle
@@ -83,8 +84,9 @@ def test_topk_matches_oracle(gen, backend, topk):
     t = len(token_req)
     q = torch.randn(t, hi, di, generator=gen)
     w = torch.randn(t, hi, generator=gen)
-    out = impl(INDEXER_TOPK, backend)(q, w, cache, fmt, bt, torch.tensor(token_req),
-                                      torch.tensor(token_pos), topk, 4)
+    out = impl(INDEXER_TOPK, backend)(
+        q, w, cache, fmt, bt, torch.tensor(token_req), torch.tensor(token_pos), topk, 4
+    )
     expected = check_all(out, q, w, stored, token_req, token_pos, topk)
     ks = [k for _, k in expected]
     assert min(ks) == 0 and max(ks) == topk and any(0 < k < topk for k in ks)  # all regimes hit
@@ -103,8 +105,9 @@ def test_topk_real_dims(gen, backend):
     t = len(token_req)
     q = torch.randn(t, hi, di, generator=gen).to(torch.bfloat16)
     w = indexer_head_weights(torch.randn(t, hi, generator=gen), hi, di)
-    out = impl(INDEXER_TOPK, backend)(q, w, cache, fmt, bt, torch.tensor(token_req),
-                                      torch.tensor(token_pos), topk)
+    out = impl(INDEXER_TOPK, backend)(
+        q, w, cache, fmt, bt, torch.tensor(token_req), torch.tensor(token_pos), topk
+    )
     expected = check_all(out, q, w, stored, token_req, token_pos, topk)
     assert expected[0][1] == topk and expected[0][0].numel() > topk
     assert expected[3][1] == expected[3][0].numel() < topk
@@ -116,25 +119,27 @@ def test_topk_well_separated_exact_set(gen, backend):
     which returns descending score, the exact order; other backends may return any order)."""
     hi, di, n = 16, 16, 40
     fmt = FP32Format(dim=di, entries_per_page=8)
-    vals = torch.randperm(n, generator=gen).double() + 1.0           # distinct scores 1..n
+    vals = torch.randperm(n, generator=gen).double() + 1.0  # distinct scores 1..n
     keys = torch.zeros(n, di)
     keys[:, 0] = vals.float()
     keys[:, 1:] = torch.randn(n, di - 1, generator=gen)
     cache, bt, _ = build_key_cache(gen, [keys], fmt)
     q = torch.zeros(3, hi, di)
-    q[:, 0, 0] = 1.0   # head 0 sees the constructed value
+    q[:, 0, 0] = 1.0  # head 0 sees the constructed value
     q[:, 1, 0] = -1.0  # head 1: relu kills every score (other heads have q = 0)
     w = torch.randn(3, hi, generator=gen)
     w[:, 0], w[:, 1] = 0.5, 7.0
     pos = torch.tensor([4 * n - 1, 4 * 20 + 2, 2])  # all 40 visible / 20 visible / none
-    out = impl(INDEXER_TOPK, backend)(q, w, cache, fmt, bt, torch.zeros(3, dtype=torch.long),
-                                      pos, 10)
+    out = impl(INDEXER_TOPK, backend)(
+        q, w, cache, fmt, bt, torch.zeros(3, dtype=torch.long), pos, 10
+    )
     for row, visible in zip(out, [n, 20, 0]):
         order = sorted(range(visible), key=lambda s: -float(vals[s]))[:10]
         got = row[: len(order)].tolist()
-        assert (got if backend == "reference" else sorted(got, key=lambda s: -float(vals[s]))) \
-            == order
-        assert (row[len(order):] == -1).all()
+        assert (
+            got if backend == "reference" else sorted(got, key=lambda s: -float(vals[s]))
+        ) == order
+        assert (row[len(order) :] == -1).all()
 
 
 @pytest.mark.parametrize("backend", cpu_backends(INDEXER_TOPK))
@@ -149,14 +154,15 @@ def test_topk_entry_completed_by_the_token_itself(gen, backend):
     keys = 0.01 * torch.randn(n + 1, di, generator=gen)
     s_new = n - 1
     keys[s_new] = 50.0 * (w[0, :, None] * q[0]).sum(0)  # huge positive logit with token 0's q
-    keys[n] = 50.0 * (w[1, :, None] * q[1]).sum(0)      # a future entry (not yet visible)
+    keys[n] = 50.0 * (w[1, :, None] * q[1]).sum(0)  # a future entry (not yet visible)
     cache, bt, stored = build_key_cache(gen, [keys], fmt)
     token_req = [0, 0]
     token_pos = [4 * s_new + 3, 4 * s_new + 2]
-    out = impl(INDEXER_TOPK, backend)(q, w, cache, fmt, bt, torch.tensor(token_req),
-                                      torch.tensor(token_pos), topk)
+    out = impl(INDEXER_TOPK, backend)(
+        q, w, cache, fmt, bt, torch.tensor(token_req), torch.tensor(token_pos), topk
+    )
     check_all(out, q, w, stored, token_req, token_pos, topk)
-    assert s_new in out[0].tolist()                 # visible to the token that completes it
+    assert s_new in out[0].tolist()  # visible to the token that completes it
     assert s_new not in out[1].tolist() and n not in out[1].tolist()
 
 
@@ -164,7 +170,7 @@ def test_indexer_head_weights(gen):
     x = torch.randn(5, 64, generator=gen, dtype=torch.float64)
     got = indexer_head_weights(x.to(torch.bfloat16), 64, 128)
     assert got.dtype == torch.float32
-    want = x.to(torch.bfloat16).double() / (128 ** 0.5 * 64 ** 0.5)
+    want = x.to(torch.bfloat16).double() / (128**0.5 * 64**0.5)
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0)
     with pytest.raises(ValueError):
         indexer_head_weights(x, 32, 128)
@@ -183,12 +189,22 @@ def test_store_then_topk_end_to_end(gen, backend):
     cos_sin = random_cos_sin(gen, 256, 64)
     fmt = FP32Format(dim=di, entries_per_page=8)
     sim = CompressorSim(gen, lengths, ratio, di, 4, fmt)
-    keys = [compressor_oracle.stored_entries(kv[r], score[r], ape, ratio, norm_w, 1e-6, cos_sin)
-            for r in range(len(lengths))]
+    keys = [
+        compressor_oracle.stored_entries(kv[r], score[r], ape, ratio, norm_w, 1e-6, cos_sin)
+        for r in range(len(lengths))
+    ]
     checked = 0
     for adv in chunk_schedule(lengths, [64, 1]):
-        sim.step(adv, kv, score, ape, COMPRESSOR_STORE, cpu_backends(COMPRESSOR_STORE)[0],
-                 norm_weight=norm_w, cos_sin=cos_sin)
+        sim.step(
+            adv,
+            kv,
+            score,
+            ape,
+            COMPRESSOR_STORE,
+            cpu_backends(COMPRESSOR_STORE)[0],
+            norm_weight=norm_w,
+            cos_sin=cos_sin,
+        )
         reqs = list(adv)
         token_req, token_pos = [], []
         for r in reqs:  # the tokens of this step, after their keys were stored
@@ -197,8 +213,9 @@ def test_store_then_topk_end_to_end(gen, backend):
         t = len(token_req)
         q = torch.randn(t, hi, di, generator=gen)
         w = torch.randn(t, hi, generator=gen)
-        out = impl(INDEXER_TOPK, backend)(q, w, sim.cache, fmt, sim.kbt, torch.tensor(token_req),
-                                          torch.tensor(token_pos), topk)
+        out = impl(INDEXER_TOPK, backend)(
+            q, w, sim.cache, fmt, sim.kbt, torch.tensor(token_req), torch.tensor(token_pos), topk
+        )
         check_all(out, q, w, keys, token_req, token_pos, topk, rel_tol=1e-4)
         checked += t
     assert checked == sum(lengths)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The indexer with an e4m3 query (``indexer_topk(..., q_scales=)``, ``rope_fp8_quant``'s output):
 the query is exactly codes * scale, so every backend must score it as float64 scores of those
 values; the Triton kernel's FP8-dot program (``DOT_FP8``: MXFP4 keys placed as e4m3 codes of
@@ -26,7 +27,8 @@ from vllm_dsv4_hw.ops.triton.indexer import score as ti  # noqa: E402
 def _query(gen, t, positions):
     """e4m3 codes + scales of a RoPE'd q^I with per-(token, head) magnitudes 2^-6 .. 2^6."""
     x = torch.randn(t, H, DI, generator=gen) * torch.exp2(
-        torch.empty(t, H, 1).uniform_(-6, 6, generator=gen))
+        torch.empty(t, H, 1).uniform_(-6, 6, generator=gen)
+    )
     table = rope_cos_sin(10000.0, 64, int(positions.max()) + 1)
     codes, scales = ops.rope_fp8_quant(x.to(torch.bfloat16), positions, table)
     assert codes.dtype == torch.float8_e4m3fn and scales.shape == (t, H, 1)
@@ -48,9 +50,20 @@ def test_scores_of_e4m3_query(gen, name):
     expect = ti.DOT_FP8_EMU if name in ("mxfp4", "fp8") else ti.DOT_F32
     assert ti._dot_mode(codes, format_code(fmt)) == expect
     for block_s, iters in ((None, None), (64, 2)):
-        got = ti.indexer_scores(codes, w, cache, fmt, bt, token_req, token_pos, 4, q_scales=qs,
-                                out=torch.full((t, n_max), float("nan")), block_s=block_s,
-                                iters=iters)
+        got = ti.indexer_scores(
+            codes,
+            w,
+            cache,
+            fmt,
+            bt,
+            token_req,
+            token_pos,
+            4,
+            q_scales=qs,
+            out=torch.full((t, n_max), float("nan")),
+            block_s=block_s,
+            iters=iters,
+        )
         assert not torch.isnan(got).any()
         assert torch.equal(torch.isneginf(got), torch.isneginf(want))
         fin = torch.isfinite(want)
@@ -72,13 +85,26 @@ def test_tokens_scored_together_with_e4m3_query(gen, tb, name):
     w = torch.randn(t, H, generator=gen)
     n_max = bt.shape[1] * fmt.entries_per_page
     want = _scores64(codes.double() * qs.double()[..., None], w, keys, token_req, token_pos, n_max)
-    got = ti.indexer_scores(codes, w, cache, fmt, bt, token_req, token_pos, 4, q_scales=qs,
-                            block_s=64, iters=2, tokens_per_program=tb,
-                            out=torch.full((t, n_max), float("nan")))
+    got = ti.indexer_scores(
+        codes,
+        w,
+        cache,
+        fmt,
+        bt,
+        token_req,
+        token_pos,
+        4,
+        q_scales=qs,
+        block_s=64,
+        iters=2,
+        tokens_per_program=tb,
+        out=torch.full((t, n_max), float("nan")),
+    )
     assert torch.equal(torch.isneginf(got), torch.isneginf(want))
     fin = torch.isfinite(want)
-    torch.testing.assert_close(got[fin].double(), want[fin], rtol=1e-5,
-                               atol=1e-6 * float(want[fin].abs().max()))
+    torch.testing.assert_close(
+        got[fin].double(), want[fin], rtol=1e-5, atol=1e-6 * float(want[fin].abs().max())
+    )
 
 
 def test_mxfp4_scale_bytes_far_from_one(gen):
@@ -124,8 +150,7 @@ def test_topk_of_e4m3_query_every_backend(gen, backend, name):
     n_max = bt.shape[1] * fmt.entries_per_page
     want = _scores64(codes.double() * qs.double()[..., None], w, keys, token_req, token_pos, n_max)
     topk = 512
-    out = impl(INDEXER_TOPK, backend)(codes, w, cache, fmt, bt, token_req, token_pos, topk,
-                                      4, qs)
+    out = impl(INDEXER_TOPK, backend)(codes, w, cache, fmt, bt, token_req, token_pos, topk, 4, qs)
     assert out.dtype == torch.int32 and out.shape == (t, topk)
     for i in range(t):
         sc = want[i][torch.isfinite(want[i])]

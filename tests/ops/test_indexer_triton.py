@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton indexer scoring kernel and top-k against float64 scores at real dims (64 heads x 128,
 topk 512) with every indexer key format (bf16, fp8, mxfp4, and the fp32 test format).
 
@@ -44,10 +45,12 @@ def _setup(gen, fmt, reqs, extra_entries=3):
     pool = len(reqs) * nb + 2
     bt = torch.randperm(pool, generator=gen)[: len(reqs) * nb].view(len(reqs), nb).to(torch.int32)
     cache = fmt.new_cache(pool)
-    paged.insert(cache, torch.arange(pool * e), 30.0 * torch.randn(pool * e, DI, generator=gen), fmt)
+    paged.insert(
+        cache, torch.arange(pool * e), 30.0 * torch.randn(pool * e, DI, generator=gen), fmt
+    )
     keys = []
     for r, n in enumerate(n_ent):
-        bt[r, (n + e - 1) // e:] = -1  # beyond the request's allocation
+        bt[r, (n + e - 1) // e :] = -1  # beyond the request's allocation
         s = torch.arange(n)
         slots = paged.logical_to_slot(bt, torch.full_like(s, r), s, e)
         paged.insert(cache, slots, torch.randn(n, DI, generator=gen), fmt)
@@ -72,8 +75,16 @@ def _scores64(q, w, keys, token_req, token_pos, n_max):
     return out
 
 
-@pytest.mark.parametrize("name,select", [("bf16", "radix"), ("fp8", "radix"), ("mxfp4", "radix"),
-                                         ("fp32", "radix"), ("mxfp4", "torch")])
+@pytest.mark.parametrize(
+    "name,select",
+    [
+        ("bf16", "radix"),
+        ("fp8", "radix"),
+        ("mxfp4", "radix"),
+        ("fp32", "radix"),
+        ("mxfp4", "torch"),
+    ],
+)
 def test_scores_and_topk_real_dims(gen, name, select):
     from vllm_dsv4_hw.ops.triton.indexer import score as ti
 
@@ -123,19 +134,33 @@ def test_gpu_launch_config(gen, monkeypatch):
     want = _scores64(q, w, keys, token_req, token_pos, n_max)
     for iters in (2, 4):
         monkeypatch.setattr(ti, "_launch_config", lambda *a, _i=iters: _i)
-        got = ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, block_s=64,
-                                out=torch.full((t, n_max), float("nan")))
+        got = ti.indexer_scores(
+            q,
+            w,
+            cache,
+            fmt,
+            bt,
+            token_req,
+            token_pos,
+            4,
+            block_s=64,
+            out=torch.full((t, n_max), float("nan")),
+        )
         assert torch.equal(torch.isneginf(got), torch.isneginf(want))
         fin = torch.isfinite(want)
         scale = float(want[fin].abs().max())  # fp32 accumulation over 64 heads of mixed sign
         torch.testing.assert_close(got[fin].double(), want[fin], rtol=1e-5, atol=1e-6 * scale)
 
 
-
-@pytest.mark.parametrize("tb,fmt_name,req_dtype", [(2, "mxfp4", torch.int64),
-                                                   (4, "mxfp4", torch.int32),
-                                                   (2, "fp8", torch.int32),
-                                                   (4, "fp8", torch.int64)])
+@pytest.mark.parametrize(
+    "tb,fmt_name,req_dtype",
+    [
+        (2, "mxfp4", torch.int64),
+        (4, "mxfp4", torch.int32),
+        (2, "fp8", torch.int32),
+        (4, "fp8", torch.int64),
+    ],
+)
 def test_tokens_scored_together(gen, tb, fmt_name, req_dtype):
     """TB tokens per program (one key tile for all of them): groups inside one request (the
     shared path), groups across requests and with padding tokens (scored one token at a time), a
@@ -152,8 +177,20 @@ def test_tokens_scored_together(gen, tb, fmt_name, req_dtype):
     w = torch.randn(t, H, generator=gen)
     n_max = bt.shape[1] * fmt.entries_per_page
     want = _scores64(q, w, keys, token_req, token_pos, n_max)
-    got = ti.indexer_scores(q, w, cache, fmt, bt, token_req, token_pos, 4, block_s=64, iters=2,
-                            tokens_per_program=tb, out=torch.full((t, n_max), float("nan")))
+    got = ti.indexer_scores(
+        q,
+        w,
+        cache,
+        fmt,
+        bt,
+        token_req,
+        token_pos,
+        4,
+        block_s=64,
+        iters=2,
+        tokens_per_program=tb,
+        out=torch.full((t, n_max), float("nan")),
+    )
     assert torch.equal(torch.isneginf(got), torch.isneginf(want))
     fin = torch.isfinite(want)
     scale = float(want[fin].abs().max())
@@ -182,12 +219,21 @@ def _wide_table(gen, width: int):
 
     hi, di = 16, 16
     fmt = FP32Format(dim=di, entries_per_page=4)
-    reqs = [(0, 0, 9), (1, 500, 10), (2, 1020, 8), (3, 1030, 1), (4, 2, 3), (5, 511, 1),
-            (6, 1027, 2), (7, 15, 1)]
+    reqs = [
+        (0, 0, 9),
+        (1, 500, 10),
+        (2, 1020, 8),
+        (3, 1030, 1),
+        (4, 2, 3),
+        (5, 511, 1),
+        (6, 1027, 2),
+        (7, 15, 1),
+    ]
     keys = [torch.randn((s + n) // 4 + 1, di, generator=gen) for _, s, n in reqs]
     cache, bt, stored = build_key_cache(gen, keys, fmt, spare_pages=8)
-    extra = torch.randint(0, cache.shape[0], (bt.shape[0], width - bt.shape[1]), generator=gen,
-                          dtype=torch.int32)
+    extra = torch.randint(
+        0, cache.shape[0], (bt.shape[0], width - bt.shape[1]), generator=gen, dtype=torch.int32
+    )
     extra[torch.rand(extra.shape, generator=gen) < 0.5] = -1
     bt = torch.cat([bt, extra], dim=1)
     token_req, token_pos = token_layout(reqs)
@@ -218,10 +264,17 @@ def test_topk_bounded_to_visible_entries_on_a_wide_table(gen, monkeypatch, inter
     before = torch.full((t, topk), -1, dtype=torch.int32)
     tk.radix_topk(ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4), topk, before)
     assert torch.equal(got, before)
-    assert (got[-2:] == -1).all()                                     # no request
+    assert (got[-2:] == -1).all()  # no request
     real = [i for i in range(t) if token_req[i] >= 0]
-    expected = check_all(got[real], q[real], w[real], stored, [token_req[i] for i in real],
-                         [token_pos[i] for i in real], topk)
+    expected = check_all(
+        got[real],
+        q[real],
+        w[real],
+        stored,
+        [token_req[i] for i in real],
+        [token_pos[i] for i in real],
+        topk,
+    )
     ks = [k for _, k in expected]
     assert min(ks) == 0 and max(ks) == topk and any(0 < k < topk for k in ks)
     with tuning.override(indexer=tuning.IndexerTuning(select="torch")):
@@ -239,10 +292,22 @@ def test_skipped_tail_stores_leave_visible_scores_as_full_stores(gen, tb):
     req, pos = torch.tensor(token_req), torch.tensor(token_pos)
     t, n_max = len(token_req), bt.shape[1] * fmt.entries_per_page
     kw = dict(block_s=64, iters=2, tokens_per_program=tb)
-    full = ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4,
-                             out=torch.full((t, n_max), float("nan")), **kw)
-    skipped = ti.indexer_scores(q, w, cache, fmt, bt, req, pos, 4,
-                                out=torch.full((t, n_max), float("nan")), skip_tail=True, **kw)
+    full = ti.indexer_scores(
+        q, w, cache, fmt, bt, req, pos, 4, out=torch.full((t, n_max), float("nan")), **kw
+    )
+    skipped = ti.indexer_scores(
+        q,
+        w,
+        cache,
+        fmt,
+        bt,
+        req,
+        pos,
+        4,
+        out=torch.full((t, n_max), float("nan")),
+        skip_tail=True,
+        **kw,
+    )
     assert not torch.isnan(full).any()
     for i in range(t):
         vis = 0 if token_req[i] < 0 else min(n_max, (token_pos[i] + 1) // 4)
@@ -262,9 +327,9 @@ def test_register_cap_rule(monkeypatch):
     cuda = torch.device("cuda", 0)
     cap = {"maxnreg": ti.REG_CAP["maxnreg"]}
     mx = ti.quant.FMT_MXFP4
-    assert ti._reg_cap(8192, 1, mx, ti.DOT_BF16, cuda) == cap            # 1M B=32
-    assert ti._reg_cap(1024, 1, mx, ti.DOT_BF16, cuda) == {}             # 1M B=4
-    assert ti._reg_cap(65536, 4, mx, ti.DOT_BF16, cuda) == {}            # prefill tile
+    assert ti._reg_cap(8192, 1, mx, ti.DOT_BF16, cuda) == cap  # 1M B=32
+    assert ti._reg_cap(1024, 1, mx, ti.DOT_BF16, cuda) == {}  # 1M B=4
+    assert ti._reg_cap(65536, 4, mx, ti.DOT_BF16, cuda) == {}  # prefill tile
     assert ti._reg_cap(8192, 1, ti.quant.FMT_FP8_INDEXER, ti.DOT_BF16, cuda) == {}
     assert ti._reg_cap(8192, 1, mx, ti.DOT_FP8, cuda) == {}
     assert ti._reg_cap(8192, 1, mx, ti.DOT_BF16, torch.device("cpu")) == {}

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A Triton kernel that cannot compile for the GPU it meets (ops/fallback.py): under automatic
 selection one warning and the reference from then on (the failed call served too); an explicit
 request or ``VLLM_DSV4_HW_KERNEL_FAILURES=raise`` raises with what to do; errors that are not
@@ -20,8 +21,10 @@ from vllm_dsv4_hw.ops.fallback import KernelFailedError
 from vllm_dsv4_hw.ops.registry import REGISTRY
 from vllm_dsv4_hw.ops.triton import norm as triton_norm
 
-SM80 = ("type fp8e4nv not supported in this architecture. The supported fp8 dtypes are "
-        "('fp8e4b15', 'fp8e5')")
+SM80 = (
+    "type fp8e4nv not supported in this architecture. The supported fp8 dtypes are "
+    "('fp8e4b15', 'fp8e5')"
+)
 
 
 class _Kernel:
@@ -34,6 +37,7 @@ class _Kernel:
         def launch(*_args, **_kwargs):
             self.launches += 1
             raise self.error
+
         return launch
 
 
@@ -75,9 +79,14 @@ def test_compile_failure_falls_back_once_with_one_warning(broken_kernel, gen, ca
     assert fallback.disabled("npu") == {}
 
 
-@pytest.mark.parametrize("var,value", [("VLLM_DSV4_HW_BACKEND", "triton"),
-                                       ("VLLM_DSV4_HW_OP_BACKENDS", "rms_norm=triton"),
-                                       ("VLLM_DSV4_HW_KERNEL_FAILURES", "raise")])
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("VLLM_DSV4_HW_BACKEND", "triton"),
+        ("VLLM_DSV4_HW_OP_BACKENDS", "rms_norm=triton"),
+        ("VLLM_DSV4_HW_KERNEL_FAILURES", "raise"),
+    ],
+)
 def test_no_fallback_when_asked_for(broken_kernel, gen, monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     x, w = _inputs(gen)

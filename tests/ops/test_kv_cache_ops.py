@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kv_insert / kv_gather conformance (every CPU-runnable backend) and paged slot mapping."""
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from vllm_dsv4_hw.kv_cache.formats import FORMAT_NAMES, make_format
 from vllm_dsv4_hw.ops.api import ENTRY_SLOTS, KV_GATHER, KV_INSERT
 
 # every distinct format ("fp8_ds_mla" is an alias of main "fp8")
-ALL_FORMATS = [(kind, name) for kind in FORMAT_NAMES for name in FORMAT_NAMES[kind]
-               if name != "fp8_ds_mla"]
+ALL_FORMATS = [
+    (kind, name) for kind in FORMAT_NAMES for name in FORMAT_NAMES[kind] if name != "fp8_ds_mla"
+]
 POISON = 0xAB
 
 
@@ -32,9 +34,9 @@ def _expected_cache(cache, fmt, slots, x):
             continue
         page, off = divmod(s, e)
         d0 = off * fmt.data_bytes
-        want[page, d0: d0 + fmt.data_bytes] = data[i]
+        want[page, d0 : d0 + fmt.data_bytes] = data[i]
         s0 = e * fmt.data_bytes + off * fmt.scale_bytes
-        want[page, s0: s0 + fmt.scale_bytes] = scales[i]
+        want[page, s0 : s0 + fmt.scale_bytes] = scales[i]
     return want
 
 
@@ -86,8 +88,8 @@ def test_insert_one_entry_at_known_offsets(backend, kind, name):
     kv_insert(cache, torch.tensor([11]), x, fmt)
     d, s = fmt.data_bytes, fmt.scale_bytes
     entry = fmt.encode(x)[0]
-    assert torch.equal(cache[2, 3 * d: 4 * d], entry[:d])
-    assert torch.equal(cache[2, 4 * d + 3 * s: 4 * d + 4 * s], entry[d:])
+    assert torch.equal(cache[2, 3 * d : 4 * d], entry[:d])
+    assert torch.equal(cache[2, 4 * d + 3 * s : 4 * d + 4 * s], entry[d:])
     changed = (cache != POISON).nonzero()
     assert changed[:, 0].unique().tolist() == [2]
     cols = set(changed[:, 1].tolist())
@@ -158,8 +160,9 @@ def test_every_backend_matches_the_paged_rows(backend, gen):
     paged.insert_rows(c2, slots, x, fmt)
     assert torch.equal(c1, c2) and bool(c1.any())
     if backend in cpu_backends(KV_GATHER):
-        assert torch.equal(impl(KV_GATHER, backend)(c1, slots, fmt),
-                           paged.gather_rows(c2, slots, fmt))
+        assert torch.equal(
+            impl(KV_GATHER, backend)(c1, slots, fmt), paged.gather_rows(c2, slots, fmt)
+        )
 
 
 # -- logical index -> slot ------------------------------------------------------------------------
@@ -200,8 +203,9 @@ def test_logical_to_slot_errors():
         paged.logical_to_slot(bt, torch.tensor([0, 1]), torch.tensor([0]), 4)
     with pytest.raises(ValueError, match="integer"):
         paged.logical_to_slot(bt, torch.tensor([0]), torch.tensor([0.5]), 4)
-    assert paged.logical_to_slot(bt, torch.zeros(0, dtype=torch.long),
-                                 torch.zeros(0, dtype=torch.long), 4).shape == (0,)
+    assert paged.logical_to_slot(
+        bt, torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), 4
+    ).shape == (0,)
 
 
 @pytest.mark.parametrize("backend", cpu_backends(ENTRY_SLOTS))
@@ -215,8 +219,9 @@ def test_entry_slots_matches_the_validating_mapping(backend, per_page, k, gen):
     req = torch.randint(0, r, (6,), generator=gen)
     index = torch.randint(-1, b * per_page + 2 * per_page, (6, k), generator=gen)
     inside = (index >= 0) & (index < b * per_page)
-    want = torch.where(inside, paged.logical_to_slot(bt, req, torch.where(inside, index, -1),
-                                                     per_page), -1)
+    want = torch.where(
+        inside, paged.logical_to_slot(bt, req, torch.where(inside, index, -1), per_page), -1
+    )
     for dtype in (torch.int32, torch.int64):
         got = impl(ENTRY_SLOTS, backend)(bt, req, index.to(dtype), per_page)
         assert got.dtype == torch.int64 and torch.equal(got, want)

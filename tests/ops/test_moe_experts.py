@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``moe_experts`` (routed experts with weights as shipped: FP4 e2m1 + ue8m0, or dense) on every
 CPU-runnable backend against a float64 oracle written here (per token, per slot, with
 ``quant.formats.dequantize_fp4_experts`` decoding the codes and the scales applied in float64).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The packed PTX e4m3 decode (``ops.triton.ptx_codecs``) checked without a GPU: its assembly text,
 run instruction by instruction by a small emulator of the six PTX instructions it uses, decodes
 every finite e4m3 code exactly as torch does (bf16 and fp16 outputs), signs and zeros included;
@@ -48,6 +49,7 @@ def _exec(asm: str, inputs: dict[str, int], outputs: tuple[str, ...]) -> tuple[i
     def val(tok):
         tok = tok.strip()
         return int(tok, 16) if tok.startswith("0x") else int(tok) if tok.isdigit() else regs[tok]
+
     for line in asm.splitlines():
         line = line.strip().rstrip(";")
         if not line or line[0] in "{}." or line.startswith(".reg"):
@@ -81,8 +83,10 @@ def _run(asm: str, word: int) -> tuple[int, int]:
     return _exec(asm, {"$2": word}, ("$0", "$1"))
 
 
-@pytest.mark.parametrize("dtype,asm", [(torch.bfloat16, ptx_codecs._ASM_BF16.value),
-                                       (torch.float16, ptx_codecs._ASM_F16.value)])
+@pytest.mark.parametrize(
+    "dtype,asm",
+    [(torch.bfloat16, ptx_codecs._ASM_BF16.value), (torch.float16, ptx_codecs._ASM_F16.value)],
+)
 def test_every_finite_code_decodes_exactly(dtype, asm):
     codes = list(range(256))
     want = torch.tensor(codes, dtype=torch.uint8).view(torch.float8_e4m3fn).to(dtype)
@@ -113,8 +117,9 @@ def test_every_e2m1_pair_byte_decodes_exactly(scale_byte):
     got_e, got_o = [], []
     for i in range(0, 256, 4):
         word = i | (i + 1) << 8 | (i + 2) << 16 | (i + 3) << 24
-        e01, e23, o01, o23 = _exec(asm, {"$4": word, "$5": pair, "$6": pair},
-                                   ("$0", "$1", "$2", "$3"))
+        e01, e23, o01, o23 = _exec(
+            asm, {"$4": word, "$5": pair, "$6": pair}, ("$0", "$1", "$2", "$3")
+        )
         got_e += [e01 & 0xFFFF, e01 >> 16, e23 & 0xFFFF, e23 >> 16]
         got_o += [o01 & 0xFFFF, o01 >> 16, o23 & 0xFFFF, o23 >> 16]
     scale = 2.0 ** (scale_byte - 127)
@@ -124,12 +129,16 @@ def test_every_e2m1_pair_byte_decodes_exactly(scale_byte):
         bits = v.to(torch.bfloat16).view(torch.int16).int() & 0xFFFF
         neg_zero = torch.tensor([c == 8 for c in nibbles])
         return torch.where(neg_zero, 0x8000, bits).tolist()
+
     assert got_e == want([b & 0xF for b in range(256)])
     assert got_o == want([b >> 4 for b in range(256)])
 
 
 def test_asm_uses_only_the_emulated_instructions():
-    for asm, fma in ((ptx_codecs._ASM_BF16, "fma.rn.bf16x2"), (ptx_codecs._ASM_F16, "fma.rn.f16x2")):
+    for asm, fma in (
+        (ptx_codecs._ASM_BF16, "fma.rn.bf16x2"),
+        (ptx_codecs._ASM_F16, "fma.rn.f16x2"),
+    ):
         ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", asm.value, re.M))
         assert ops == {"and.b32", "prmt.b32", "shl.b32", "mov.b32", fma}, ops
     ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", ptx_codecs._E2M1_ASM.value, re.M))

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Dispatch: selection per device, overrides, fallback with one warning, explicit-request errors."""
 
 import logging
@@ -59,8 +60,11 @@ def test_cuda_without_gpu_falls_back_with_one_warning(caplog):
 def test_cuda_prefers_triton_when_available(monkeypatch):
     from vllm_dsv4_hw.ops import backends
 
-    monkeypatch.setattr(backends, "backend_available",
-                        lambda b, d: (True, "ok") if b in ("triton", "reference") else (False, "no"))
+    monkeypatch.setattr(
+        backends,
+        "backend_available",
+        lambda b, d: (True, "ok") if b in ("triton", "reference") else (False, "no"),
+    )
     reg = _reg()
     assert reg.resolve("toy", "cuda").impl.fn() == "triton"
 
@@ -116,15 +120,18 @@ def test_unknown_op_in_override_is_named(monkeypatch):
         _reg().resolve("toy", "cpu")
 
 
-@pytest.mark.parametrize("var,value,needle", [
-    ("VLLM_DSV4_HW_BACKEND", "cuda", "use one of: auto, reference, triton, npu"),
-    ("VLLM_DSV4_HW_OP_BACKENDS", "rms_norm", "op=backend"),
-    ("VLLM_DSV4_HW_OP_BACKENDS", "rms_norm=fast", "backend 'fast'"),
-    ("VLLM_DSV4_HW_MULTI_STREAM", "maybe", "not a boolean"),
-    ("VLLM_DSV4_HW_KV_FORMAT", "fp4", "use one of: auto, bf16, fp8"),
-    ("VLLM_DSV4_HW_WEIGHT_PREFETCH", "-1", "whole number >= 0"),
-    ("VLLM_DSV4_HW_WEIGHT_PREFETCH", "2k", "whole number >= 0"),
-])
+@pytest.mark.parametrize(
+    "var,value,needle",
+    [
+        ("VLLM_DSV4_HW_BACKEND", "cuda", "use one of: auto, reference, triton, npu"),
+        ("VLLM_DSV4_HW_OP_BACKENDS", "rms_norm", "op=backend"),
+        ("VLLM_DSV4_HW_OP_BACKENDS", "rms_norm=fast", "backend 'fast'"),
+        ("VLLM_DSV4_HW_MULTI_STREAM", "maybe", "not a boolean"),
+        ("VLLM_DSV4_HW_KV_FORMAT", "fp4", "use one of: auto, bf16, fp8"),
+        ("VLLM_DSV4_HW_WEIGHT_PREFETCH", "-1", "whole number >= 0"),
+        ("VLLM_DSV4_HW_WEIGHT_PREFETCH", "2k", "whole number >= 0"),
+    ],
+)
 def test_bad_setting_names_variable_and_choices(monkeypatch, var, value, needle):
     monkeypatch.setenv(var, value)
     with pytest.raises(envs.SettingError) as exc:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """rms_norm conformance: weighted and weightless forms against a float64 oracle."""
 
 import pytest
@@ -8,7 +9,7 @@ from tests.oracles import rms_norm_oracle
 from vllm_dsv4_hw.ops.api import RMS_NORM
 
 # Relative error budget of the returned value per output dtype (fp32 math, one final rounding).
-_TOL = {torch.float32: 2e-6, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11, torch.float64: 1e-12}
+_TOL = {torch.float32: 2e-6, torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float64: 1e-12}
 
 
 def _check(out, x, weight, eps):
@@ -25,8 +26,11 @@ def _check(out, x, weight, eps):
 @pytest.mark.parametrize("weighted", [True, False])
 def test_rms_norm_matches_oracle(backend, shape, dtype, weighted, gen):
     x = (torch.randn(shape, generator=gen, dtype=torch.float64) * 3.0).to(dtype)
-    w = (torch.rand(shape[-1], generator=gen, dtype=torch.float64) * 2 - 0.5).to(dtype) \
-        if weighted else None
+    w = (
+        (torch.rand(shape[-1], generator=gen, dtype=torch.float64) * 2 - 0.5).to(dtype)
+        if weighted
+        else None
+    )
     eps = 1e-6
     _check(impl(RMS_NORM, backend)(x, w, eps), x, w, eps)
 

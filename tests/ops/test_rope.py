@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """RoPE: the YaRN/plain frequency tables and the GPT-J rotation, against float64 oracles."""
 
 import math
@@ -13,8 +14,22 @@ from vllm_dsv4_hw.ops.api import ROPE
 from vllm_dsv4_hw.ops.reference.rope import rope_cos_sin, rope_inv_freq, rope_tables_for
 
 YARN = YarnParams()  # factor 16, original 65536, beta_fast 32, beta_slow 1
-FAR_POSITIONS = [0, 1, 2, 3, 127, 128, 65535, 65536, 65537, 999_999, 1_000_000, 1_000_001,
-                 1_048_574, 1_048_575]
+FAR_POSITIONS = [
+    0,
+    1,
+    2,
+    3,
+    127,
+    128,
+    65535,
+    65536,
+    65537,
+    999_999,
+    1_000_000,
+    1_000_001,
+    1_048_574,
+    1_048_575,
+]
 
 
 @pytest.fixture(scope="module")
@@ -24,24 +39,43 @@ def full_yarn_table():
 
 
 # -- frequency tables ---------------------------------------------------------------------------
-@pytest.mark.parametrize("theta,dim,yarn", [
-    (10000.0, 64, None),
-    (160000.0, 64, YARN),
-    (10000.0, 64, YARN),
-    (160000.0, 16, YARN),
-    (500000.0, 128, YarnParams(factor=4.0, original_max_position_embeddings=8192,
-                               beta_fast=32.0, beta_slow=1.0)),
-    (10000.0, 8, YarnParams(factor=8.0, original_max_position_embeddings=4096,
-                            beta_fast=2.0, beta_slow=1.9)),  # low == high: the +0.001 branch
-])
+@pytest.mark.parametrize(
+    "theta,dim,yarn",
+    [
+        (10000.0, 64, None),
+        (160000.0, 64, YARN),
+        (10000.0, 64, YARN),
+        (160000.0, 16, YARN),
+        (
+            500000.0,
+            128,
+            YarnParams(
+                factor=4.0, original_max_position_embeddings=8192, beta_fast=32.0, beta_slow=1.0
+            ),
+        ),
+        (
+            10000.0,
+            8,
+            YarnParams(
+                factor=8.0, original_max_position_embeddings=4096, beta_fast=2.0, beta_slow=1.9
+            ),
+        ),  # low == high: the +0.001 branch
+    ],
+)
 def test_inv_freq_matches_formula(theta, dim, yarn):
     got = rope_inv_freq(theta, dim, yarn)
     assert got.dtype == torch.float64 and got.shape == (dim // 2,)
     if yarn is None:
         ref = yarn_inv_freq_oracle(theta, dim)
     else:
-        ref = yarn_inv_freq_oracle(theta, dim, yarn.factor, yarn.original_max_position_embeddings,
-                                   yarn.beta_fast, yarn.beta_slow)
+        ref = yarn_inv_freq_oracle(
+            theta,
+            dim,
+            yarn.factor,
+            yarn.original_max_position_embeddings,
+            yarn.beta_fast,
+            yarn.beta_slow,
+        )
     torch.testing.assert_close(got, torch.tensor(ref, dtype=torch.float64), rtol=1e-13, atol=0)
 
 
@@ -51,7 +85,7 @@ def test_yarn_table_structure_real_params():
     yarn = rope_inv_freq(160000.0, 64, YARN)
     torch.testing.assert_close(yarn[:16], plain[:16], rtol=0, atol=0)  # ramp 0 up to j = low
     torch.testing.assert_close(yarn[25:], plain[25:] / 16, rtol=1e-15, atol=0)  # fully scaled
-    mid = (yarn[16:25] / plain[16:25])
+    mid = yarn[16:25] / plain[16:25]
     assert torch.all(mid < 1) and torch.all(mid > 1 / 16)
     assert torch.all(mid[1:] < mid[:-1])  # monotone interpolation between the two regimes
 
@@ -59,12 +93,21 @@ def test_yarn_table_structure_real_params():
 def test_yarn_inv_freq_matches_transformers():
     rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
     cfg = SimpleNamespace(
-        rope_parameters={"rope_type": "yarn", "rope_theta": 160000.0, "factor": 16.0,
-                         "original_max_position_embeddings": 65536, "beta_fast": 32,
-                         "beta_slow": 1, "attention_factor": 1.0,
-                         "partial_rotary_factor": 64 / 512},
-        head_dim=512, hidden_size=4096, num_attention_heads=64,
-        max_position_embeddings=1048576, standardize_rope_params=lambda: None,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 160000.0,
+            "factor": 16.0,
+            "original_max_position_embeddings": 65536,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "attention_factor": 1.0,
+            "partial_rotary_factor": 64 / 512,
+        },
+        head_dim=512,
+        hidden_size=4096,
+        num_attention_heads=64,
+        max_position_embeddings=1048576,
+        standardize_rope_params=lambda: None,
     )
     inv, attention_factor = rope_utils._compute_yarn_parameters(cfg, "cpu")
     assert attention_factor == 1.0  # no mscale
@@ -72,7 +115,9 @@ def test_yarn_inv_freq_matches_transformers():
 
 
 def test_cos_sin_table_near_zero_and_far(full_yarn_table):
-    inv = torch.tensor(yarn_inv_freq_oracle(160000.0, 64, 16.0, 65536, 32.0, 1.0), dtype=torch.float64)
+    inv = torch.tensor(
+        yarn_inv_freq_oracle(160000.0, 64, 16.0, 65536, 32.0, 1.0), dtype=torch.float64
+    )
     assert full_yarn_table.shape == (1_048_576, 64) and full_yarn_table.dtype == torch.float32
     rows = full_yarn_table[FAR_POSITIONS].double()
     ang = torch.tensor(FAR_POSITIONS, dtype=torch.float64)[:, None] * inv[None, :]
@@ -85,8 +130,9 @@ def test_cos_sin_plain_table_and_device_arg():
     tab = rope_cos_sin(10000.0, 64, 300, None, device="cpu")
     p = torch.arange(300, dtype=torch.float64)[:, None]
     inv = torch.tensor(yarn_inv_freq_oracle(10000.0, 64), dtype=torch.float64)
-    torch.testing.assert_close(tab.double(), torch.cat([torch.cos(p * inv), torch.sin(p * inv)], -1),
-                               rtol=0, atol=2e-7)
+    torch.testing.assert_close(
+        tab.double(), torch.cat([torch.cos(p * inv), torch.sin(p * inv)], -1), rtol=0, atol=2e-7
+    )
     assert torch.equal(tab[0], torch.cat([torch.ones(32), torch.zeros(32)]))
 
 
@@ -110,8 +156,17 @@ def _table_and_freqs(theta, r, n, yarn):
 
 
 @pytest.mark.parametrize("backend", cpu_backends(ROPE))
-@pytest.mark.parametrize("shape,r", [((5, 8), 4), ((3, 2, 16), 8), ((7, 512), 64),
-                                     ((6, 4, 512), 64), ((2, 3, 128), 64), ((4, 64), 64)])
+@pytest.mark.parametrize(
+    "shape,r",
+    [
+        ((5, 8), 4),
+        ((3, 2, 16), 8),
+        ((7, 512), 64),
+        ((6, 4, 512), 64),
+        ((2, 3, 128), 64),
+        ((4, 64), 64),
+    ],
+)
 @pytest.mark.parametrize("inverse", [False, True])
 def test_rope_matches_complex_oracle(backend, shape, r, inverse, gen):
     tab, inv = _table_and_freqs(160000.0, r, 4096, YARN)
@@ -168,7 +223,7 @@ def test_rope_bf16_matches_oracle(backend, gen):
     out = impl(ROPE, backend)(x, pos, tab)
     ref = rope_oracle(x, pos, inv)  # exact rotation of the same bf16 values
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.double(), ref, rtol=2 ** -8, atol=1e-2)
+    torch.testing.assert_close(out.double(), ref, rtol=2**-8, atol=1e-2)
 
 
 @pytest.mark.parametrize("backend", cpu_backends(ROPE))

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """sparse_attention conformance: paged gather + sink softmax against a dense float64 oracle.
 
 The caches are filled here with the entry-format contract's page layout (data parts of all entries
@@ -62,20 +63,34 @@ def _fill_cache(fmt, rows, gen, spare_pages=2, pad=96):
     e = fmt.entries_per_page
     m = rows.shape[0]
     pages = (m + e - 1) // e + spare_pages
-    cache = torch.randint(0, 256, (pages, fmt.min_page_bytes + pad), generator=gen,
-                          dtype=torch.uint8)  # garbage everywhere that is not written
+    cache = torch.randint(
+        0, 256, (pages, fmt.min_page_bytes + pad), generator=gen, dtype=torch.uint8
+    )  # garbage everywhere that is not written
     slots = torch.randperm(pages * e, generator=gen)[:m]
     enc = fmt.encode(rows)
     db, sb = fmt.data_bytes, fmt.scale_bytes
     for i, s in enumerate(slots.tolist()):
         p, o = divmod(s, e)
-        cache[p, o * db:(o + 1) * db] = enc[i, :db]
-        cache[p, e * db + o * sb:e * db + (o + 1) * sb] = enc[i, db:]
+        cache[p, o * db : (o + 1) * db] = enc[i, :db]
+        cache[p, e * db + o * sb : e * db + (o + 1) * sb] = enc[i, db:]
     return cache, slots, fmt.decode(enc).double()
 
 
-def _make_case(gen, fmt, t, h, w, k, mw=40, mc=40, p_invalid=0.2, q_dtype=torch.float32,
-               key_scale=1.0, empty_tokens=(), comp_fmt=None):
+def _make_case(
+    gen,
+    fmt,
+    t,
+    h,
+    w,
+    k,
+    mw=40,
+    mc=40,
+    p_invalid=0.2,
+    q_dtype=torch.float32,
+    key_scale=1.0,
+    empty_tokens=(),
+    comp_fmt=None,
+):
     d = fmt.dim
     win_rows = torch.randn(mw, d, generator=gen) * key_scale
     comp_rows = torch.randn(mc, d, generator=gen) * key_scale
@@ -98,26 +113,39 @@ def _make_case(gen, fmt, t, h, w, k, mw=40, mc=40, p_invalid=0.2, q_dtype=torch.
         return torch.cat([wr[wi], cr[ci]], dim=1)
 
     return dict(
-        args=(q, win_cache, window_slots, comp_cache, comp_slots, fmt, sink, d ** -0.5)
+        args=(q, win_cache, window_slots, comp_cache, comp_slots, fmt, sink, d**-0.5)
         + ((comp_fmt,) if comp_fmt is not None else ()),
         stored_keys=keys_from(win_stored, comp_stored),
         true_keys=keys_from(win_rows.double(), comp_rows.double()),
-        valid=valid, q=q, sink=sink, scale=d ** -0.5,
+        valid=valid,
+        q=q,
+        sink=sink,
+        scale=d**-0.5,
     )
 
 
 def _oracle(case, keys="stored_keys", sink=None):
-    return dense_attention_with_sink(case["q"], case[keys], case["valid"],
-                                     case["sink"] if sink is None else sink, case["scale"])
+    return dense_attention_with_sink(
+        case["q"], case[keys], case["valid"], case["sink"] if sink is None else sink, case["scale"]
+    )
 
 
 # -- tests ----------------------------------------------------------------------------------------
 # (T, H, D, W, K): candidate counts W + K cross 4, 8, 128 and 256.
 SHAPES = [
-    (3, 2, 16, 3, 0), (4, 2, 16, 4, 1), (5, 3, 16, 8, 0), (5, 3, 16, 5, 4),
-    (3, 2, 16, 127, 2), (2, 2, 16, 128, 128), (2, 2, 16, 128, 129),
-    (4, 4, 512, 4, 4), (3, 8, 512, 8, 1), (3, 4, 512, 128, 0), (2, 4, 512, 128, 128),
-    (2, 4, 512, 127, 130), (1, 6, 512, 128, 512),
+    (3, 2, 16, 3, 0),
+    (4, 2, 16, 4, 1),
+    (5, 3, 16, 8, 0),
+    (5, 3, 16, 5, 4),
+    (3, 2, 16, 127, 2),
+    (2, 2, 16, 128, 128),
+    (2, 2, 16, 128, 129),
+    (4, 4, 512, 4, 4),
+    (3, 8, 512, 8, 1),
+    (3, 4, 512, 128, 0),
+    (2, 4, 512, 128, 128),
+    (2, 4, 512, 127, 130),
+    (1, 6, 512, 128, 512),
 ]
 
 
@@ -225,11 +253,12 @@ def test_duplicate_candidates_are_not_deduplicated(backend, gen):
     ws = slot[[0, 1]].reshape(1, 2)
     cs = slot[[0]].reshape(1, 1)
     sink = torch.tensor([0.5])
-    out = impl(OP, backend)(q, cache, ws, cache, cs, fmt, sink, 32 ** -0.5).double()
+    out = impl(OP, backend)(q, cache, ws, cache, cs, fmt, sink, 32**-0.5).double()
     keys = stored[[0, 1, 0]][None]
-    twice = dense_attention_with_sink(q, keys, torch.ones(1, 3, dtype=torch.bool), sink, 32 ** -0.5)
-    once = dense_attention_with_sink(q, keys[:, :2], torch.ones(1, 2, dtype=torch.bool), sink,
-                                     32 ** -0.5)
+    twice = dense_attention_with_sink(q, keys, torch.ones(1, 3, dtype=torch.bool), sink, 32**-0.5)
+    once = dense_attention_with_sink(
+        q, keys[:, :2], torch.ones(1, 2, dtype=torch.bool), sink, 32**-0.5
+    )
     torch.testing.assert_close(out, twice, rtol=1e-6, atol=1e-7)
     assert float((out - once).abs().max()) > 0.05 * float(rows[0].abs().max())
 
@@ -240,6 +269,7 @@ def test_chunking_over_tokens_gives_the_same_result(backend, gen, monkeypatch):
     case = _make_case(gen, fmt, 9, 3, 20, 12, empty_tokens=(4,))
     if backend == "reference":
         import vllm_dsv4_hw.ops.reference.sparse_attention as mod
+
         monkeypatch.setattr(mod, "_CHUNK_ELEMS", 1)  # one token per chunk
     out = impl(OP, backend)(*case["args"])
     torch.testing.assert_close(out.double(), _oracle(case), rtol=1e-5, atol=1e-6)
@@ -249,8 +279,16 @@ def test_chunking_over_tokens_gives_the_same_result(backend, gen, monkeypatch):
 def test_empty_batch(backend):
     fmt = ScaledF32Format(dim=16)
     cache = fmt.new_cache(1)
-    out = impl(OP, backend)(torch.zeros(0, 2, 16), cache, torch.zeros(0, 4, dtype=torch.int32),
-                            cache, torch.zeros(0, 2, dtype=torch.int32), fmt, torch.zeros(2), 0.25)
+    out = impl(OP, backend)(
+        torch.zeros(0, 2, 16),
+        cache,
+        torch.zeros(0, 4, dtype=torch.int32),
+        cache,
+        torch.zeros(0, 2, dtype=torch.int32),
+        fmt,
+        torch.zeros(2),
+        0.25,
+    )
     assert out.shape == (0, 2, 16)
 
 

@@ -1,10 +1,10 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton sparse_attention: the paths that the shared conformance test
 (tests/ops/test_sparse_attention.py) does not reach on CPU. The interpreter never splits for
 occupancy, so the split-K + combine path, launch chunking, head blocks that do not divide H, the
 loop without prefetch, the poisoned-workspace check and the hardware e4m3 decode are forced here,
 at small shapes, against the reference op.
 """
-
 
 import pytest
 import torch
@@ -25,8 +25,9 @@ from vllm_dsv4_hw.ops.triton.sparse_attention import tiles as tiles  # noqa: E40
 REF = impl(SPARSE_ATTENTION, "reference")
 
 
-def _case(gen, fmt, t, h, w, k, *, p_invalid=0.25, q_dtype=torch.float32, empty=(), sink=None,
-          pad=64):
+def _case(
+    gen, fmt, t, h, w, k, *, p_invalid=0.25, q_dtype=torch.float32, empty=(), sink=None, pad=64
+):
     """Random rows inserted at random slots of two paged caches (with page padding), random
     candidate lists with -1 holes."""
     d, e = fmt.dim, fmt.entries_per_page
@@ -34,8 +35,9 @@ def _case(gen, fmt, t, h, w, k, *, p_invalid=0.25, q_dtype=torch.float32, empty=
     for n_cand in (w, k):
         rows = max(2 * n_cand, 4)
         pages = (rows + e - 1) // e + 2
-        cache = torch.randint(0, 256, (pages, fmt.min_page_bytes + pad), generator=gen,
-                              dtype=torch.uint8)
+        cache = torch.randint(
+            0, 256, (pages, fmt.min_page_bytes + pad), generator=gen, dtype=torch.uint8
+        )
         slots = torch.randperm(pages * e, generator=gen)[:rows]
         insert_rows(cache, slots, torch.randn(rows, d, generator=gen) * 2, fmt)
         pick = slots[torch.randint(0, rows, (t, n_cand), generator=gen)]
@@ -46,8 +48,16 @@ def _case(gen, fmt, t, h, w, k, *, p_invalid=0.25, q_dtype=torch.float32, empty=
         slot_lists.append(torch.where(keep, pick, -1))
     q = (torch.randn(t, h, d, generator=gen) * 2).to(q_dtype)
     sink = torch.randn(h, generator=gen) if sink is None else sink
-    return (q, caches[0], slot_lists[0].to(torch.int32), caches[1], slot_lists[1], fmt, sink,
-            d ** -0.5)
+    return (
+        q,
+        caches[0],
+        slot_lists[0].to(torch.int32),
+        caches[1],
+        slot_lists[1],
+        fmt,
+        sink,
+        d**-0.5,
+    )
 
 
 def _check(args, out, tol=2e-5):
@@ -83,8 +93,9 @@ def test_long_decode_tiles(gen):
     args[4] = args[4].to(torch.int32)  # as the model passes them: the single loop
     for tiles in (choice.tiles for choice in launch.FP8_WIDE_TILES):  # noqa: F402
         out = torch.full((3, 64, 512), float("nan"))
-        tsa.sparse_attention_triton(*args, out=out, num_splits=-(-828 // 256),
-                                    poison_workspace=True, **tiles)
+        tsa.sparse_attention_triton(
+            *args, out=out, num_splits=-(-828 // 256), poison_workspace=True, **tiles
+        )
         assert not out.isnan().any()
         assert torch.equal(out[2], torch.zeros(64, 512))
         _check(args, out)
@@ -103,15 +114,22 @@ def test_tail_of_unused_slots_not_walked(one_loop, gen):
     t, w, width = 4, 32, 300
     args = list(_case(gen, fmt, t, 4, w, width, p_invalid=0.1, empty=(2,)))
     used = [int(n) for n in torch.randint(1, width, (t,), generator=gen)]
-    used[0], used[1] = 5, 129          # short lists crossing 4 / 8 and 128
+    used[0], used[1] = 5, 129  # short lists crossing 4 / 8 and 128
     col = torch.arange(width)
     args[4] = torch.where(col[None, :] < torch.tensor(used)[:, None], args[4], -1).to(torch.int32)
     outs = []
     for splits in (1, 3, 7):
         for trim in (True, False):
             out = torch.full((t, 4, 512), float("nan"))
-            tsa.sparse_attention_triton(*args, out=out, num_splits=splits, block_n=16,
-                                        one_loop=one_loop, trim=trim, poison_workspace=True)
+            tsa.sparse_attention_triton(
+                *args,
+                out=out,
+                num_splits=splits,
+                block_n=16,
+                one_loop=one_loop,
+                trim=trim,
+                poison_workspace=True,
+            )
             assert not out.isnan().any()
             assert torch.equal(out[2], torch.zeros(4, 512))
             outs.append(out)
@@ -129,8 +147,9 @@ def test_tail_of_unused_slots_not_walked(one_loop, gen):
 @triton.jit
 def _walk_end_kernel(row_ptr, lo_ptr, hi_ptr, out_ptr, W, TRIM: tl.constexpr):
     i = tl.program_id(0)
-    tl.store(out_ptr + i, tsa._visited_end(row_ptr, tl.load(lo_ptr + i), tl.load(hi_ptr + i),
-                                           W, TRIM))
+    tl.store(
+        out_ptr + i, tsa._visited_end(row_ptr, tl.load(lo_ptr + i), tl.load(hi_ptr + i), W, TRIM)
+    )
 
 
 def _walk_ends(row, w, ranges):
@@ -158,9 +177,15 @@ def test_one_loop_over_both_caches(prefetch, gen):
         outs = []
         for one_loop in (True, False):
             out = torch.full((3, 4, 512), float("nan"))
-            tsa.sparse_attention_triton(*args, out=out, num_splits=splits, block_n=16,
-                                        prefetch=prefetch, one_loop=one_loop,
-                                        poison_workspace=True)
+            tsa.sparse_attention_triton(
+                *args,
+                out=out,
+                num_splits=splits,
+                block_n=16,
+                prefetch=prefetch,
+                one_loop=one_loop,
+                poison_workspace=True,
+            )
             outs.append(out)
         assert not outs[0].isnan().any()
         assert torch.equal(outs[0][1], torch.zeros(4, 512))
@@ -183,8 +208,9 @@ def test_head_blocks_not_dividing_h_and_many_launches(gen):
     fmt = FP32Format(dim=64, entries_per_page=8)
     args = _case(gen, fmt, 4, 20, 10, 21)
     out = torch.full((4, 20, 64), float("nan"))
-    tsa.sparse_attention_triton(*args, out=out, num_splits=2, block_h=16, block_n=16, max_grid=7,
-                                poison_workspace=True)
+    tsa.sparse_attention_triton(
+        *args, out=out, num_splits=2, block_h=16, block_n=16, max_grid=7, poison_workspace=True
+    )
     _check(args, out)
     out1 = tsa.sparse_attention_triton(*args, block_h=16, max_grid=3)
     _check(args, out1)
@@ -196,8 +222,9 @@ def test_window_only_split_and_noncontiguous_q(gen):
     qs = torch.randn(3, 4, 512, generator=gen)[:, ::2]  # head stride 1024
     assert not qs.is_contiguous()
     for cc, cs in ((None, None), (wc, torch.zeros(3, 0, dtype=torch.int64))):
-        out = tsa.sparse_attention_triton(qs, wc, ws, cc, cs, f, sink, scale, num_splits=3,
-                                          block_n=16, poison_workspace=True)
+        out = tsa.sparse_attention_triton(
+            qs, wc, ws, cc, cs, f, sink, scale, num_splits=3, block_n=16, poison_workspace=True
+        )
         _check((qs, wc, ws, cc, cs, f, sink, scale), out)
 
 
@@ -212,7 +239,7 @@ def test_low_precision_output_rounding(q_dtype, gen):
     for splits in (1, 2):
         out = tsa.sparse_attention_triton(*args, num_splits=splits, block_n=16)
         assert out.dtype == q_dtype
-        mag = torch.minimum(out.double().abs(), ref.abs()).clamp_min(2.0 ** -14)
+        mag = torch.minimum(out.double().abs(), ref.abs()).clamp_min(2.0**-14)
         ulp = torch.exp2(torch.floor(torch.log2(mag)) - mant)
         # one ulp, plus fp32 accumulation noise where outputs cancel to near zero
         slack = 1e-5 * float(ref.abs().max())
@@ -226,14 +253,14 @@ def _check_plan(t, hb, n, block_n, min_chunk, cores, max_chunk):
     assert s >= 1 and c % block_n == 0, (s, c)
     if n <= 0:
         return s, c
-    assert s * c >= n and (s - 1) * c < n, (s, c)            # covers n, no empty split
+    assert s * c >= n and (s - 1) * c < n, (s, c)  # covers n, no empty split
     if max_chunk:
         assert c <= -(-max_chunk // block_n) * block_n, (s, c)
     base = t * hb
-    if 2 * base <= cores and n > min_chunk:                  # under half the device busy
+    if 2 * base <= cores and n > min_chunk:  # under half the device busy
         assert base * s >= cores or c <= 2 * -(-min_chunk // block_n) * block_n, (s, c)
     elif not max_chunk:
-        assert s == 1, (s, c)                                # a full device needs no split
+        assert s == 1, (s, c)  # a full device needs no split
     return s, c
 
 
@@ -252,7 +279,6 @@ def test_plan_splits():
     assert tsa._plan_splits(64, 2, 640, 32, 64, 132, None) == (1, 640)
     # a forced split count is capped at one tile per split
     assert tsa._plan_splits(1, 1, 40, 16, 64, 132, 100) == (3, 16)
-
 
 
 def test_launch_config_by_regime(monkeypatch):
@@ -286,32 +312,35 @@ def test_launch_config_by_regime(monkeypatch):
 
     def long(chunk, tiles=wide):
         return dict(base, **tiles, min_chunk=chunk, max_chunk=chunk)
+
     assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320) == long(512)
     assert launch._config(cuda, 4, 64, "fp8_ds_mla", cores=132, n_cand=8320) == long(256)
     assert launch._config(cuda, 64, 64, "fp8_ds_mla", cores=132, n_cand=640) == long(512)
     assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=640) == long(256)
     assert launch._config(cuda, 1, 64, "fp8_ds_mla", cores=132, n_cand=8320) == base  # 33
-    assert launch._config(cuda, 4, 64, "fp8_ds_mla", cores=132, n_cand=640) == base   # 12
-    assert launch._config(cuda, 32, 64, "bf16", cores=132, n_cand=8320) == base       # not swept
+    assert launch._config(cuda, 4, 64, "fp8_ds_mla", cores=132, n_cand=640) == base  # 12
+    assert launch._config(cuda, 32, 64, "bf16", cores=132, n_cand=8320) == base  # not swept
     assert launch._config(cuda, 32, 16, "fp8_ds_mla", cores=132, n_cand=8320) == base
     assert launch._config(cuda, 4096, 64, "fp8_ds_mla", cores=132, n_cand=640)["prefetch"] is False
     # fp32 queries (fp32 dots) take the 32-entry tile: the 64-entry one is sized for bf16 dots
-    assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320,
-                          bf16_dots=False) == long(512, narrow)
+    assert launch._config(
+        cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320, bf16_dots=False
+    ) == long(512, narrow)
     monkeypatch.setattr(launch, "_shared_mem", lambda dev: 163 * 1024)  # sm_80: the 32-entry tile
     assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320) == long(512, narrow)
     # ... but not with fp32 dots (~200 KiB on every target): the device kind's tiles, for long
     # decode lists, prefill chunks and bf16 batches alike (H100 with sm_80 declared recorded
     # them, 2026-12-05; the AOT compile for sm_80 needs 205,056 B of its 163 KiB)
-    assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320,
-                          bf16_dots=False) == base
+    assert (
+        launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320, bf16_dots=False) == base
+    )
     for t, fmt in ((4096, "bf16"), (4096, "fp8_ds_mla"), (64, "bf16")):
         assert launch._config(cuda, t, 64, fmt, cores=132, bf16_dots=False) == dict(
-            base, max_chunk=2048)
+            base, max_chunk=2048
+        )
     monkeypatch.setattr(launch, "_shared_mem", lambda dev: 227 * 1024)
     assert launch._config(cuda, 64, 64, "bf16", cores=132, bf16_dots=False)["block_n"] == 64
-    assert launch._config(cuda, 4096, 64, "fp8_ds_mla", cores=132,
-                          bf16_dots=False)["block_n"] == 32
+    assert launch._config(cuda, 4096, 64, "fp8_ds_mla", cores=132, bf16_dots=False)["block_n"] == 32
     monkeypatch.setattr(launch, "_shared_mem", lambda dev: 99 * 1024)
     assert launch._config(cuda, 32, 64, "fp8_ds_mla", cores=132, n_cand=8320) == base
     assert tsa._plan_splits(32, 1, 8320, 32, 512, 132, None, 512) == (17, 512)
@@ -330,6 +359,7 @@ def test_shared_memory_capability():
     assert cuda_capabilities(9, 0).shared_mem == cuda_capabilities(10, 0).shared_mem == 227 * kib
     assert cuda_capabilities(12, 0).shared_mem == 99 * kib
     assert cuda_capabilities(9, 4, hip=True).shared_mem == 64 * kib  # MI300 answers 9.4
+
 
 @triton.jit
 def _decode_kernel(code_ptr, out_ptr, CVT: tl.constexpr):

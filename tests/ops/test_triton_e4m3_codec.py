@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Triton kernels' integer e4m3 codec (``ops/triton/common/quant.py``: ``e4m3_bits_to_f32``,
 ``f32_to_e4m3_bits``), the path every target without e4m3 conversion instructions (sm_80 / sm_86)
 takes and every cache encoder uses everywhere: bit-exact against torch's ``float8_e4m3fn`` over all
@@ -47,14 +48,26 @@ def _values(gen: torch.Generator) -> torch.Tensor:
     codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     finite = codes[codes.isfinite()].unique()
     mids = (finite[1:] + finite[:-1]) / 2  # exact ties between neighbouring codes
-    wide = torch.randn(20000, generator=gen) * torch.exp2(torch.randint(-24, 12, (20000,),
-                                                                        generator=gen).float())
-    sub = (torch.rand(4000, generator=gen) - 0.5) * 2 ** -5  # the subnormal range (< 2^-6)
-    big = torch.tensor([448.0, 449.0, 463.99, 464.0, 465.0, 480.0, 1e4, 3.4e38,
-                        float("inf"), float("nan")])
-    special = torch.tensor([0.0, -0.0, 2.0 ** -9, 2.0 ** -10, 2.0 ** -11, 1e-30, 2.0 ** -6])
-    v = torch.cat([finite, mids, mids.nextafter(torch.tensor(float("inf"))),
-                   mids.nextafter(torch.tensor(float("-inf"))), wide, sub, big, special])
+    wide = torch.randn(20000, generator=gen) * torch.exp2(
+        torch.randint(-24, 12, (20000,), generator=gen).float()
+    )
+    sub = (torch.rand(4000, generator=gen) - 0.5) * 2**-5  # the subnormal range (< 2^-6)
+    big = torch.tensor(
+        [448.0, 449.0, 463.99, 464.0, 465.0, 480.0, 1e4, 3.4e38, float("inf"), float("nan")]
+    )
+    special = torch.tensor([0.0, -0.0, 2.0**-9, 2.0**-10, 2.0**-11, 1e-30, 2.0**-6])
+    v = torch.cat(
+        [
+            finite,
+            mids,
+            mids.nextafter(torch.tensor(float("inf"))),
+            mids.nextafter(torch.tensor(float("-inf"))),
+            wide,
+            sub,
+            big,
+            special,
+        ]
+    )
     return torch.cat([v, -v])
 
 

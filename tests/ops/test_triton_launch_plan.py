@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Triton launch plans follow the device's declared capabilities (``ops/triton/common/launch.py``):
 on a device with Ascend's limits (grid bound to the physical cores, at most ``max_grid`` programs)
 no launch exceeds them and the results are the same bits as one unbounded launch; tl.dot
@@ -30,9 +31,12 @@ CPU_DEV = torch.device("cpu")
 @pytest.fixture
 def caps(monkeypatch):
     """Set the capabilities the launch plans see for the CPU device."""
+
     def use(**changes):
-        monkeypatch.setattr(launch, "capabilities",
-                            lambda device: dataclasses.replace(CPU, **changes))
+        monkeypatch.setattr(
+            launch, "capabilities", lambda device: dataclasses.replace(CPU, **changes)
+        )
+
     return use
 
 
@@ -61,8 +65,8 @@ def test_program_cap_binds_to_the_cores(caps, monkeypatch):
     assert launch.grid_limit(CPU_DEV) == 65535  # kernels without grid-stride loops
     monkeypatch.setattr(launch, "physical_cores", lambda device, cube: None)  # count unknown
     assert launch.program_cap(CPU_DEV) == 65535
-    caps(max_grid=2 ** 31 - 1, grid_cores=False)  # GPUs: the cores do not bound the grid
-    assert launch.program_cap(CPU_DEV) == 2 ** 31 - 1
+    caps(max_grid=2**31 - 1, grid_cores=False)  # GPUs: the cores do not bound the grid
+    assert launch.program_cap(CPU_DEV) == 2**31 - 1
 
 
 def test_dot_dims_are_padded_to_the_smallest_dot(caps):
@@ -80,8 +84,15 @@ def _indexer_case(gen, t=6, h=16, di=16, pages=3, e=8):
     cache = fmt.new_cache(pages)
     paged.insert(cache, torch.arange(pages * e), torch.randn(pages * e, di, generator=gen), fmt)
     bt = torch.arange(pages, dtype=torch.int32).repeat(2, 1)
-    return (torch.randn(t, h, di, generator=gen), torch.rand(t, h, generator=gen), cache, fmt, bt,
-            torch.tensor([0, 0, 1, 1, -1, 1]), torch.tensor([3, 40, 17, 95, 9, 60]))
+    return (
+        torch.randn(t, h, di, generator=gen),
+        torch.rand(t, h, generator=gen),
+        cache,
+        fmt,
+        bt,
+        torch.tensor([0, 0, 1, 1, -1, 1]),
+        torch.tensor([3, 40, 17, 95, 9, 60]),
+    )
 
 
 @pytest.mark.parametrize("select", ["torch", "radix"])
@@ -101,8 +112,9 @@ def test_indexer_on_few_programs_matches_one_per_unit(caps, monkeypatch, gen, se
         assert rec.grids if select == "torch" else not rec.grids
     torch.testing.assert_close(outs[3][0], outs[None][0], rtol=0, atol=0, equal_nan=True)
     assert torch.equal(outs[3][1].sort(dim=1).values, outs[None][1].sort(dim=1).values)
-    want = ((q[:, :, None, :] * paged_keys(cache, fmt, bt)[None, None]).sum(-1).relu()
-            * w[:, :, None]).sum(1)  # [t, entries], dense, before masking
+    want = (
+        (q[:, :, None, :] * paged_keys(cache, fmt, bt)[None, None]).sum(-1).relu() * w[:, :, None]
+    ).sum(1)  # [t, entries], dense, before masking
     vis = torch.isfinite(outs[3][0])
     torch.testing.assert_close(outs[3][0][vis], want[vis], rtol=1e-5, atol=1e-5)
     assert int(vis.sum()) > 0 and not vis[4].any()  # the request -1 token sees nothing
@@ -155,19 +167,24 @@ def test_programmatic_dependent_launch_where_declared(monkeypatch):
     from vllm_dsv4_hw.platform.capabilities import cuda_capabilities
 
     cuda = torch.device("cuda", 0)
-    for (major, minor, hip), want in (((9, 0, False), True), ((10, 0, False), True),
-                                      ((12, 0, False), True), ((8, 0, False), False),
-                                      ((8, 9, False), False), ((9, 4, True), False)):
+    for (major, minor, hip), want in (
+        ((9, 0, False), True),
+        ((10, 0, False), True),
+        ((12, 0, False), True),
+        ((8, 0, False), False),
+        ((8, 9, False), False),
+        ((9, 4, True), False),
+    ):
         caps = cuda_capabilities(major, minor, hip)
         monkeypatch.setattr(pdl, "capabilities", lambda device, caps=caps: caps)
-        pdl._pdl_on.cache_clear()                     # decided once per device
+        pdl._pdl_on.cache_clear()  # decided once per device
         assert pdl.pdl_launch(cuda) == ({"PDL": True, "launch_pdl": True} if want else {})
-        assert pdl.pdl_launch(CPU_DEV) == {}          # the interpreter: never
+        assert pdl.pdl_launch(CPU_DEV) == {}  # the interpreter: never
     monkeypatch.setattr(pdl, "capabilities", lambda device: cuda_capabilities(9, 0))
     monkeypatch.setenv("VLLM_DSV4_HW_PDL", "0")
     pdl._pdl_on.cache_clear()
     assert pdl.pdl_launch(cuda) == {}
-    pdl._pdl_on.cache_clear()                         # nothing cached for later tests
+    pdl._pdl_on.cache_clear()  # nothing cached for later tests
 
 
 def test_weight_prefetch_only_before_a_pdl_wait(monkeypatch):
@@ -192,7 +209,7 @@ def test_weight_prefetch_only_before_a_pdl_wait(monkeypatch):
         monkeypatch.setenv("VLLM_DSV4_HW_PDL", "1")
         pdl._pdl_on.cache_clear()
         pdl._prefetch_bytes.cache_clear()
-        assert pdl.weight_prefetch(cuda)["PF_BYTES"] == 256   # the default (H100, 2026-12-05)
+        assert pdl.weight_prefetch(cuda)["PF_BYTES"] == 256  # the default (H100, 2026-12-05)
         assert case(9, "1", "384") == (384, 0)
         assert case(9, "1", "0") == (0, 0)
         assert case(9, "0", "384") == (0, 0)
@@ -212,8 +229,10 @@ def _index_math(stmt) -> bool:
     for node in ast.walk(stmt.value):
         if isinstance(node, ast.Call):
             f = node.func
-            if not (isinstance(f, ast.Attribute)
-                    and f.attr in ("program_id", "arange", "to", "minimum", "maximum")):
+            if not (
+                isinstance(f, ast.Attribute)
+                and f.attr in ("program_id", "arange", "to", "minimum", "maximum")
+            ):
                 return False
     return True
 
@@ -223,10 +242,18 @@ def _weight_read_ahead(stmt):
     (no kernel writes a weight), behind a constexpr knob."""
     import ast
 
-    return (isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Name) and not stmt.orelse
-            and all(isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
-                    and getattr(s.value.func, "id", "") == "_w_tile"
-                    and getattr(s.value.args[0], "id", "") == "w_rows" for s in stmt.body))
+    return (
+        isinstance(stmt, ast.If)
+        and isinstance(stmt.test, ast.Name)
+        and not stmt.orelse
+        and all(
+            isinstance(s, ast.Assign)
+            and isinstance(s.value, ast.Call)
+            and getattr(s.value.func, "id", "") == "_w_tile"
+            and getattr(s.value.args[0], "id", "") == "w_rows"
+            for s in stmt.body
+        )
+    )
 
 
 def _first_after_preamble(src: str) -> str:
@@ -235,9 +262,9 @@ def _first_after_preamble(src: str) -> str:
 
     body = ast.parse(src).body[0].body
     if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]                                # the docstring
+        body = body[1:]  # the docstring
     while _index_math(body[0]) or _weight_read_ahead(body[0]):
-        body = body[1:]                                # indices, pointers, the weight's tile
+        body = body[1:]  # indices, pointers, the weight's tile
     return ast.unparse(body[0])
 
 
@@ -249,9 +276,12 @@ def test_pdl_preamble_check_catches_a_read_before_the_wait():
     assert _first_after_preamble(head + wait) == "pdl_start(PDL)"
     ahead = "    if AHEAD:\n        wq = _w_tile(w_rows, r_ok, 0, K, BK)\n"
     assert _first_after_preamble(head + ahead + wait) == "pdl_start(PDL)"
-    for bad in ("    x = tl.load(x_ptr + pid)\n", "    tl.store(w_ptr, 0)\n",
-                "    if AHEAD:\n        xq = _w_tile(x_ptr, r_ok, 0, K, BK)\n",
-                "    wq = _w_tile(w_rows, r_ok, 0, K, BK)\n"):
+    for bad in (
+        "    x = tl.load(x_ptr + pid)\n",
+        "    tl.store(w_ptr, 0)\n",
+        "    if AHEAD:\n        xq = _w_tile(x_ptr, r_ok, 0, K, BK)\n",
+        "    wq = _w_tile(w_rows, r_ok, 0, K, BK)\n",
+    ):
         assert _first_after_preamble(head + bad + wait) != "pdl_start(PDL)", bad
 
 
@@ -274,25 +304,31 @@ def test_every_kernel_launched_with_pdl_waits_first():
         tree = ast.parse(path.read_text())
         launched = {}
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
-                    and isinstance(node.func.value, ast.Name)):
-                pdl_kw = any(k.arg is None and isinstance(k.value, ast.Call)
-                             and getattr(k.value.func, "id", "") == "pdl_launch"
-                             for k in node.keywords)
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Subscript)
+                and isinstance(node.func.value, ast.Name)
+            ):
+                pdl_kw = any(
+                    k.arg is None
+                    and isinstance(k.value, ast.Call)
+                    and getattr(k.value.func, "id", "") == "pdl_launch"
+                    for k in node.keywords
+                )
                 launched.setdefault(node.func.value.id, []).append(pdl_kw)
         rel = path.relative_to(root).with_suffix("").parts
         rel = rel[:-1] if rel[-1] == "__init__" else rel
         mod = importlib.import_module(".".join(("vllm_dsv4_hw.ops.triton",) + rel))
         for name, sites in launched.items():
             fn = getattr(mod, name, None)
-            if not (hasattr(fn, "arg_names") and hasattr(fn, "fn")):   # a @triton.jit kernel
+            if not (hasattr(fn, "arg_names") and hasattr(fn, "fn")):  # a @triton.jit kernel
                 continue
             assert all(sites), f"{path.stem}.{name}: a launch without **pdl_launch(...)"
             assert "PDL" in fn.arg_names, f"{path.stem}.{name} has no PDL constexpr"
             first = _first_after_preamble(textwrap.dedent(inspect.getsource(fn.fn)))
             assert first == "pdl_start(PDL)" or first.startswith(
-                "pdl_start_prefetching(PDL, PF_BYTES, w_rows"), \
-                f"{path.stem}.{name} starts with {first!r}"
+                "pdl_start_prefetching(PDL, PF_BYTES, w_rows"
+            ), f"{path.stem}.{name} starts with {first!r}"
             checked += 1
     assert checked >= 25, checked
 
@@ -304,7 +340,7 @@ def test_host_integer_helpers_match_triton():
 
     from vllm_dsv4_hw.ops.triton.common.launch import cdiv, next_pow2
 
-    for a in [0, 1, 2, 3, 7, 8, 9, 63, 64, 65, 1000, 2 ** 20 + 1, 2 ** 31 + 5]:
+    for a in [0, 1, 2, 3, 7, 8, 9, 63, 64, 65, 1000, 2**20 + 1, 2**31 + 5]:
         assert next_pow2(a) == triton.next_power_of_2(a), a
         for b in (1, 2, 3, 64, 128, 4096):
             assert cdiv(a, b) == triton.cdiv(a, b), (a, b)

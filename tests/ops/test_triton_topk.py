@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``ops.triton.topk.radix_topk`` (the indexer's selection) against ``torch.topk`` on fresh random
 rows, under the Triton interpreter: distinct scores (the exact set), heavy ties (a valid top-k set:
 every selected score >= the k-th, all strictly larger ones taken), -inf entries (never selected;
@@ -38,27 +39,29 @@ def _check(scores: torch.Tensor, k: int, out: torch.Tensor) -> None:
         assert int((got > kth).sum()) == int((row > kth).sum())
 
 
-@pytest.mark.parametrize("t,n,k,block", [(3, 5000, 64, 1024), (2, 262144, 512, 1 << 16),
-                                         (1, 300, 300, 128), (4, 2048, 100, 512)])
+@pytest.mark.parametrize(
+    "t,n,k,block",
+    [(3, 5000, 64, 1024), (2, 262144, 512, 1 << 16), (1, 300, 300, 128), (4, 2048, 100, 512)],
+)
 def test_radix_topk_distinct_scores_exact_set(gen, monkeypatch, t, n, k, block):
     monkeypatch.setattr(tk, "INTERP_BLOCK", block)
     scores = torch.randn(t, n, generator=gen) * 10
-    scores[0, n // 2:] = float("-inf")                 # half the row invisible
+    scores[0, n // 2 :] = float("-inf")  # half the row invisible
     out = _unfilled(t, k)
     tk.radix_topk(scores, k, out)
     _check(scores, k, out)
     fin = torch.isfinite(scores[-1])
-    if t > 1 and int(fin.sum()) >= k:                  # distinct finite scores: the exact set
+    if t > 1 and int(fin.sum()) >= k:  # distinct finite scores: the exact set
         assert set(out[-1].tolist()) == set(torch.topk(scores[-1], k).indices.tolist())
 
 
 def test_radix_topk_ties_inf_rows_and_negative(gen, monkeypatch):
     monkeypatch.setattr(tk, "INTERP_BLOCK", 256)
     n, k = 3000, 77
-    scores = torch.randint(-3, 4, (5, n), generator=gen).float()    # 7 levels: heavy ties
-    scores[1] = float("-inf")                                         # nothing visible
-    scores[2, 40:] = float("-inf")                                    # 40 < k finite
-    scores[3] = -torch.rand(n, generator=gen) - 1.0                   # all negative
+    scores = torch.randint(-3, 4, (5, n), generator=gen).float()  # 7 levels: heavy ties
+    scores[1] = float("-inf")  # nothing visible
+    scores[2, 40:] = float("-inf")  # 40 < k finite
+    scores[3] = -torch.rand(n, generator=gen) - 1.0  # all negative
     scores[4, ::3] = float("-inf")
     out = _unfilled(5, k)
     tk.radix_topk(scores, k, out)
@@ -84,7 +87,7 @@ def _deterministic_topk(row: torch.Tensor, k: int) -> list[int]:
         return picked + [-1] * (k - len(picked))
     kth = float(row.sort(descending=True).values[k - 1])
     above = torch.nonzero(row > kth).flatten().tolist()
-    equal = torch.nonzero(row == kth).flatten().tolist()[:k - len(above)]
+    equal = torch.nonzero(row == kth).flatten().tolist()[: k - len(above)]
     return above + equal
 
 
@@ -94,10 +97,13 @@ def test_radix_topk_output_is_deterministic_index_order(gen, monkeypatch, levels
     # the same bits as the rule above, heavy ties (7 levels) or distinct scores.
     monkeypatch.setattr(tk, "INTERP_BLOCK", 256)
     n, k = 3000, 77
-    scores = (torch.randint(-3, 4, (4, n), generator=gen).float() if levels else
-              torch.randn(4, n, generator=gen))
+    scores = (
+        torch.randint(-3, 4, (4, n), generator=gen).float()
+        if levels
+        else torch.randn(4, n, generator=gen)
+    )
     scores[1, 100:] = float("-inf")
-    scores[2, :2900] = float("-inf")                                  # 100 finite, at the end
+    scores[2, :2900] = float("-inf")  # 100 finite, at the end
     out = torch.full((4, k), -1, dtype=torch.int32)
     tk.radix_topk(scores, k, out)
     for r in range(4):
@@ -113,10 +119,13 @@ def test_one_launch_and_multi_launch_forms_give_the_rule(gen, monkeypatch, one_l
     bit (benchmarks/gpu/indexer.py)."""
     monkeypatch.setattr(tk, "INTERP_BLOCK", 4096)
     n, k = 3000, 77
-    scores = (torch.randint(-3, 4, (4, n), generator=gen).float() if levels else
-              torch.randn(4, n, generator=gen))
+    scores = (
+        torch.randint(-3, 4, (4, n), generator=gen).float()
+        if levels
+        else torch.randn(4, n, generator=gen)
+    )
     scores[1] = float("-inf")
-    scores[2, :2950] = float("-inf")                                  # 50 < k finite
+    scores[2, :2950] = float("-inf")  # 50 < k finite
     out = torch.full((4, k), -1, dtype=torch.int32)
     tk.radix_topk(scores, k, out, one_launch=one_launch)
     for r in range(4):
@@ -125,8 +134,8 @@ def test_one_launch_and_multi_launch_forms_give_the_rule(gen, monkeypatch, one_l
 
 def test_one_launch_form_only_where_programs_can_wait_on_each_other():
     cpu = torch.device("cpu")
-    assert tk._one_launch(cpu, 4, 1)            # one program per row: nothing to wait for
-    assert not tk._one_launch(cpu, 8, 2)        # the interpreter runs programs one by one
+    assert tk._one_launch(cpu, 4, 1)  # one program per row: nothing to wait for
+    assert not tk._one_launch(cpu, 8, 2)  # the interpreter runs programs one by one
 
 
 def _bounded_rows(gen, n: int, k: int, ratio: int, levels: int | None):
@@ -134,22 +143,34 @@ def _bounded_rows(gen, n: int, k: int, ratio: int, levels: int | None):
     request -1 (at a long position) and by position; token positions giving them at ``ratio``
     (any of the ratio positions per bound); random scores, one row with -inf inside its prefix.
     Returns scores, row_pos, row_req, the bounds."""
-    lens = [ln for ln in (0, 0, 1, 3, 4, 5, 7, 8, 9, k - 1, k + 1, 127, 128, 129, 255, 256, 257,
-                          n - 1, n) if ln <= n] + [n + 50]
+    lens = [
+        ln
+        for ln in (0, 0, 1, 3, 4, 5, 7, 8, 9, k - 1, k + 1, 127, 128, 129, 255, 256, 257, n - 1, n)
+        if ln <= n
+    ] + [n + 50]
     t = len(lens)
-    pos = torch.tensor([ratio * ln - 1 + int(torch.randint(0, ratio, (1,), generator=gen))
-                        for ln in lens])
+    pos = torch.tensor(
+        [ratio * ln - 1 + int(torch.randint(0, ratio, (1,), generator=gen)) for ln in lens]
+    )
     req = torch.randint(0, 3, (t,), generator=gen, dtype=torch.int32)
-    req[0], pos[0] = -1, ratio * n                                    # no request: nothing
-    scores = (torch.randint(-3, 4, (t, n), generator=gen).float() if levels else
-              torch.randn(t, n, generator=gen) * 10)
-    scores[-3, 5:200:7] = float("-inf")                                # holes in a prefix
+    req[0], pos[0] = -1, ratio * n  # no request: nothing
+    scores = (
+        torch.randint(-3, 4, (t, n), generator=gen).float()
+        if levels
+        else torch.randn(t, n, generator=gen) * 10
+    )
+    scores[-3, 5:200:7] = float("-inf")  # holes in a prefix
     return scores, pos, req, [0] + [min(n, ln) for ln in lens[1:]]
 
 
 # (one_launch, block, n, k): one program per row, 3 per row, 3 and 6 small ones per short row
-FORMS = [(True, None, 300, 40), (False, None, 300, 40), (False, 128, 300, 40), (False, 4, 24, 6),
-         (False, 8, 24, 6)]
+FORMS = [
+    (True, None, 300, 40),
+    (False, None, 300, 40),
+    (False, 128, 300, 40),
+    (False, 4, 24, 6),
+    (False, 8, 24, 6),
+]
 
 
 @pytest.mark.parametrize("one_launch,block,n,k", FORMS)
@@ -165,8 +186,9 @@ def test_bounded_equals_unbounded_on_inf_tails(gen, one_launch, block, n, k, rat
     want = _unfilled(len(lens), k)
     tk.radix_topk(scores, k, want, block=block, one_launch=one_launch)
     got = _unfilled(len(lens), k)
-    tk.radix_topk(scores, k, got, block=block, one_launch=one_launch, row_pos=pos, row_req=req,
-                  ratio=ratio)
+    tk.radix_topk(
+        scores, k, got, block=block, one_launch=one_launch, row_pos=pos, row_req=req, ratio=ratio
+    )
     assert torch.equal(got, want)
     for r in range(len(lens)):
         assert got[r].tolist() == _deterministic_topk(scores[r], k), r
@@ -185,8 +207,9 @@ def test_bounded_never_reads_past_the_bound(gen, one_launch, block, n, k, poison
         scores[r, ln:] = poison
         clean[r, ln:] = float("-inf")
     out = _unfilled(len(lens), k)
-    tk.radix_topk(scores, k, out, block=block, one_launch=one_launch, row_pos=pos, row_req=req,
-                  ratio=ratio)
+    tk.radix_topk(
+        scores, k, out, block=block, one_launch=one_launch, row_pos=pos, row_req=req, ratio=ratio
+    )
     for r, ln in enumerate(lens):
         prefix = clean[r, :ln]
         want = min(k, int(torch.isfinite(prefix).sum()))
@@ -201,8 +224,13 @@ def test_bounded_rejects_bad_arguments():
     with pytest.raises(ValueError, match="together"):
         tk.radix_topk(s, 4, out, row_pos=torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="int32 or int64"):
-        tk.radix_topk(s, 4, out, row_pos=torch.zeros(3, dtype=torch.long),
-                      row_req=torch.zeros(3, dtype=torch.int32))
+        tk.radix_topk(
+            s,
+            4,
+            out,
+            row_pos=torch.zeros(3, dtype=torch.long),
+            row_req=torch.zeros(3, dtype=torch.int32),
+        )
 
 
 @pytest.mark.parametrize("relaxed", [True, False])
@@ -216,7 +244,7 @@ def test_histogram_atomic_order_changes_no_bit(gen, monkeypatch, relaxed, one_la
     monkeypatch.setattr(tk, "INTERP_BLOCK", 4096 if one_launch else 1024)
     t, n, k = 3, 3000, 64
     scores = torch.randn(t, n, generator=gen)
-    scores[1, ::3] = scores[1, 0]                      # ties
+    scores[1, ::3] = scores[1, 0]  # ties
     scores[2] = float("-inf")
     out = _unfilled(t, k)
     tk.radix_topk(scores, k, out, one_launch=one_launch)
@@ -256,8 +284,9 @@ def test_writes_every_slot_below_k_and_none_past_it(gen, one_launch, block):
     assert (out[:, k:] == 77).all()
     pos, req = torch.tensor([2, 4 * n, 4 * n, 4 * 30 - 1]), torch.tensor([0, 0, -1, 0])
     out.fill_(77)
-    tk.radix_topk(scores, k, out, block=block, one_launch=one_launch, row_pos=pos, row_req=req,
-                  ratio=4)
-    assert (out[0, :k] == -1).all() and (out[2, :k] == -1).all()   # bound 0: no live block
+    tk.radix_topk(
+        scores, k, out, block=block, one_launch=one_launch, row_pos=pos, row_req=req, ratio=4
+    )
+    assert (out[0, :k] == -1).all() and (out[2, :k] == -1).all()  # bound 0: no live block
     assert out[3, :k].tolist() == _deterministic_topk(scores[3, :30], k)
     assert (out[:, k:] == 77).all()

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Float64 dense oracles, written independently of ``vllm_dsv4_hw.ops.reference``.
 
 They favour obviousness over speed: explicit loops, masks and complex numbers. Tests compare the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Float64 oracle of the DeepSeek V4 compressor, written from the spec (section 3) alone.
 
 One request, one-shot: the whole token sequence at once; explicit Python loops per entry and per
@@ -25,8 +26,9 @@ def num_entries(seq_len: int, ratio: int) -> int:
     return seq_len // ratio
 
 
-def pooled_entries(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor,
-                   ratio: int) -> torch.Tensor:
+def pooled_entries(
+    kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, ratio: int
+) -> torch.Tensor:
     """kv, score [N, coff*d] (score without ape), ape [ratio, coff*d] -> [N // ratio, d] float64."""
     kv = kv.to(F64)
     score = score.to(F64)
@@ -47,8 +49,8 @@ def pooled_entries(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor,
         else:
             for p in range(ratio * i, ratio * i + ratio):
                 members.append((kv[p], score[p] + ape[p % ratio]))
-        gates = torch.stack([z for _, z in members])          # [M, d]
-        vals = torch.stack([c for c, _ in members])           # [M, d]
+        gates = torch.stack([z for _, z in members])  # [M, d]
+        vals = torch.stack([c for c, _ in members])  # [M, d]
         m = gates.max(dim=0).values
         w = torch.exp(gates - m)
         out[i] = (w * vals).sum(dim=0) / w.sum(dim=0)
@@ -78,10 +80,10 @@ def rope_rows(x: torch.Tensor, positions: list[int], cos_sin: torch.Tensor) -> t
     for row, p in enumerate(positions):
         c = cos_sin[p, :half].to(F64)
         s = cos_sin[p, half:].to(F64)
-        a = x[row, dim - r::2].clone()      # even members of the pairs
-        b = x[row, dim - r + 1::2].clone()  # odd members
-        x[row, dim - r::2] = a * c - b * s
-        x[row, dim - r + 1::2] = a * s + b * c
+        a = x[row, dim - r :: 2].clone()  # even members of the pairs
+        b = x[row, dim - r + 1 :: 2].clone()  # odd members
+        x[row, dim - r :: 2] = a * c - b * s
+        x[row, dim - r + 1 :: 2] = a * s + b * c
     return x
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Float64 oracles for RMSNorm, RoPE (complex multiplication), YaRN, sink attention."""
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ def rms_norm_oracle(x: torch.Tensor, weight: torch.Tensor | None, eps: float) ->
     return y
 
 
-def yarn_inv_freq_oracle(theta: float, dim: int, factor: float | None = None,
-                         original_max_positions: int = 0, beta_fast: float = 32.0,
-                         beta_slow: float = 1.0) -> list[float]:
+def yarn_inv_freq_oracle(
+    theta: float,
+    dim: int,
+    factor: float | None = None,
+    original_max_positions: int = 0,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> list[float]:
     """Per-pair frequencies as plain Python floats, straight from the YaRN formula
     (``factor=None``: plain RoPE)."""
     base = [theta ** (-(2.0 * j) / dim) for j in range(dim // 2)]
@@ -26,7 +32,9 @@ def yarn_inv_freq_oracle(theta: float, dim: int, factor: float | None = None,
         return base
 
     def corr(rot: float) -> float:
-        return dim * math.log(original_max_positions / (rot * 2.0 * math.pi)) / (2.0 * math.log(theta))
+        return (
+            dim * math.log(original_max_positions / (rot * 2.0 * math.pi)) / (2.0 * math.log(theta))
+        )
 
     lo = max(math.floor(corr(beta_fast)), 0)
     hi = min(math.ceil(corr(beta_slow)), dim - 1)
@@ -58,15 +66,16 @@ def rope_oracle(x: torch.Tensor, positions, inv_freq, inverse: bool = False) -> 
         ang = -ang
     rot = torch.polar(torch.ones_like(ang), ang)  # complex128 [T, R/2]
     rot = rot.reshape((x.shape[0],) + (1,) * (x.dim() - 2) + (r // 2,))
-    tail = x64[..., x.shape[-1] - r:]
+    tail = x64[..., x.shape[-1] - r :]
     z = torch.complex(tail[..., 0::2], tail[..., 1::2]) * rot
-    out[..., x.shape[-1] - r::2] = z.real
-    out[..., x.shape[-1] - r + 1::2] = z.imag
+    out[..., x.shape[-1] - r :: 2] = z.real
+    out[..., x.shape[-1] - r + 1 :: 2] = z.imag
     return out
 
 
-def dense_attention_with_sink(q: torch.Tensor, keys: torch.Tensor, valid_mask: torch.Tensor,
-                              sink: torch.Tensor, scale: float) -> torch.Tensor:
+def dense_attention_with_sink(
+    q: torch.Tensor, keys: torch.Tensor, valid_mask: torch.Tensor, sink: torch.Tensor, scale: float
+) -> torch.Tensor:
     """q [T, H, D], keys [T, N, D] (K = V), valid_mask [T, N] bool, sink [H] -> [T, H, D] float64.
 
     Per (t, h): softmax over [scale * q.k_s for valid s] + [sink_h], sink column dropped;

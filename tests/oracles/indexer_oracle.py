@@ -1,8 +1,9 @@
+# SPDX-License-Identifier: Apache-2.0
 """Float64 oracle of the DeepSeek V4 lightning indexer, written from the spec (section 4) alone.
 
-    I(t, s) = sum_h w[t,h] * ReLU(q[t,h] . k[s]); entry s is visible to the token at position t
-    iff 4s + 3 <= t (ratio*s + ratio - 1 in general); top-k over the visible entries with
-    k = min(topk, visible). Explicit Python loops per token and per entry.
+I(t, s) = sum_h w[t,h] * ReLU(q[t,h] . k[s]); entry s is visible to the token at position t
+iff 4s + 3 <= t (ratio*s + ratio - 1 in general); top-k over the visible entries with
+k = min(topk, visible). Explicit Python loops per token and per entry.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ def visible_count(pos: int, ratio: int = 4) -> int:
     return sum(1 for s in range(pos // ratio + 2) if ratio * s + ratio - 1 <= pos)
 
 
-def token_scores(q_t: torch.Tensor, w_t: torch.Tensor, keys: torch.Tensor, pos: int,
-                 ratio: int = 4) -> torch.Tensor:
+def token_scores(
+    q_t: torch.Tensor, w_t: torch.Tensor, keys: torch.Tensor, pos: int, ratio: int = 4
+) -> torch.Tensor:
     """Scores of one token (q_t [H, D], w_t [H]) against its visible entries -> [visible] f64."""
     n = min(visible_count(pos, ratio), keys.shape[0])
     q_t = q_t.to(F64)
@@ -29,8 +31,15 @@ def token_scores(q_t: torch.Tensor, w_t: torch.Tensor, keys: torch.Tensor, pos: 
     return out
 
 
-def expected_topk(q: torch.Tensor, weights: torch.Tensor, keys_per_req: list[torch.Tensor],
-                  token_req: list[int], token_pos: list[int], topk: int, ratio: int = 4):
+def expected_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    keys_per_req: list[torch.Tensor],
+    token_req: list[int],
+    token_pos: list[int],
+    topk: int,
+    ratio: int = 4,
+):
     """Per token: (scores of its visible entries [visible] f64, k = min(topk, visible))."""
     out = []
     for t in range(q.shape[0]):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Float64 oracle of one whole DeepSeek V4 attention layer, written from the spec (sections 2-4).
 
 One request at a time, the whole token sequence at once (causal), dense: explicit Python loops over
@@ -52,9 +53,9 @@ class OracleDims:
 
 @dataclass
 class OracleResult:
-    out: torch.Tensor                                   # [L, hidden] float64
-    selected: list[list[int]] = field(default_factory=list)   # per token: compressed entries used
-    scores: list[list[float]] = field(default_factory=list)   # per token: indexer score per entry
+    out: torch.Tensor  # [L, hidden] float64
+    selected: list[list[int]] = field(default_factory=list)  # per token: compressed entries used
+    scores: list[list[float]] = field(default_factory=list)  # per token: indexer score per entry
     margins: list[float] = field(default_factory=list)  # per token: top-k boundary gap / max|score|
 
 
@@ -89,8 +90,11 @@ def _freqs(dims: OracleDims, ratio: int) -> list[float]:
         return base
 
     def corr(rotations: float) -> float:
-        return r * math.log(dims.yarn_original_max / (rotations * 2.0 * math.pi)) \
+        return (
+            r
+            * math.log(dims.yarn_original_max / (rotations * 2.0 * math.pi))
             / (2.0 * math.log(theta))
+        )
 
     lo = max(math.floor(corr(dims.yarn_beta_fast)), 0)
     hi = min(math.ceil(corr(dims.yarn_beta_slow)), r - 1)
@@ -109,15 +113,16 @@ def _rope(v: torch.Tensor, pos: int, freqs: list[float], inverse: bool = False) 
     sin = torch.tensor([sign * math.sin(pos * f) for f in freqs], dtype=F64)
     out = v.clone()
     d = v.shape[-1]
-    a = v[..., d - r::2]
-    b = v[..., d - r + 1::2]
-    out[..., d - r::2] = a * cos - b * sin
-    out[..., d - r + 1::2] = a * sin + b * cos
+    a = v[..., d - r :: 2]
+    b = v[..., d - r + 1 :: 2]
+    out[..., d - r :: 2] = a * cos - b * sin
+    out[..., d - r + 1 :: 2] = a * sin + b * cos
     return out
 
 
-def _compressed_entries(x: torch.Tensor, p: dict, prefix: str, ratio: int, d: int,
-                        freqs: list[float], eps: float) -> list[torch.Tensor]:
+def _compressed_entries(
+    x: torch.Tensor, p: dict, prefix: str, ratio: int, d: int, freqs: list[float], eps: float
+) -> list[torch.Tensor]:
     """Every complete entry of the sequence x [L, hidden] (explicit loops over entries and
     member tokens; per-channel softmax)."""
     wkv = p[f"{prefix}.wkv.weight"]
@@ -128,19 +133,19 @@ def _compressed_entries(x: torch.Tensor, p: dict, prefix: str, ratio: int, d: in
     for i in range(x.shape[0] // ratio):
         kvs, gates = [], []
         if ratio == 4:
-            for tok in range(4 * i - 4, 4 * i):          # previous group: channels [0, d)
+            for tok in range(4 * i - 4, 4 * i):  # previous group: channels [0, d)
                 if tok < 0:
-                    continue                              # absent: weight exp(-inf) = 0
+                    continue  # absent: weight exp(-inf) = 0
                 kvs.append((wkv @ x[tok])[:d])
                 gates.append((wgate @ x[tok] + ape[tok % ratio])[:d])
-            for tok in range(4 * i, 4 * i + 4):          # own group: channels [d, 2d)
+            for tok in range(4 * i, 4 * i + 4):  # own group: channels [d, 2d)
                 kvs.append((wkv @ x[tok])[d:])
                 gates.append((wgate @ x[tok] + ape[tok % ratio])[d:])
         else:
             for tok in range(ratio * i, ratio * i + ratio):
                 kvs.append(wkv @ x[tok])
                 gates.append(wgate @ x[tok] + ape[tok % ratio])
-        g = torch.stack(gates)                            # [M, d]
+        g = torch.stack(gates)  # [M, d]
         e = torch.exp(g - g.max(dim=0).values)
         wts = e / e.sum(dim=0)
         pooled = (wts * torch.stack(kvs)).sum(dim=0)
@@ -153,21 +158,27 @@ def _params64(params: dict) -> dict:
     return {k: v.detach().to("cpu", F64) for k, v in params.items()}
 
 
-def _indexer_scores(p: dict, dims: OracleDims, x: torch.Tensor, q_r: list[torch.Tensor],
-                    freqs: list[float], ikeys=None) -> list[list[float]]:
+def _indexer_scores(
+    p: dict,
+    dims: OracleDims,
+    x: torch.Tensor,
+    q_r: list[torch.Tensor],
+    freqs: list[float],
+    ikeys=None,
+) -> list[list[float]]:
     """score(t, s) for every token t and every entry s visible to it (4s+3 <= t)."""
     if ikeys is None:
-        ikeys = _compressed_entries(x, p, "indexer.compressor", 4, dims.index_dim, freqs,
-                                    dims.eps)
+        ikeys = _compressed_entries(x, p, "indexer.compressor", 4, dims.index_dim, freqs, dims.eps)
     out = []
     for t in range(x.shape[0]):
         visible = (t + 1) // 4
         qi = (p["indexer.wq_b.weight"] @ q_r[t]).reshape(dims.index_heads, dims.index_dim)
         qi = _rope(qi, t, freqs)
-        w = (p["indexer.weights_proj.weight"] @ x[t]) \
-            * (dims.index_dim ** -0.5 * dims.index_heads ** -0.5)
+        w = (p["indexer.weights_proj.weight"] @ x[t]) * (
+            dims.index_dim**-0.5 * dims.index_heads**-0.5
+        )
         scores = []
-        for s in range(visible):                          # heads summed as one vector op
+        for s in range(visible):  # heads summed as one vector op
             scores.append(float((w * torch.clamp(qi @ ikeys[s], min=0.0)).sum()))
         out.append(scores)
     return out
@@ -184,9 +195,9 @@ def _top_k(scores: list[float], k: int) -> tuple[list[int], float]:
 
 
 @_one_thread
-def indexer_choices(params: dict, dims: OracleDims, x: torch.Tensor,
-                    keys: torch.Tensor | None = None
-                    ) -> tuple[list[list[int]], list[list[float]], list[float]]:
+def indexer_choices(
+    params: dict, dims: OracleDims, x: torch.Tensor, keys: torch.Tensor | None = None
+) -> tuple[list[list[int]], list[list[float]], list[float]]:
     """(selected entries sorted, scores, margins) per token of a c4a layer for one request.
 
     ``keys`` [N, index_dim] replaces the oracle's own indexer keys (e.g. by keys read back from a
@@ -207,8 +218,13 @@ def indexer_choices(params: dict, dims: OracleDims, x: torch.Tensor,
 
 # -- the layer -----------------------------------------------------------------------------------
 @_one_thread
-def layer_oracle(params: dict, dims: OracleDims, ratio: int, x: torch.Tensor,
-                 forced_selection: dict[int, list[int]] | None = None) -> OracleResult:
+def layer_oracle(
+    params: dict,
+    dims: OracleDims,
+    ratio: int,
+    x: torch.Tensor,
+    forced_selection: dict[int, list[int]] | None = None,
+) -> OracleResult:
     """Outputs of the layer for one request's tokens x [L, hidden] (positions 0..L-1).
 
     ``forced_selection`` {t: entries} replaces the indexer's choice at token t (used only where a
@@ -219,11 +235,13 @@ def layer_oracle(params: dict, dims: OracleDims, ratio: int, x: torch.Tensor,
     n_tok = x.shape[0]
     h_n, d, eps = dims.heads, dims.head_dim, dims.eps
     freqs = _freqs(dims, ratio)
-    tau = d ** -0.5
+    tau = d**-0.5
 
     q_r = [_rms(p["wq_a.weight"] @ x[t], p["q_norm.weight"], eps) for t in range(n_tok)]
-    keys = [_rope(_rms(p["wkv.weight"] @ x[t], p["kv_norm.weight"], eps), t, freqs)
-            for t in range(n_tok)]
+    keys = [
+        _rope(_rms(p["wkv.weight"] @ x[t], p["kv_norm.weight"], eps), t, freqs)
+        for t in range(n_tok)
+    ]
     entries = _compressed_entries(x, p, "compressor", ratio, d, freqs, eps) if ratio else []
     iscores = _indexer_scores(p, dims, x, q_r, freqs) if ratio == 4 else []
 
@@ -251,11 +269,11 @@ def layer_oracle(params: dict, dims: OracleDims, ratio: int, x: torch.Tensor,
             assert all(i in visible for i in chosen)
         res.selected.append(sorted(chosen))
         cands += [entries[i] for i in chosen]
-        kmat = torch.stack(cands)                         # [N, D]; K = V
+        kmat = torch.stack(cands)  # [N, D]; K = V
 
         o = torch.zeros(h_n, d, dtype=F64)
         for h in range(h_n):
-            logits = tau * (kmat @ qh[h])                 # [N]
+            logits = tau * (kmat @ qh[h])  # [N]
             sink = p["attn_sink"][h]
             m = torch.maximum(logits.max(), sink)
             ex = torch.exp(logits - m)
@@ -264,7 +282,7 @@ def layer_oracle(params: dict, dims: OracleDims, ratio: int, x: torch.Tensor,
 
         ys = []
         for g in range(g_n):
-            og = o[g * heads_per_group:(g + 1) * heads_per_group].reshape(-1)
+            og = o[g * heads_per_group : (g + 1) * heads_per_group].reshape(-1)
             ys.append(wo_a[g] @ og)
         res.out[t] = p["wo_b.weight"] @ torch.cat(ys)
     return res

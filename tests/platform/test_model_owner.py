@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """VLLM_DSV4_HW_MODEL_OWNER decides whose DeepseekV4ForCausalLM serves beside vllm-ascend.
 
 A fake ``vllm_ascend`` general plugin (what vllm-ascend's ``ascend_model`` and quantization
@@ -34,8 +35,12 @@ class World:
         self.quant["deepseek_v4_fp8"] = "AscendDeepseekV4FP8Config"
 
     def ours(self, owner: str) -> str:
-        return install(owner, self.registry, self.config_map if owner == "ours" else None,
-                       lambda: self.quant.__setitem__("dsv4_hw_fp8", "DSV4HwQuantConfig"))
+        return install(
+            owner,
+            self.registry,
+            self.config_map if owner == "ours" else None,
+            lambda: self.quant.__setitem__("dsv4_hw_fp8", "DSV4HwQuantConfig"),
+        )
 
     def served(self) -> str:
         return describe(self.registry.models[ARCHITECTURE])
@@ -56,9 +61,11 @@ def test_ours_wins_in_either_load_order(vendor_first, caplog):
     with caplog.at_level(logging.INFO, logger="vllm_dsv4_hw"):
         line = w.load("ours", vendor_first)
     assert w.served() == MODEL_CLASS
-    assert describe(w.registry.models[ASCEND_MTP[0]]) == ASCEND_MTP[1]   # its other models stay
-    assert w.quant == {"deepseek_v4_fp8": "AscendDeepseekV4FP8Config",
-                       "dsv4_hw_fp8": "DSV4HwQuantConfig"}
+    assert describe(w.registry.models[ASCEND_MTP[0]]) == ASCEND_MTP[1]  # its other models stay
+    assert w.quant == {
+        "deepseek_v4_fp8": "AscendDeepseekV4FP8Config",
+        "dsv4_hw_fp8": "DSV4HwQuantConfig",
+    }
     assert w.config_map[ARCHITECTURE].__name__ == "DSV4HwLaunchRules"
     # vLLM's own hook (FP8 checkpoints -> deepseek_v4_fp8) still runs under ours
     assert issubclass(w.config_map[ARCHITECTURE], MODELS_CONFIG_MAP[ARCHITECTURE])
@@ -74,7 +81,7 @@ def test_vendor_leaves_its_registrations_intact(vendor_first, caplog):
     with caplog.at_level(logging.INFO, logger="vllm_dsv4_hw"):
         line = w.load("vendor", vendor_first)
     assert w.served() == ASCEND_MODEL
-    assert w.quant == {"deepseek_v4_fp8": "AscendDeepseekV4FP8Config"}     # no dsv4_hw_fp8
+    assert w.quant == {"deepseek_v4_fp8": "AscendDeepseekV4FP8Config"}  # no dsv4_hw_fp8
     assert w.config_map[ARCHITECTURE] is MODELS_CONFIG_MAP[ARCHITECTURE]  # vLLM's hook, untouched
     assert "left to the vendor's registration" in line and line in caplog.text
 
@@ -107,12 +114,14 @@ def test_our_cpu_platform_leaves_a_vendor_model_alone(monkeypatch):
     from vllm_dsv4_hw.engine.cpu_platform import DSV4HwCpuPlatform, PlatformConfigError
 
     seen = []
-    monkeypatch.setattr(CpuPlatform, "check_and_update_config",
-                        classmethod(lambda cls, cfg: seen.append(cfg)))
+    monkeypatch.setattr(
+        CpuPlatform, "check_and_update_config", classmethod(lambda cls, cfg: seen.append(cfg))
+    )
     cfg = SimpleNamespace(
         model_config=SimpleNamespace(hf_config=SimpleNamespace(model_type="deepseek_v4")),
         cache_config=SimpleNamespace(block_size=128, user_specified_block_size=True),
-        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False))
+        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False),
+    )
     monkeypatch.setattr("vllm_dsv4_hw.engine.launch_rules.check_serve_settings", lambda c: None)
     with pytest.raises(PlatformConfigError, match="--block-size 256"):
         DSV4HwCpuPlatform.check_and_update_config(cfg)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The stream layer: inline on CPU, event-ordered branches on devices with streams.
 
 The ordering on a device is checked with a recording fake of the device module (the same API
@@ -91,9 +92,12 @@ def test_device_branches_wait_for_main_then_main_waits_for_branches():
     assert seen == ["aux0", "aux1", "main"]
     ops = [e for e in rec.log if e[0] != "new_stream"]
     assert ops == [
-        ("wait_stream", "aux0", "main"), ("record", "aux0"),
-        ("wait_stream", "aux1", "main"), ("record", "aux1"),
-        ("wait_event", "main", "aux0"), ("wait_event", "main", "aux1"),
+        ("wait_stream", "aux0", "main"),
+        ("record", "aux0"),
+        ("wait_stream", "aux1", "main"),
+        ("record", "aux1"),
+        ("wait_event", "main", "aux0"),
+        ("wait_event", "main", "aux1"),
     ]
     # a second join has nothing pending
     aux.join()
@@ -136,7 +140,7 @@ def test_after_waits_for_branches_started_since_the_last_join_only():
         pass
     aux.join()
     start = len(rec.log)
-    with aux.branch(0, after=(2,)):       # branch 2 not started since the join: no wait
+    with aux.branch(0, after=(2,)):  # branch 2 not started since the join: no wait
         pass
     with aux.branch(2):
         pass
@@ -144,10 +148,15 @@ def test_after_waits_for_branches_started_since_the_last_join_only():
         pass
     aux.join()
     assert rec.log[start:] == [
-        ("wait_stream", "aux0", "main"), ("record", "aux0"),
-        ("wait_stream", "aux2", "main"), ("record", "aux2"),
-        ("wait_stream", "aux0", "main"), ("wait_event", "aux0", "aux2"), ("record", "aux0"),
-        ("wait_event", "main", "aux0"), ("wait_event", "main", "aux2"),
+        ("wait_stream", "aux0", "main"),
+        ("record", "aux0"),
+        ("wait_stream", "aux2", "main"),
+        ("record", "aux2"),
+        ("wait_stream", "aux0", "main"),
+        ("wait_event", "aux0", "aux2"),
+        ("record", "aux0"),
+        ("wait_event", "main", "aux0"),
+        ("wait_event", "main", "aux2"),
         ("wait_event", "main", "aux0"),
     ]
     with pytest.raises(IndexError, match="branch 3 out of range"):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The HTTP side of a ``vllm serve`` process for tests (standard library only): the errors, the
 requests a test sends (:class:`ServerClient`, the base of ``server.VllmServer``) and
 :func:`map_concurrently` for requests in flight together.
@@ -32,12 +33,14 @@ class ServerClient:
     url: str
     served_model_name: str
 
-    def request(self, method: str, path: str, body: Any = None,
-                timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, bytes]:
+    def request(
+        self, method: str, path: str, body: Any = None, timeout: float = REQUEST_TIMEOUT_S
+    ) -> tuple[int, bytes]:
         """(status, raw body); never raises for an HTTP error status."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, r.read()
@@ -59,8 +62,13 @@ class ServerClient:
 
     def completion_body(self, prompt: str | list[int], **params) -> dict:
         """Defaults: greedy, 32 new tokens, token ids returned; ``params`` override them."""
-        body = {"model": self.served_model_name, "prompt": prompt, "max_tokens": 32,
-                "temperature": 0.0, "return_token_ids": True}
+        body = {
+            "model": self.served_model_name,
+            "prompt": prompt,
+            "max_tokens": 32,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
         body.update(params)
         return body
 
@@ -74,16 +82,24 @@ class ServerClient:
 
     def chat(self, messages: list[dict], **params) -> dict:
         """The whole ``/v1/chat/completions`` response (greedy, 32 tokens unless overridden)."""
-        body = {"model": self.served_model_name, "messages": messages, "max_tokens": 32,
-                "temperature": 0.0, "return_token_ids": True}
+        body = {
+            "model": self.served_model_name,
+            "messages": messages,
+            "max_tokens": 32,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
         body.update(params)
         return self.post("/v1/chat/completions", body)
 
     def stream(self, path: str, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> Iterator[dict]:
         """Server-sent events of a streamed request, parsed; stops at ``data: [DONE]``."""
         body = dict(body, stream=True)
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             resp = urllib.request.urlopen(req, timeout=timeout)
         except urllib.error.HTTPError as e:
@@ -94,7 +110,7 @@ class ServerClient:
                 line = raw.decode().strip()
                 if not line or not line.startswith("data:"):
                     continue
-                data = line[len("data:"):].strip()
+                data = line[len("data:") :].strip()
                 if data == "[DONE]":
                     done = True
                     break
@@ -122,8 +138,10 @@ class ServerClient:
     def metric(self, name: str) -> float:
         m = self.metrics()
         if name not in m:
-            raise KeyError(f"{name} not in /metrics of {self.url}; has e.g. "
-                           f"{sorted(k for k in m if k.startswith('vllm:'))[:40]}")
+            raise KeyError(
+                f"{name} not in /metrics of {self.url}; has e.g. "
+                f"{sorted(k for k in m if k.startswith('vllm:'))[:40]}"
+            )
         return m[name]
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures of the serve suite: tiny checkpoints made once per session, and ``vllm serve`` processes.
 
 A server costs about 35-50 s to become healthy on 2 cores, so the suite starts few and overlaps
@@ -77,6 +78,7 @@ def pytest_runtest_makereport(item, call):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     pool = getattr(config, "_dsv4_server_pool", None)
     if pool and pool.startups:
-        times = ", ".join(f"{n} {s:.0f} s{' (in background)' if bg else ''}"
-                          for n, s, bg in pool.startups)
+        times = ", ".join(
+            f"{n} {s:.0f} s{' (in background)' if bg else ''}" for n, s, bg in pool.startups
+        )
         terminalreporter.write_line(f"vllm serve startups: {times}")

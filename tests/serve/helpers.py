@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Prompts, greedy-output comparison and the ``torch.ops._C*`` trap file, for the serve tests."""
 
 from __future__ import annotations
@@ -27,8 +28,14 @@ def greedy_params(salt: str | None = None, **extra) -> dict:
     """Request fields for a comparable greedy run: 32 tokens (EOS ignored), token ids, the top-5
     logprobs keyed by token id; ``salt`` (vLLM's ``cache_salt``) keeps the request out of other
     requests' prefix-cache entries."""
-    params = {"max_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True,
-              "return_token_ids": True, "logprobs": TOP, "return_tokens_as_token_ids": True}
+    params = {
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "logprobs": TOP,
+        "return_tokens_as_token_ids": True,
+    }
     if salt is not None:
         params["cache_salt"] = salt
     params.update(extra)
@@ -38,8 +45,8 @@ def greedy_params(salt: str | None = None, **extra) -> dict:
 @dataclass
 class Greedy:
     ids: list[int]
-    logprobs: list[float]            # of the chosen token at each step
-    top: list[dict[int, float]]      # top-5 at each step, by token id
+    logprobs: list[float]  # of the chosen token at each step
+    top: list[dict[int, float]]  # top-5 at each step, by token id
 
     @classmethod
     def of(cls, choice: dict) -> Greedy:
@@ -52,8 +59,9 @@ class GreedyMismatch(AssertionError):
     pass
 
 
-def compare_greedy(got: Greedy, ref: Greedy, *, lp_tol: float, tie_gap: float,
-                   what: str = "") -> tuple[str, float]:
+def compare_greedy(
+    got: Greedy, ref: Greedy, *, lp_tol: float, tie_gap: float, what: str = ""
+) -> tuple[str, float]:
     """Check ``got`` against ``ref`` (same prompt, another server or batch); returns
     (summary, max |dlogprob| of the chosen tokens over the equal steps).
 
@@ -71,7 +79,8 @@ def compare_greedy(got: Greedy, ref: Greedy, *, lp_tol: float, tie_gap: float,
             if d > lp_tol:
                 raise GreedyMismatch(
                     f"{what}: step {i}: same token {a} but logprob {got.logprobs[i]:.4f} vs "
-                    f"{ref.logprobs[i]:.4f} (|d| {d:.4f} > {lp_tol})\n got {got.ids}\n ref {ref.ids}")
+                    f"{ref.logprobs[i]:.4f} (|d| {d:.4f} > {lp_tol})\n got {got.ids}\n ref {ref.ids}"
+                )
             continue
         ref_alt, got_alt = ref.top[i].get(a), got.top[i].get(b)
         ref_margin = None if ref_alt is None else ref.logprobs[i] - ref_alt
@@ -80,9 +89,12 @@ def compare_greedy(got: Greedy, ref: Greedy, *, lp_tol: float, tie_gap: float,
             raise GreedyMismatch(
                 f"{what}: step {i}: token {a} vs reference {b}, not a near-tie (reference margin "
                 f"{ref_margin}, this run's margin {got_margin}, tie gap {tie_gap})\n"
-                f" got {got.ids}\n ref {ref.ids}\n got top-5 {got.top[i]}\n ref top-5 {ref.top[i]}")
-        msg = (f"{what}: equal for {i} tokens, then a near-tie ({a} vs {b}; margins "
-               f"{got_margin:.4f} / {ref_margin:.4f})")
+                f" got {got.ids}\n ref {ref.ids}\n got top-5 {got.top[i]}\n ref top-5 {ref.top[i]}"
+            )
+        msg = (
+            f"{what}: equal for {i} tokens, then a near-tie ({a} vs {b}; margins "
+            f"{got_margin:.4f} / {ref_margin:.4f})"
+        )
         warnings.warn(msg, NearTieDivergence, stacklevel=2)
         return msg, worst
     return f"{what}: all {NEW_TOKENS} tokens equal (max |dlogprob| {worst:.2e})", worst
@@ -116,8 +128,12 @@ class GaugeWatch:
     """Polls ``/metrics`` in a thread while a block runs; ``max[name]`` is the largest value seen
     (e.g. ``vllm:num_requests_running``: did requests really run together?)."""
 
-    def __init__(self, server, names: tuple[str, ...] = ("vllm:num_requests_running",),
-                 interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        server,
+        names: tuple[str, ...] = ("vllm:num_requests_running",),
+        interval: float = 0.25,
+    ) -> None:
         import threading
 
         self.server, self.names, self.interval = server, names, interval

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """transformers' ``DeepseekV4ForCausalLM`` as the reference for the served model (float32).
 
 For a checkpoint directory and token-id prompts: the log-softmax after every prompt position and
@@ -46,10 +47,16 @@ def _prompt_logprobs(path: str, ids: tuple[int, ...]) -> torch.Tensor:
 @torch.no_grad()
 def _greedy(path: str, ids: tuple[int, ...], new_tokens: int) -> tuple[tuple, tuple]:
     model = _model(path)
-    out = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens,
-                         min_new_tokens=new_tokens, do_sample=False, output_scores=True,
-                         return_dict_in_generate=True, pad_token_id=0)
-    tokens = out.sequences[0, len(ids):].tolist()
+    out = model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    tokens = out.sequences[0, len(ids) :].tolist()
     gaps = []
     for scores in out.scores:
         top2 = scores[0].float().log_softmax(-1).topk(2).values

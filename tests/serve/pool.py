@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The servers of a serve-test session: :class:`ServerSpec` (one ``vllm serve`` configuration) and
 :class:`ServerPool` (named servers on the session's tiny-flash checkpoints, the next planned one
 launched in the background while a test runs), sharing one vLLM cache directory.
@@ -43,8 +44,8 @@ class ServerPool:
         self._checkpoints: dict[str, Path] = {}
         self.servers: dict[str, VllmServer] = {}
         self.specs: dict[str, ServerSpec] = {}
-        self.plan: list[ServerSpec] = []        # first-use order of the selected tests
-        self.startups: list[tuple[str, float, bool]] = []   # name, seconds, overlapped
+        self.plan: list[ServerSpec] = []  # first-use order of the selected tests
+        self.startups: list[tuple[str, float, bool]] = []  # name, seconds, overlapped
         self._launched: set[str] = set()
         self._cache_root: Path | None = None
 
@@ -73,9 +74,16 @@ class ServerPool:
         # keyed by the model module's hash; later starts read it, as a machine's second start does.
         # A spec's own VLLM_CACHE_ROOT wins.
         env = {"VLLM_CACHE_ROOT": str(self._cache_root), **dict(spec.env)}
-        server = VllmServer(self.checkpoint(spec.checkpoint), args=spec.args, env=env,
-                            log_path=log_dir / "server.log", max_model_len=spec.max_model_len,
-                            name=spec.name, trap_c_ops=spec.trap_c_ops, **spec.extra)
+        server = VllmServer(
+            self.checkpoint(spec.checkpoint),
+            args=spec.args,
+            env=env,
+            log_path=log_dir / "server.log",
+            max_model_len=spec.max_model_len,
+            name=spec.name,
+            trap_c_ops=spec.trap_c_ops,
+            **spec.extra,
+        )
         self.servers[spec.name] = server
         self.specs[spec.name] = spec
         self._launched.add(spec.name)
@@ -87,8 +95,11 @@ class ServerPool:
         the next planned server in the background. Also ``get(name, checkpoint_path, args=[...],
         env={...}, max_model_len=..., trap_c_ops=..., **VllmServer_kwargs)``."""
         if not isinstance(spec, ServerSpec):
-            own = {k: kwargs.pop(k) for k in ("args", "env", "max_model_len", "trap_c_ops")
-                   if k in kwargs}
+            own = {
+                k: kwargs.pop(k)
+                for k in ("args", "env", "max_model_len", "trap_c_ops")
+                if k in kwargs
+            }
             spec = ServerSpec(spec, checkpoint=str(model), extra=kwargs, **own)
         overlapped = spec.name in self.servers
         server = self.launch(spec)
@@ -108,12 +119,12 @@ class ServerPool:
         names = [s.name for s in self.plan]
         if name not in names:
             return
-        for nxt in self.plan[names.index(name) + 1:]:
+        for nxt in self.plan[names.index(name) + 1 :]:
             if nxt.name not in self._launched:
                 self.launch(nxt)
                 return
             if nxt.name in self.servers and self.servers[nxt.name].startup_s is None:
-                return      # already starting
+                return  # already starting
 
     def stop(self, name: str) -> None:
         server = self.servers.pop(name, None)

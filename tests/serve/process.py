@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A ``vllm serve`` process for tests: launch in its own session, wait for ``/health``, stop the whole
 process group, read the log (:class:`VllmServer`; its requests: ``client.ServerClient``).
 """
@@ -31,7 +32,7 @@ STARTUP_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
 
 BASE_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",      # GiB of KV cache on CPU
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU
     "HF_HUB_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
@@ -64,7 +65,7 @@ def _load_prctl():
         return None
 
 
-_PRCTL = _load_prctl()      # resolved here: the child calls it between fork and exec
+_PRCTL = _load_prctl()  # resolved here: the child calls it between fork and exec
 
 
 def _die_with_parent() -> None:
@@ -72,7 +73,7 @@ def _die_with_parent() -> None:
     a test process killed by a signal leaves no server behind (vLLM's API server then stops its
     engine and worker). Launch servers from the main thread: the signal follows the thread."""
     if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _kill_group(proc: subprocess.Popen, timeout: float) -> None:
@@ -108,11 +109,20 @@ class VllmServer(ServerClient):
     test-only entry point of ``tests.support.c_op_trap`` (its distribution on ``PYTHONPATH``).
     """
 
-    def __init__(self, model: str | os.PathLike, *, args: Sequence[str] = (),
-                 env: dict[str, str] | None = None, log_path: str | os.PathLike | None = None,
-                 max_model_len: int = 2048, enforce_eager: bool = True, port: int | None = None,
-                 startup_timeout: float = STARTUP_TIMEOUT_S, name: str = "vllm",
-                 trap_c_ops: bool = False) -> None:
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        *,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        log_path: str | os.PathLike | None = None,
+        max_model_len: int = 2048,
+        enforce_eager: bool = True,
+        port: int | None = None,
+        startup_timeout: float = STARTUP_TIMEOUT_S,
+        name: str = "vllm",
+        trap_c_ops: bool = False,
+    ) -> None:
         self.model = str(model)
         self.args = [str(a) for a in args]
         self.extra_env = dict(env or {})
@@ -144,19 +154,29 @@ class VllmServer(ServerClient):
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = vllm_command() + [self.model, "--host", "127.0.0.1", "--port", str(self.port),
-                                "--max-model-len", str(self.max_model_len)]
+        cmd = vllm_command() + [
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(self.max_model_len),
+        ]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
         return cmd + self.args
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if k not in DROP_ENV and not k.startswith(DROP_ENV_PREFIXES)}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in DROP_ENV and not k.startswith(DROP_ENV_PREFIXES)
+        }
         env.update(BASE_ENV)
         env["VLLM_CACHE_ROOT"] = str(self.log_path.parent / "vllm-cache")
         env.update(self.extra_env)
-        if self.trap_path is not None:   # ahead of the PYTHONPATH the server has otherwise
+        if self.trap_path is not None:  # ahead of the PYTHONPATH the server has otherwise
             env.update(c_op_trap.server_env(self.trap_path, env.get("PYTHONPATH")))
         return env
 
@@ -182,16 +202,23 @@ class VllmServer(ServerClient):
         self._log_file.write(f"$ {' '.join(cmd)}\n".encode())
         self._log_file.flush()
         self._launched_at = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=self.environment(),
-                                     cwd=str(self.log_path.parent), start_new_session=True,
-                                     preexec_fn=_die_with_parent)  # noqa: PLW1509 (one prctl call)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.environment(),
+            cwd=str(self.log_path.parent),
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )  # noqa: PLW1509 (one prctl call)
         # If the test process ends without stop(), the group still goes down.
         self._finalizer = weakref.finalize(self, _kill_group, self.proc, 5.0)
         self._ready = threading.Event()
         self._healthy_at: float | None = None
-        threading.Thread(target=self._watch_startup, name=f"{self.name}-startup",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._watch_startup, name=f"{self.name}-startup", daemon=True
+        ).start()
         return self
 
     def _health_ok(self) -> bool:
@@ -227,10 +254,13 @@ class VllmServer(ServerClient):
             return
         code = self.proc.poll()
         if code is not None:
-            raise ServerError(f"{self.name}: vllm serve exited with {code} before becoming "
-                              f"healthy\n{self.log_tail()}")
-        raise ServerError(f"{self.name}: not healthy {budget:.0f} s after its launch"
-                          f"\n{self.log_tail()}")
+            raise ServerError(
+                f"{self.name}: vllm serve exited with {code} before becoming "
+                f"healthy\n{self.log_tail()}"
+            )
+        raise ServerError(
+            f"{self.name}: not healthy {budget:.0f} s after its launch\n{self.log_tail()}"
+        )
 
     def stop(self) -> None:
         if self.proc is None:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A ``vllm serve`` process for tests, and a small HTTP client for it (standard library only).
 
     with VllmServer(ckpt, args=["--dtype", "float32"], env={"VLLM_DSV4_HW_INDEXER_FORMAT": "bf16"},
@@ -39,7 +40,21 @@ from tests.serve.process import (  # noqa: F401
     vllm_command,
 )
 
-__all__ = ["BASE_ENV", "CKPT_SEED", "DROP_ENV", "DROP_ENV_PREFIXES", "REQUEST_TIMEOUT_S",
-           "STARTUP_TIMEOUT_S", "STOP_TIMEOUT_S", "HTTPStatusError", "ServerClient", "ServerError",
-           "ServerPool", "ServerSpec", "VllmServer", "free_port", "map_concurrently",
-           "vllm_command"]
+__all__ = [
+    "BASE_ENV",
+    "CKPT_SEED",
+    "DROP_ENV",
+    "DROP_ENV_PREFIXES",
+    "REQUEST_TIMEOUT_S",
+    "STARTUP_TIMEOUT_S",
+    "STOP_TIMEOUT_S",
+    "HTTPStatusError",
+    "ServerClient",
+    "ServerError",
+    "ServerPool",
+    "ServerSpec",
+    "VllmServer",
+    "free_port",
+    "map_concurrently",
+    "vllm_command",
+]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``vllm serve`` of the tiny FP8 checkpoint under platforms that are not the plugin's own, with
 the plugin's platform off (``VLLM_DSV4_HW_PLATFORM=off``), each loaded through a
 ``vllm.platform_plugins`` entry point as a vendor's package is (``tests/foreign_platform``):
@@ -44,12 +45,20 @@ KV_BYTES = 1 << 30  # a vendor's platform does not read VLLM_CPU_KVCACHE_SPACE: 
 # one other process used a core (another server starting in the background); with one thread
 # 2.3 s and 2.7 s (measured 2026-12-02). Thread placement only: the requests and checks are the same.
 FLOAT32 = ("--dtype", "float32")
-FOREIGN = ServerSpec("foreign", checkpoint="fp8", max_model_len=2048,
-                     env={**server_env("foreign"), "OMP_NUM_THREADS": "1"},
-                     args=(*FLOAT32, "--kv-cache-memory-bytes", str(KV_BYTES)))
-SERVERS = {"ref_server": SCHEDULING_SERVERS["ref_server"], "foreign_server": FOREIGN,
-           "stock_cpu_server": ServerSpec("stock-cpu", checkpoint="fp8", max_model_len=2048,
-                                          env=server_env("stock_cpu"), args=FLOAT32)}
+FOREIGN = ServerSpec(
+    "foreign",
+    checkpoint="fp8",
+    max_model_len=2048,
+    env={**server_env("foreign"), "OMP_NUM_THREADS": "1"},
+    args=(*FLOAT32, "--kv-cache-memory-bytes", str(KV_BYTES)),
+)
+SERVERS = {
+    "ref_server": SCHEDULING_SERVERS["ref_server"],
+    "foreign_server": FOREIGN,
+    "stock_cpu_server": ServerSpec(
+        "stock-cpu", checkpoint="fp8", max_model_len=2048, env=server_env("stock_cpu"), args=FLOAT32
+    ),
+}
 PROMPT = "The quick brown fox"
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 CONCURRENT = 8
@@ -57,7 +66,7 @@ CONCURRENT = 8
 
 @pytest.fixture(scope="module")
 def ref_server(vllm_servers):
-    yield vllm_servers.get(SERVERS["ref_server"])   # test_scheduling stops it after its own tests
+    yield vllm_servers.get(SERVERS["ref_server"])  # test_scheduling stops it after its own tests
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +87,14 @@ def _complete(server, prompt) -> Greedy:
 
 def _chat(server) -> Greedy:
     """The chat reply as a :class:`Greedy` (chat logprobs come per token, ids as "token_id:N")."""
-    out = server.chat(MESSAGES, ignore_eos=True, logprobs=True, top_logprobs=TOP,
-                      return_tokens_as_token_ids=True)["choices"][0]
+    out = server.chat(
+        MESSAGES, ignore_eos=True, logprobs=True, top_logprobs=TOP, return_tokens_as_token_ids=True
+    )["choices"][0]
     steps = out["logprobs"]["content"]
-    top = [{int(t["token"].split(":", 1)[1]): t["logprob"] for t in step["top_logprobs"]}
-           for step in steps]
+    top = [
+        {int(t["token"].split(":", 1)[1]): t["logprob"] for t in step["top_logprobs"]}
+        for step in steps
+    ]
     return Greedy(list(out["token_ids"]), [step["logprob"] for step in steps], top)
 
 
@@ -99,11 +111,14 @@ def ours(ref_server):
 
 
 def test_foreign_platform_is_active_and_the_launch_rules_ran_first(foreign_server):
-    assert foreign_server.log_lines("foreign platform: worker tests.foreign_platform.worker"), \
+    assert foreign_server.log_lines("foreign platform: worker tests.foreign_platform.worker"), (
         foreign_server.log_tail()
+    )
     assert not foreign_server.log_lines("on the plugin's CPU platform"), "our platform was active"
     assert foreign_server.log_lines("DSV4ForCausalLM (vllm_dsv4_hw)"), "not our model class"
-    rules = foreign_server.log_lines("launch rules hold on platform ForeignPlatform: block size 256")
+    rules = foreign_server.log_lines(
+        "launch rules hold on platform ForeignPlatform: block size 256"
+    )
     assert rules and all("APIServer" in line for line in rules), foreign_server.log_tail()
 
 
@@ -121,9 +136,13 @@ def _concurrent_vs_solo(server) -> list[str]:
     solo = [run(i, "solo") for i in range(CONCURRENT)]
     with GaugeWatch(server) as watch:
         together = map_concurrently(lambda i: run(i, "together"), range(CONCURRENT))
-    assert watch.max["vllm:num_requests_running"] >= 2, f"requests did not run together: {watch.max}"
-    return [compare_greedy(got, ref, lp_tol=LP_TOL, tie_gap=TIE_GAP, what=f"prompt {i}")[0]
-            for i, (got, ref) in enumerate(zip(together, solo))]
+    assert watch.max["vllm:num_requests_running"] >= 2, (
+        f"requests did not run together: {watch.max}"
+    )
+    return [
+        compare_greedy(got, ref, lp_tol=LP_TOL, tie_gap=TIE_GAP, what=f"prompt {i}")[0]
+        for i, (got, ref) in enumerate(zip(together, solo))
+    ]
 
 
 def test_foreign_platform_concurrent_requests_equal_solo(foreign_server):
@@ -135,5 +154,4 @@ def test_foreign_platform_concurrent_requests_equal_solo(foreign_server):
 
 def test_stock_cpu_platform_equals_ours(stock_cpu_server, ours):
     assert not stock_cpu_server.log_lines("on the plugin's CPU platform"), "our platform was active"
-    _agree({"complete": _complete(stock_cpu_server, PROMPT), "chat": _chat(stock_cpu_server)},
-           ours)
+    _agree({"complete": _complete(stock_cpu_server, PROMPT), "chat": _chat(stock_cpu_server)}, ours)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Upstream's DeepSeek V4 command line works unchanged, and what cannot work stops early.
 
 * ``recipe``: the FP8 tiny checkpoint with the flags users copy from vLLM's DeepSeek V4 recipe and
@@ -35,22 +36,49 @@ pytestmark = pytest.mark.slow
 # Refusals took 15.0 s and (2026-12-03, a suite of 1,923 s) 20.0 s in loaded fresh-clone CI runs;
 # a model load is ~35 s on an idle machine, more on a loaded one.
 EARLY_S = 30.0
-RECIPE = ("--kv-cache-dtype", "fp8", "--block-size", "256",
-          "--attention-config.indexer_kv_dtype=mxfp4", "--tokenizer-mode", "deepseek_v4",
-          "--reasoning-parser", "deepseek_v4", "--tool-call-parser", "deepseek_v4",
-          "--enable-auto-tool-choice", "--structured-outputs-config.enable_in_reasoning=True",
-          "--compilation-config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}')
-SERVERS = {"recipe_server": ServerSpec("recipe", checkpoint="fp8", args=RECIPE,
-                                       extra={"enforce_eager": False})}
+RECIPE = (
+    "--kv-cache-dtype",
+    "fp8",
+    "--block-size",
+    "256",
+    "--attention-config.indexer_kv_dtype=mxfp4",
+    "--tokenizer-mode",
+    "deepseek_v4",
+    "--reasoning-parser",
+    "deepseek_v4",
+    "--tool-call-parser",
+    "deepseek_v4",
+    "--enable-auto-tool-choice",
+    "--structured-outputs-config.enable_in_reasoning=True",
+    "--compilation-config",
+    '{"cudagraph_mode": "FULL_AND_PIECEWISE"}',
+)
+SERVERS = {
+    "recipe_server": ServerSpec(
+        "recipe", checkpoint="fp8", args=RECIPE, extra={"enforce_eager": False}
+    )
+}
 DSML = "｜DSML｜"
-SCRIPT = ("I should look up the weather.</think>\n\n"
-          f"<{DSML}tool_calls>\n<{DSML}invoke name=\"get_weather\">\n"
-          f"<{DSML}parameter name=\"city\" string=\"true\">Paris</{DSML}parameter>\n"
-          f"</{DSML}invoke>\n</{DSML}tool_calls>")
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}]
+SCRIPT = (
+    "I should look up the weather.</think>\n\n"
+    f"<{DSML}tool_calls>\n<{DSML}invoke name=\"get_weather\">\n"
+    f"<{DSML}parameter name=\"city\" string=\"true\">Paris</{DSML}parameter>\n"
+    f"</{DSML}invoke>\n</{DSML}tool_calls>"
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "current weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +97,12 @@ def test_recipe_flags_serve_completions_and_chat(recipe_server):
 
 
 def test_reasoning_and_tool_call_fields(recipe_server):
-    chat = recipe_server.chat([{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS,
-                              max_tokens=200, structured_outputs={"choice": [SCRIPT]})
+    chat = recipe_server.chat(
+        [{"role": "user", "content": "Weather in Paris?"}],
+        tools=TOOLS,
+        max_tokens=200,
+        structured_outputs={"choice": [SCRIPT]},
+    )
     choice = chat["choices"][0]
     msg = choice["message"]
     assert choice["finish_reason"] == "tool_calls", choice
@@ -89,8 +121,15 @@ def _serve_fails(run_dir, ckpt, *args, unset: tuple[str, ...] = ()) -> tuple[flo
 
     # one log directory, hence one VLLM_CACHE_ROOT, for every refusal: vLLM's first start with a
     # cold cache inspects the model class in a subprocess (about 10 s more); later starts read it
-    server = VllmServer(ckpt, args=args, max_model_len=1024, log_path=run_dir / "server.log",
-                        name="refused", enforce_eager=False, port=free_port())
+    server = VllmServer(
+        ckpt,
+        args=args,
+        max_model_len=1024,
+        log_path=run_dir / "server.log",
+        name="refused",
+        enforce_eager=False,
+        port=free_port(),
+    )
     t0 = time.monotonic()
     env = {k: v for k, v in server.environment().items() if k not in unset}
     p = subprocess.run(server.command(), capture_output=True, text=True, timeout=120, env=env)
@@ -117,19 +156,29 @@ def _missing_tensor(tmp_path, ckpt):
 CASES = {
     "bad compress_ratios": (_bad_ratio, (), ("compress_ratios[2] = 8", "layer 2", "0, 4, 128")),
     "missing tensor": (_missing_tensor, (), ("layers.3.attn.compressor.wkv.weight", "missing")),
-    "tensor parallel split": (None, ("--tensor-parallel-size", "4"),
-                              ("--tensor-parallel-size 4", "o_groups 2", "sizes that split this "
-                               "checkpoint: 1, 2")),
+    "tensor parallel split": (
+        None,
+        ("--tensor-parallel-size", "4"),
+        ("--tensor-parallel-size 4", "o_groups 2", "sizes that split this checkpoint: 1, 2"),
+    ),
     "data parallel": (None, ("--data-parallel-size", "2"), ("--data-parallel-size 2",)),
-    "nvfp4 indexer keys": (None, ("--attention-config.indexer_kv_dtype=nvfp4",), ("nvfp4",
-                                                                                "mxfp4")),
+    "nvfp4 indexer keys": (
+        None,
+        ("--attention-config.indexer_kv_dtype=nvfp4",),
+        ("nvfp4", "mxfp4"),
+    ),
     "kv cache dtype": (None, ("--kv-cache-dtype", "fp8_e5m2"), ("--kv-cache-dtype fp8_e5m2",)),
     # 64 MiB of KV cache (VLLM_CPU_KVCACHE_SPACE unset: it would override the flag) for 1M
     # positions; vLLM's own engine figures for these settings are 0.51 GiB needed and 792 tokens.
-    "kv pool too small": (None, ("--max-model-len", "1048576", "--kv-cache-memory-bytes",
-                                 str(64 << 20)),
-                          ("--max-model-len 1048576 needs 0.505 GiB", "has 0.062 GiB "
-                           "(--kv-cache-memory-bytes)", "at most 792")),
+    "kv pool too small": (
+        None,
+        ("--max-model-len", "1048576", "--kv-cache-memory-bytes", str(64 << 20)),
+        (
+            "--max-model-len 1048576 needs 0.505 GiB",
+            "has 0.062 GiB (--kv-cache-memory-bytes)",
+            "at most 792",
+        ),
+    ),
 }
 UNSET = {"kv pool too small": ("VLLM_CPU_KVCACHE_SPACE",)}
 

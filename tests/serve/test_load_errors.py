@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``vllm serve`` of a broken checkpoint stops at load with a message naming the tensor or field.
 
 The loader's own tests (tests/model/test_network.py) cover every error kind; these two check that
@@ -24,8 +25,7 @@ def _copy(src, dst):
 
 
 def _fails_with(tmp_path, ckpt, needle: str) -> str:
-    server = VllmServer(ckpt, log_path=tmp_path / "server.log", name="broken",
-                        startup_timeout=240)
+    server = VllmServer(ckpt, log_path=tmp_path / "server.log", name="broken", startup_timeout=240)
     with pytest.raises(ServerError):
         server.start()
     log = server.log_text()

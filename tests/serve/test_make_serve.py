@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``make serve``, the README's first command, tells the truth: it builds the tiny checkpoint when
 it is missing (a fresh clone has none), says what it is doing, and prints its READY line with the
 URL and requests to paste only after ``/health`` answers, after vLLM's start-up log.
@@ -28,8 +29,9 @@ TIMEOUT_S = 300
 
 
 def _fresh_copy(dest: Path) -> Path:
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     for f in files:
         target = dest / f
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -54,11 +56,21 @@ def test_make_serve_prints_ready_after_health(tmp_path):
     repo = _fresh_copy(tmp_path / "clone")
     assert not (repo / "checkpoints").exists()
     port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("VLLM_DSV4_HW_") and k != "TRITON_INTERPRET"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("VLLM_DSV4_HW_") and k != "TRITON_INTERPRET"
+    }
     env.update(PORT=str(port), VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(["make", "serve"], cwd=repo, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["make", "serve"],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     lines: list[str] = []
     healthy_when_ready = None

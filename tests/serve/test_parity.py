@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Parity of ``vllm serve`` (our plugin) with transformers' DeepseekV4ForCausalLM on one checkpoint.
 
 The bf16 tiny checkpoint, served in float32 with the bf16 cache formats (main and indexer), against
@@ -45,21 +46,33 @@ KV_GIB = 1  # tests.serve.server.BASE_ENV VLLM_CPU_KVCACHE_SPACE
 
 @pytest.fixture(scope="module")
 def bf16_parity_server(vllm_servers, ckpt_bf16):
-    server = vllm_servers.get("bf16-parity", ckpt_bf16,
-                              args=["--dtype", "float32", "--kv-cache-dtype", "bfloat16",
-                                    "--max-num-batched-tokens", str(MAX_BATCHED)],
-                              env={"VLLM_DSV4_HW_INDEXER_FORMAT": "bf16"})
+    server = vllm_servers.get(
+        "bf16-parity",
+        ckpt_bf16,
+        args=[
+            "--dtype",
+            "float32",
+            "--kv-cache-dtype",
+            "bfloat16",
+            "--max-num-batched-tokens",
+            str(MAX_BATCHED),
+        ],
+        env={"VLLM_DSV4_HW_INDEXER_FORMAT": "bf16"},
+    )
     yield server
     vllm_servers.stop("bf16-parity")
 
 
 @pytest.fixture(scope="module")
 def compact_parity_server(vllm_servers, ckpt_bf16):
-    server = vllm_servers.get("compact-parity", ckpt_bf16,
-                              args=["--dtype", "float32", "--max-num-batched-tokens",
-                                    str(MAX_BATCHED)])
+    server = vllm_servers.get(
+        "compact-parity",
+        ckpt_bf16,
+        args=["--dtype", "float32", "--max-num-batched-tokens", str(MAX_BATCHED)],
+    )
     yield server
     vllm_servers.stop("compact-parity")
+
 
 LENGTHS = (1, 127, 128, 129, 255, 256, 257, 600)
 NEW_TOKENS = 32
@@ -94,10 +107,14 @@ def _prompt_diffs(client, ref: torch.Tensor, ids: list[int]) -> tuple[list[float
 
 def _check_diffs(diffs: list[float], top1_moves: int, tol: dict) -> dict:
     d = torch.tensor(diffs)
-    stats = {"positions": len(diffs), "median": round(float(d.median()), 4),
-             "q99": round(float(d.quantile(0.99)), 4), "max": round(float(d.max()), 4),
-             "within": round(float((d <= tol["per_position"]).float().mean()), 4),
-             "top1_moves": top1_moves}
+    stats = {
+        "positions": len(diffs),
+        "median": round(float(d.median()), 4),
+        "q99": round(float(d.quantile(0.99)), 4),
+        "max": round(float(d.max()), 4),
+        "within": round(float((d <= tol["per_position"]).float().mean()), 4),
+        "top1_moves": top1_moves,
+    }
     assert stats["median"] <= tol["median"], stats
     assert stats["within"] >= tol["fraction_within"], stats
     assert stats["max"] <= tol["max"], stats
@@ -111,8 +128,12 @@ def _compare_greedy(path, client, ids: list[int]) -> str:
     assert len(got) == NEW_TOKENS
     for i, (a, b) in enumerate(zip(got, want)):
         if a != b:
-            assert gaps[i] < TIE_GAP, (f"greedy token {i} differs ({a} vs transformers {b}) with "
-                                       f"a clear reference margin {gaps[i]:.3f}", got, want)
+            assert gaps[i] < TIE_GAP, (
+                f"greedy token {i} differs ({a} vs transformers {b}) with "
+                f"a clear reference margin {gaps[i]:.3f}",
+                got,
+                want,
+            )
             return f"equal for {i} tokens, then a near-tie (gap {gaps[i]:.4f})"
     return f"all {NEW_TOKENS} equal"
 
@@ -130,8 +151,7 @@ def measure_parity(client, ckpt, what: str, lengths=LENGTHS, seed: int = 1234) -
             moves += m
         greedy[n] = _compare_greedy(ckpt, client, ids[:n])
     stats = _check_diffs(diffs, moves, BF16)
-    print(f"\n{what} vs transformers fp32, prompt logprobs (top-5) over lengths {lengths}: "
-          f"{stats}")
+    print(f"\n{what} vs transformers fp32, prompt logprobs (top-5) over lengths {lengths}: {stats}")
     for n, r in greedy.items():
         print(f"  greedy after {n:4d} prompt tokens: {r}")
     return stats
@@ -151,29 +171,36 @@ def measure_compact_gap(client, ckpt, what: str, seed: int = 4321) -> dict:
 
 
 def test_compact_cache_gap_is_bounded(compact_parity_server, ckpt_bf16):
-    measure_compact_gap(compact_parity_server, ckpt_bf16,
-                        "vLLM (fp32, fp8 main + MXFP4 indexer caches)")
+    measure_compact_gap(
+        compact_parity_server, ckpt_bf16, "vLLM (fp32, fp8 main + MXFP4 indexer caches)"
+    )
 
 
 def _logged_capacity(server) -> tuple[int, int, float]:
     lines = server.log_lines("KV cache size:")
     assert lines, server.log_tail(40)
-    m = re.search(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per "
-                  r"request: ([\d.]+)x", lines[-1])
+    m = re.search(
+        r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per "
+        r"request: ([\d.]+)x",
+        lines[-1],
+    )
     assert m, lines[-1]
     return (int(m[1].replace(",", "")), int(m[2].replace(",", "")), float(m[3]))
 
 
-@pytest.mark.parametrize("which,formats", [("bf16", ("bf16", "bf16")),
-                                           ("compact", ("fp8", "mxfp4"))])
+@pytest.mark.parametrize(
+    "which,formats", [("bf16", ("bf16", "bf16")), ("compact", ("fp8", "mxfp4"))]
+)
 def test_vllm_kv_capacity_matches_kv_plan(which, formats, request, ckpt_bf16):
     server = request.getfixturevalue(f"{which}_parity_server")
     tokens, max_len, concurrency = _logged_capacity(server)
     cfg = DSV4Config.from_hf_dict(json.loads((ckpt_bf16 / "config.json").read_text()))
     plan = plan_vllm_pool(cfg, *formats, KV_GIB << 30, max_len, MAX_BATCHED)
-    print(f"\n{which}: vLLM logged {tokens} tokens, {concurrency}x at {max_len}; kv-plan "
-          f"{plan.tokens} tokens, {plan.max_concurrency:.4f}x ({plan.num_blocks} blocks of "
-          f"{plan.bytes_per_block} B, {plan.blocks_per_request} per request)")
+    print(
+        f"\n{which}: vLLM logged {tokens} tokens, {concurrency}x at {max_len}; kv-plan "
+        f"{plan.tokens} tokens, {plan.max_concurrency:.4f}x ({plan.num_blocks} blocks of "
+        f"{plan.bytes_per_block} B, {plan.blocks_per_request} per request)"
+    )
     # "within one block per cache kind": the block counts agree exactly, so do the figures.
     per_block = max_len / plan.blocks_per_request
     assert abs(tokens - plan.tokens) <= per_block * len(plan.groups), (tokens, plan.to_dict())

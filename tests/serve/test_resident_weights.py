@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``vllm serve`` of the FP8 tiny checkpoint keeps its weights as shipped, and the graph-safe decode
 metadata (what vLLM captures in CUDA graphs on GPUs) decodes exactly what the general builder does.
 
@@ -34,11 +35,14 @@ pytestmark = pytest.mark.slow
 LENGTHS = (3, 126, 255, 300)
 SERVERS = {
     "shipped_server": ServerSpec("shipped", checkpoint="fp8", max_model_len=1024),
-    "general_server": ServerSpec("general", checkpoint="fp8", max_model_len=1024,
-                                 env={"VLLM_DSV4_HW_CUDA_GRAPHS": "0"}),
+    "general_server": ServerSpec(
+        "general", checkpoint="fp8", max_model_len=1024, env={"VLLM_DSV4_HW_CUDA_GRAPHS": "0"}
+    ),
 }
-RESIDENT = re.compile(r"resident weights ([0-9.]+) MiB for ([0-9.]+) MiB of checkpoint tensors "
-                      r"\(([0-9.]+)x\): (.*)")
+RESIDENT = re.compile(
+    r"resident weights ([0-9.]+) MiB for ([0-9.]+) MiB of checkpoint tensors "
+    r"\(([0-9.]+)x\): (.*)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +69,9 @@ def test_weights_stay_as_shipped(shipped_server, ckpt_fp8):
         assert fmt in parts, parts
 
 
-def test_graph_safe_decode_metadata_decodes_like_the_general_builder(shipped_server,
-                                                                     general_server, ckpt_fp8):
+def test_graph_safe_decode_metadata_decodes_like_the_general_builder(
+    shipped_server, general_server, ckpt_fp8
+):
     vocab = json.loads((ckpt_fp8 / "config.json").read_text())["vocab_size"]
     for n in LENGTHS:
         prompt = random_prompt(n, seed=500 + n, vocab=vocab)
@@ -77,5 +82,9 @@ def test_graph_safe_decode_metadata_decodes_like_the_general_builder(shipped_ser
 
 
 def test_default_configuration_against_transformers(shipped_server, ckpt_fp8):
-    measure_compact_gap(shipped_server, ckpt_fp8, "vLLM as served by default (bf16, FP8 / FP4 "
-                        "weights as shipped, fp8 main + MXFP4 indexer caches)")
+    measure_compact_gap(
+        shipped_server,
+        ckpt_fp8,
+        "vLLM as served by default (bf16, FP8 / FP4 "
+        "weights as shipped, fp8 main + MXFP4 indexer caches)",
+    )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM's scheduling features must not change what DeepSeek V4 computes: concurrent batches, prefix-
 cache hits, chunked prefill and preemption each give the greedy tokens of a plain run.
 
@@ -60,20 +61,53 @@ RUNNING = "vllm:num_requests_running"
 
 
 SERVERS = {
-    "ref_server": ServerSpec("ref", checkpoint="bf16", max_model_len=MAX_MODEL_LEN, trap_c_ops=True,
-                             args=("--dtype", "float32", "--enable-prompt-tokens-details")),
-    "stress_server": ServerSpec("stress", checkpoint="bf16", max_model_len=MAX_MODEL_LEN,
-                                trap_c_ops=True, args=(
-        "--dtype", "float32", "--no-enable-prefix-caching",
-        "--max-num-batched-tokens", str(STEP_TOKENS), "--max-num-seqs", "16",
-        "--num-gpu-blocks-override", str(STRESS_BLOCKS), "--no-scheduler-reserve-full-isl")),
+    "ref_server": ServerSpec(
+        "ref",
+        checkpoint="bf16",
+        max_model_len=MAX_MODEL_LEN,
+        trap_c_ops=True,
+        args=("--dtype", "float32", "--enable-prompt-tokens-details"),
+    ),
+    "stress_server": ServerSpec(
+        "stress",
+        checkpoint="bf16",
+        max_model_len=MAX_MODEL_LEN,
+        trap_c_ops=True,
+        args=(
+            "--dtype",
+            "float32",
+            "--no-enable-prefix-caching",
+            "--max-num-batched-tokens",
+            str(STEP_TOKENS),
+            "--max-num-seqs",
+            "16",
+            "--num-gpu-blocks-override",
+            str(STRESS_BLOCKS),
+            "--no-scheduler-reserve-full-isl",
+        ),
+    ),
     # The stress settings with prefix caching on, split over two tensor-parallel CPU workers (one
     # core each: vLLM binds a worker's threads to a NUMA node, these machines have one).
-    "tp2_server": ServerSpec("stress-tp2", checkpoint="bf16", max_model_len=MAX_MODEL_LEN,
-                             env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, args=(
-        "--tensor-parallel-size", "2", "--dtype", "float32", "--enable-prompt-tokens-details",
-        "--max-num-batched-tokens", str(STEP_TOKENS), "--max-num-seqs", "16",
-        "--num-gpu-blocks-override", str(STRESS_BLOCKS), "--no-scheduler-reserve-full-isl")),
+    "tp2_server": ServerSpec(
+        "stress-tp2",
+        checkpoint="bf16",
+        max_model_len=MAX_MODEL_LEN,
+        env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+        args=(
+            "--tensor-parallel-size",
+            "2",
+            "--dtype",
+            "float32",
+            "--enable-prompt-tokens-details",
+            "--max-num-batched-tokens",
+            str(STEP_TOKENS),
+            "--max-num-seqs",
+            "16",
+            "--num-gpu-blocks-override",
+            str(STRESS_BLOCKS),
+            "--no-scheduler-reserve-full-isl",
+        ),
+    ),
 }
 
 
@@ -121,8 +155,9 @@ def _compare_all(gots: dict[int, Greedy], refs: dict[int, Greedy], what: str) ->
     for n, got in gots.items():
         label = f"{what}, prompt of {n} tokens (random_prompt({n}, seed={_seed(n)}))"
         try:
-            lines.append(compare_greedy(got, refs[n], lp_tol=LP_TOL, tie_gap=TIE_GAP,
-                                        what=label)[0])
+            lines.append(
+                compare_greedy(got, refs[n], lp_tol=LP_TOL, tie_gap=TIE_GAP, what=label)[0]
+            )
         except GreedyMismatch as e:
             failures.append(str(e))
     print("\n" + "\n".join(lines))
@@ -133,15 +168,17 @@ def _compare_all(gots: dict[int, Greedy], refs: dict[int, Greedy], what: str) ->
 def test_concurrent_requests_equal_each_alone(ref_server, prompts, alone):
     hits0 = ref_server.metric(HITS)
     with GaugeWatch(ref_server, (RUNNING,)) as watch:
-        outs = map_concurrently(lambda n: (n, _run(ref_server, prompts[n], salt=f"conc-{n}")),
-                                LENGTHS)
+        outs = map_concurrently(
+            lambda n: (n, _run(ref_server, prompts[n], salt=f"conc-{n}")), LENGTHS
+        )
     assert watch.max[RUNNING] >= 4, f"requests did not run together: {watch.max}"
     assert ref_server.metric(HITS) == hits0, "salted requests hit each other's cache entries"
     _compare_all(dict(outs), alone, "16 concurrent vs alone")
 
 
 def test_prefix_cache_hit_gives_the_tokens_of_a_server_without_prefix_caching(
-        ref_server, stress_server, ckpt_bf16):
+    ref_server, stress_server, ckpt_bf16
+):
     vocab = json.loads((ckpt_bf16 / "config.json").read_text())["vocab_size"]
     shared = random_prompt(512, seed=77, vocab=vocab)
     first = shared + random_prompt(88, seed=78, vocab=vocab)
@@ -161,21 +198,32 @@ def test_prefix_cache_hit_gives_the_tokens_of_a_server_without_prefix_caching(
     # The same server, the same request under a fresh salt (nothing cached): isolates the hit.
     fresh = _run(ref_server, second, salt="prefix-test-fresh")
     assert ref_server.metric(HITS) == hits2, "the fresh-salt request hit the cache"
-    msg1, _ = compare_greedy(hit, fresh, lp_tol=LP_TOL, tie_gap=TIE_GAP,
-                             what="512 cached prompt tokens vs the same request uncached")
+    msg1, _ = compare_greedy(
+        hit,
+        fresh,
+        lp_tol=LP_TOL,
+        tie_gap=TIE_GAP,
+        what="512 cached prompt tokens vs the same request uncached",
+    )
     # A server with prefix caching off (it also prefills in 64-token chunks: see
     # test_chunked_prefill_equals_one_shot for that difference alone).
     assert "enable_prefix_caching=False" in stress_server.log_text(), stress_server.log_tail()
     uncached = _run(stress_server, second)
-    msg2, _ = compare_greedy(hit, uncached, lp_tol=LP_TOL, tie_gap=TIE_GAP,
-                             what="512 cached prompt tokens vs a server without prefix caching")
+    msg2, _ = compare_greedy(
+        hit,
+        uncached,
+        lp_tol=LP_TOL,
+        tie_gap=TIE_GAP,
+        what="512 cached prompt tokens vs a server without prefix caching",
+    )
     print(f"\n{msg1}\n{msg2}")
 
 
 def test_chunked_prefill_equals_one_shot(stress_server, prompts, alone):
     log = stress_server.log_text()
-    assert f"max_num_batched_tokens={STEP_TOKENS}" in log and "chunked prefill True" in log, \
+    assert f"max_num_batched_tokens={STEP_TOKENS}" in log and "chunked prefill True" in log, (
         stress_server.log_tail()
+    )
     pre0 = stress_server.metric(PREEMPTIONS)
     gots = {n: _run(stress_server, prompts[n]) for n in CHUNKED_LENGTHS}
     assert stress_server.metric(PREEMPTIONS) == pre0, "a request alone was preempted"
@@ -188,8 +236,10 @@ def test_preemption_gives_the_tokens_of_the_default_server(stress_server, prompt
         outs = map_concurrently(lambda n: (n, _run(stress_server, prompts[n])), PREEMPT_LENGTHS)
     preempted = stress_server.metric(PREEMPTIONS) - pre0
     print(f"\n{preempted:.0f} preemptions, up to {watch.max[RUNNING]:.0f} requests running")
-    assert preempted > 0, (f"no preemption with {len(PREEMPT_LENGTHS)} concurrent requests in "
-                           f"{STRESS_BLOCKS} blocks: the test tested nothing")
+    assert preempted > 0, (
+        f"no preemption with {len(PREEMPT_LENGTHS)} concurrent requests in "
+        f"{STRESS_BLOCKS} blocks: the test tested nothing"
+    )
     _compare_all(dict(outs), alone, f"preempted ({preempted:.0f} preemptions) vs alone")
 
 
@@ -202,8 +252,9 @@ def test_no_vllm_compiled_ops_inside_the_model_under_scheduling(ref_server, stre
         summary = summarize_c_ops(entries)
         print(f"\n{server.name}: torch.ops._C* calls (phase, op: count):\n{summary}")
         assert entries, f"{server.name}: the trap recorded nothing (not installed?)"
-        assert not [e for e in entries if e[0] == "model"], \
+        assert not [e for e in entries if e[0] == "model"], (
             f"{server.name}: vLLM compiled ops called inside our model:\n{summary}"
+        )
 
 
 def test_tp2_prefix_hit_chunked_prefill_and_preemption(tp2_server, prompts, alone, ckpt_bf16):
@@ -219,16 +270,24 @@ def test_tp2_prefix_hit_chunked_prefill_and_preemption(tp2_server, prompts, alon
     hits1 = server.metric(HITS)
     out = server.complete(second, **greedy_params("tp2-prefix"))
     assert server.metric(HITS) - hits1 == 512, "the second request did not hit 512 cached tokens"
-    msg, _ = compare_greedy(Greedy.of(out), _run(server, second, salt="tp2-fresh"),
-                            lp_tol=LP_TOL, tie_gap=TIE_GAP,
-                            what="TP=2: 512 cached prompt tokens vs the same request uncached")
+    msg, _ = compare_greedy(
+        Greedy.of(out),
+        _run(server, second, salt="tp2-fresh"),
+        lp_tol=LP_TOL,
+        tie_gap=TIE_GAP,
+        what="TP=2: 512 cached prompt tokens vs the same request uncached",
+    )
     print(f"\n{msg}")
     # chunked prefill (64-token steps) of long prompts alone, then preemption under concurrency
-    _compare_all({n: _run(server, prompts[n], salt=f"tp2-{n}") for n in CHUNKED_LENGTHS}, alone,
-                 f"TP=2, {STEP_TOKENS}-token chunks vs one rank one-shot")
+    _compare_all(
+        {n: _run(server, prompts[n], salt=f"tp2-{n}") for n in CHUNKED_LENGTHS},
+        alone,
+        f"TP=2, {STEP_TOKENS}-token chunks vs one rank one-shot",
+    )
     pre0 = server.metric(PREEMPTIONS)
-    outs = map_concurrently(lambda n: (n, _run(server, prompts[n], salt=f"tp2c-{n}")),
-                            PREEMPT_LENGTHS)
+    outs = map_concurrently(
+        lambda n: (n, _run(server, prompts[n], salt=f"tp2c-{n}")), PREEMPT_LENGTHS
+    )
     preempted = server.metric(PREEMPTIONS) - pre0
     assert preempted > 0, "no preemption at TP=2: the test tested nothing"
     _compare_all(dict(outs), alone, f"TP=2, preempted ({preempted:.0f} preemptions) vs one rank")

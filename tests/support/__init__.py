@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Test aids kept out of the runtime package ``vllm_dsv4_hw``.
 
 * ``c_op_trap``: records every ``torch.ops._C*`` call of a served process; a served process gets it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Record every call of a vLLM compiled operator (``torch.ops._C*``) in a served process.
 
 A test aid, not part of the runtime package: a ``vllm serve`` started by the tests gets it through
@@ -24,13 +25,22 @@ from pathlib import Path
 
 import torch
 
-ENV = "DSV4_TEST_TRAP_C_OPS"   # the record file; unset: the entry point does nothing
+ENV = "DSV4_TEST_TRAP_C_OPS"  # the record file; unset: the entry point does nothing
 HERE = Path(__file__).resolve().parent
 INSTALLED = HERE / "installed" / "c_op_trap"
 REPO_ROOT = HERE.parents[1]
 
-NAMESPACES = ("_C", "_C_cache_ops", "_C_utils", "_C_custom_ar", "_C_cpu", "_moe_C", "_rocm_C",
-              "_C_AVX512", "_C_AVX2")
+NAMESPACES = (
+    "_C",
+    "_C_cache_ops",
+    "_C_utils",
+    "_C_custom_ar",
+    "_C_cpu",
+    "_moe_C",
+    "_rocm_C",
+    "_C_AVX512",
+    "_C_AVX2",
+)
 _state = threading.local()
 _path: str | None = None
 _lock = threading.Lock()
@@ -90,6 +100,7 @@ def _in_model_phase(fn):
     def wrapped(*args, **kwargs):
         with model_phase():
             return fn(*args, **kwargs)
+
     wrapped.__dsv4_trapped__ = True
     return wrapped
 

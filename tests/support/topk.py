@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The indexer's top-k selections of chosen attention layers, recorded by the test itself.
 
 :func:`record_topk` wraps each layer's ``_indexer_select`` (on the instance) and the dispatched
@@ -23,7 +24,7 @@ def record_topk(layers: Iterable[nn.Module]) -> Iterator[dict[nn.Module, list[to
     filled while the block runs."""
     layers = list(layers)
     records: dict[nn.Module, list[torch.Tensor]] = {layer: [] for layer in layers}
-    selecting: list[nn.Module] = []     # the wrapped layer whose selection runs now
+    selecting: list[nn.Module] = []  # the wrapped layer whose selection runs now
     real_topk = ops.indexer_topk
 
     def indexer_topk(*args, **kwargs):
@@ -33,7 +34,7 @@ def record_topk(layers: Iterable[nn.Module]) -> Iterator[dict[nn.Module, list[to
         return top
 
     def wrap(layer: nn.Module):
-        select = layer._indexer_select      # the class's method, bound
+        select = layer._indexer_select  # the class's method, bound
 
         def recorded(*args, **kwargs):
             selecting.append(layer)
@@ -41,6 +42,7 @@ def record_topk(layers: Iterable[nn.Module]) -> Iterator[dict[nn.Module, list[to
                 return select(*args, **kwargs)
             finally:
                 selecting.pop()
+
         return recorded
 
     for layer in layers:
@@ -56,8 +58,9 @@ def record_topk(layers: Iterable[nn.Module]) -> Iterator[dict[nn.Module, list[to
             object.__delattr__(layer, "_indexer_select")
 
 
-def last_topk(layer: nn.Module,
-              records: dict[nn.Module, list[torch.Tensor]]) -> torch.Tensor | None:
+def last_topk(
+    layer: nn.Module, records: dict[nn.Module, list[torch.Tensor]]
+) -> torch.Tensor | None:
     """The last selection ``layer`` made in ``records`` (None when it made none)."""
     calls = records.get(layer) or []
     return calls[-1] if calls else None

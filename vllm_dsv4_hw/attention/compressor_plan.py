@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Slot plan for one compressor step over a varlen batch (the vLLM paged sliding-window design).
 
 The compressor's rolling state is a paged cache of per-position fp32 rows ``[kv | score]``
@@ -31,11 +32,11 @@ __all__ = ["CompressorPlan", "compressor_plan"]
 
 @dataclass
 class CompressorPlan:
-    state_slots: torch.Tensor        # [T] int64: state row slot of every new token (-1: none)
-    group_rows: torch.Tensor         # [G, coff*ratio] int64: member rows, oldest first (-1: absent)
+    state_slots: torch.Tensor  # [T] int64: state row slot of every new token (-1: none)
+    group_rows: torch.Tensor  # [G, coff*ratio] int64: member rows, oldest first (-1: absent)
     group_entry_index: torch.Tensor  # [G] int64: entry index i within its request
-    group_req: torch.Tensor          # [G] int64: request of the group
-    group_token: torch.Tensor        # [G] int64: batch index of the token completing the group
+    group_req: torch.Tensor  # [G] int64: request of the group
+    group_token: torch.Tensor  # [G] int64: batch index of the token completing the group
     cache_slots: torch.Tensor | None  # [G] int64: entry slot in the compressed KV cache (-1: none)
     # Conveniences for callers (not needed by the ops' slot logic):
     positions: torch.Tensor | None = None  # [T] int64: position of every new token
@@ -46,10 +47,15 @@ class CompressorPlan:
         return int(self.group_entry_index.numel())
 
 
-def compressor_plan(query_start_loc: torch.Tensor, seq_start: torch.Tensor,
-                    state_block_table: torch.Tensor, rows_per_page: int, ratio: int,
-                    kv_block_table: torch.Tensor | None = None,
-                    entries_per_page: int = 64) -> CompressorPlan:
+def compressor_plan(
+    query_start_loc: torch.Tensor,
+    seq_start: torch.Tensor,
+    state_block_table: torch.Tensor,
+    rows_per_page: int,
+    ratio: int,
+    kv_block_table: torch.Tensor | None = None,
+    entries_per_page: int = 64,
+) -> CompressorPlan:
     """Plan one compressor step.
 
     query_start_loc [R+1]: token offsets of each request's new tokens in the batch.
@@ -73,8 +79,9 @@ def compressor_plan(query_start_loc: torch.Tensor, seq_start: torch.Tensor,
     num_tokens = int(qsl[-1].item()) if num_reqs > 0 else 0
     width = kind_of(ratio).group_width
 
-    token_req = torch.repeat_interleave(torch.arange(num_reqs, device=device), query_lens,
-                                        output_size=num_tokens)
+    token_req = torch.repeat_interleave(
+        torch.arange(num_reqs, device=device), query_lens, output_size=num_tokens
+    )
     token_idx = torch.arange(num_tokens, device=device, dtype=torch.int64)
     positions = seq_start[token_req] + (token_idx - qsl[:-1][token_req])
 
@@ -93,8 +100,9 @@ def compressor_plan(query_start_loc: torch.Tensor, seq_start: torch.Tensor,
 
     cache_slots = None
     if kv_block_table is not None:
-        cache_slots = logical_to_slot(kv_block_table.to(device), group_req, group_entry_index,
-                                      entries_per_page)
+        cache_slots = logical_to_slot(
+            kv_block_table.to(device), group_req, group_entry_index, entries_per_page
+        )
 
     return CompressorPlan(
         state_slots=state_slots,

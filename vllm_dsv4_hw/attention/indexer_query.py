@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The indexer query's precision: e4m3 codes with a power-of-two scale per (token, head), or the
 model dtype (``envs.INDEXER_Q``).
 
@@ -28,8 +29,13 @@ def _e4m3_query(device_type: str, setting: str) -> bool:
     from vllm_dsv4_hw.ops.backends import device_capabilities
 
     on = setting == "e4m3" or (setting == "auto" and device_capabilities(device_type).fp8_dot)
-    logger.info("indexer query on %s: %s (%s=%s)", device_type,
-                "e4m3 codes, FP8 dots" if on else "model dtype", envs.INDEXER_Q.name, setting)
+    logger.info(
+        "indexer query on %s: %s (%s=%s)",
+        device_type,
+        "e4m3 codes, FP8 dots" if on else "model dtype",
+        envs.INDEXER_Q.name,
+        setting,
+    )
     return on
 
 

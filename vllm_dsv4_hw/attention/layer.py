@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One DeepSeek V4 attention layer (spec section 2), built only from the dispatched ops.
 
 ``DSV4Attention(cfg, layer_id)`` holds the official parameters of ``layers.N.attn``::

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ``--device`` argument of ``info`` and ``kv-plan``: a device type, or a CUDA target by its
 compute capability (``cuda:8.0``), to report or plan for a device this machine does not have."""
 
@@ -19,7 +20,7 @@ def parse_device(raw: str) -> str:
         from vllm_dsv4_hw import envs
 
         try:
-            envs.parse_capability("--device", value[len("cuda:"):])
+            envs.parse_capability("--device", value[len("cuda:") :])
         except envs.SettingError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         return value
@@ -31,7 +32,7 @@ def apply_device(value: str | None) -> str | None:
     (``VLLM_DSV4_HW_CUDA_CAPABILITY``, the setting a run on real hardware would use)."""
     if value is None or not value.startswith("cuda:"):
         return value
-    os.environ["VLLM_DSV4_HW_CUDA_CAPABILITY"] = value[len("cuda:"):]
+    os.environ["VLLM_DSV4_HW_CUDA_CAPABILITY"] = value[len("cuda:") :]
     from vllm_dsv4_hw.ops.registry import REGISTRY
     from vllm_dsv4_hw.platform.device import adaptor_for
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``vllm-dsv4-hw info``: the device found, library versions, and which backend serves each op."""
 
 from __future__ import annotations
@@ -24,15 +25,20 @@ def add_parser(sub) -> None:
         "info",
         help="device, library versions, and the backend chosen for every op",
         description="Show the device this process would use, the torch / triton / vLLM versions, "
-                    "the VLLM_DSV4_HW_* settings, and per op the backend that would serve it "
-                    "and why.",
+        "the VLLM_DSV4_HW_* settings, and per op the backend that would serve it "
+        "and why.",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--device", default=None, type=parse_device, metavar="DEVICE",
-                   help=f"report for this device instead of the local one ({HELP_TARGETS}): its "
-                        "capabilities, default cache formats and the backend each op would get "
-                        "(a cuda:M.m target as if it were present; a bare device type as this "
-                        "machine sees it)")
+    p.add_argument(
+        "--device",
+        default=None,
+        type=parse_device,
+        metavar="DEVICE",
+        help=f"report for this device instead of the local one ({HELP_TARGETS}): its "
+        "capabilities, default cache formats and the backend each op would get "
+        "(a cuda:M.m target as if it were present; a bare device type as this "
+        "machine sees it)",
+    )
     p.set_defaults(run=run)
 
 
@@ -97,11 +103,15 @@ def _e4m3(caps) -> str:
     if not caps.fp8:
         return "none (no fp8 storage: bf16 caches, FP8 checkpoints refused)"
     if caps.ptx_inline:
-        return ("packed PTX integer decode in sparse_attention and fp8_block_linear; integer bit "
-                "operations in the cache encoders / decoders")
+        return (
+            "packed PTX integer decode in sparse_attention and fp8_block_linear; integer bit "
+            "operations in the cache encoders / decoders"
+        )
     if caps.fp8_cvt:
-        return ("hardware conversion in sparse_attention and fp8_block_linear; integer bit "
-                "operations in the cache encoders / decoders")
+        return (
+            "hardware conversion in sparse_attention and fp8_block_linear; integer bit "
+            "operations in the cache encoders / decoders"
+        )
     return "integer bit operations in every kernel (no e4m3 conversion instructions)"
 
 
@@ -147,8 +157,12 @@ def format_info(info: dict) -> str:
         f"vllm-dsv4-hw {ver['vllm_dsv4_hw']}",
         f"device: {dev['type']} ({dev['name']}); backend order: {', '.join(dev['backend_order'])}",
         f"capabilities: {caps}",
-        "cache formats: " + (f"main {fmts['main']}, indexer {fmts['indexer']} ({fmts['reason']})"
-                             if "main" in fmts else fmts.get("error", "?")),
+        "cache formats: "
+        + (
+            f"main {fmts['main']}, indexer {fmts['indexer']} ({fmts['reason']})"
+            if "main" in fmts
+            else fmts.get("error", "?")
+        ),
         f"e4m3: {dev['e4m3']}",
         "versions: " + ", ".join(f"{k} {v}" for k, v in ver.items() if k != "vllm_dsv4_hw"),
         "settings: " + ", ".join(f"{k}={v}" for k, v in info["settings"].items()),

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``vllm-dsv4-hw``: the command line (also ``python -m vllm_dsv4_hw``).
 
 Subcommands: ``kv-plan`` (per-sequence KV cache sizing), ``info`` (device, versions, op
@@ -55,8 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog=PROG, description="DeepSeek V4 attention plugin for vLLM: tools.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="diagnostics on stderr (-v info, -vv debug)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="diagnostics on stderr (-v info, -vv debug)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     kv_plan.add_parser(sub)
@@ -69,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _setup_logging(verbose: int) -> None:
     level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
     # No-op when the host (pytest, vLLM) already configured the root logger.
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     logging.getLogger("vllm_dsv4_hw").setLevel(level)
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The conformance kit: one command that certifies a backend on a device.
 
     vllm-dsv4-hw conformance --device {cpu,cuda,npu}[:N] [--shapes {small,real}] [--report FILE]

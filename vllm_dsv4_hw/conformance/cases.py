@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The op cases of the conformance kit: fresh random inputs on the device under test, a float64
 oracle, poisoned caches, and a check per case.
 
@@ -53,13 +54,34 @@ class Dims:
 
 SHAPES = {
     # fast everywhere (CPU included); the real head / rope / index dims, few heads and tokens
-    "small": Dims("small", tokens=4, heads=4, index_heads=16, topk=16, window=16, q_lora=64,
-                  o_groups=2, o_lora=32, hidden=128, positions=(5, 130, 259, 600)),
+    "small": Dims(
+        "small",
+        tokens=4,
+        heads=4,
+        index_heads=16,
+        topk=16,
+        window=16,
+        q_lora=64,
+        o_groups=2,
+        o_lora=32,
+        hidden=128,
+        positions=(5, 130, 259, 600),
+    ),
     # V4-Flash at decode batch 8: 64 heads of 512 (448 + 64 rope), indexer 64 x 128, top-512,
     # window 128, q_lora 1024, 8 groups x 1024, hidden 4096
-    "real": Dims("real", tokens=8, heads=64, index_heads=64, topk=512, window=128, q_lora=1024,
-                 o_groups=8, o_lora=1024, hidden=4096,
-                 positions=(1500, 2051, 2559, 3333, 4095, 5000, 6143, 8191)),
+    "real": Dims(
+        "real",
+        tokens=8,
+        heads=64,
+        index_heads=64,
+        topk=512,
+        window=128,
+        q_lora=1024,
+        o_groups=8,
+        o_lora=1024,
+        hidden=4096,
+        positions=(1500, 2051, 2559, 3333, 4095, 5000, 6143, 8191),
+    ),
 }
 
 
@@ -96,8 +118,9 @@ class Ctx:
         """The c4a / c128a RoPE table (theta 160000, YaRN) up to the largest position used."""
         if self._table is None:
             n = max(self.dims.positions) + 256
-            self._table = ref_rope.rope_cos_sin(160000.0, self.dims.rope_dim, n, YarnParams(),
-                                                device=self.device)
+            self._table = ref_rope.rope_cos_sin(
+                160000.0, self.dims.rope_dim, n, YarnParams(), device=self.device
+            )
         return self._table
 
     def to_oracle(self, t):
@@ -152,8 +175,9 @@ def entry_spans(fmt, slot: int) -> tuple[int, slice, slice]:
     return page, slice(d0, d0 + fmt.data_bytes), slice(s0, s0 + fmt.scale_bytes)
 
 
-def check_entries(cache: torch.Tensor, before: torch.Tensor, fmt, slots, want: torch.Tensor,
-                  fmt_name: str) -> tuple[bool, str, float]:
+def check_entries(
+    cache: torch.Tensor, before: torch.Tensor, fmt, slots, want: torch.Tensor, fmt_name: str
+) -> tuple[bool, str, float]:
     """Written entries decode to ``want`` within one code step; every other byte is unchanged."""
     cache, before = cache.cpu(), before.cpu()
     slots = [int(s) for s in slots.tolist()]
@@ -165,13 +189,17 @@ def check_entries(cache: torch.Tensor, before: torch.Tensor, fmt, slots, want: t
         page, ds, ss = entry_spans(fmt, s)
         written[page, ds] = True
         written[page, ss] = True
-        got_rows.append(fmt.dequantize(cache[page, ds][None].clone(),
-                                       cache[page, ss][None].clone())[0])
+        got_rows.append(
+            fmt.dequantize(cache[page, ds][None].clone(), cache[page, ss][None].clone())[0]
+        )
         want_rows.append(want[i].cpu())
     if not torch.equal(cache[~written], before[~written]):
         n = int((cache[~written] != before[~written]).sum())
-        return False, f"{n} bytes outside the written entries changed (poison overwritten)", \
-            float("inf")
+        return (
+            False,
+            f"{n} bytes outside the written entries changed (poison overwritten)",
+            float("inf"),
+        )
     if not got_rows:
         return True, "nothing to write", 0.0
     got, w = torch.stack(got_rows).double(), torch.stack(want_rows).double()
@@ -199,22 +227,24 @@ def _register_builders() -> None:
     from vllm_dsv4_hw.conformance.cases_sparse_attention import sparse_attention_cases
     from vllm_dsv4_hw.conformance.cases_weights import dense_linear_cases, fp8_block_linear_cases
 
-    BUILDERS.update({
-        api.RMS_NORM: rms_norm_cases,
-        api.QKV_RMS_NORM: qkv_rms_norm_cases,
-        api.ROPE: rope_cases,
-        "layouts": layout_cases,  # kv_insert + kv_gather
-        api.ENTRY_SLOTS: entry_slots_cases,
-        api.QNORM_ROPE_KV_INSERT: qnorm_rope_kv_insert_cases,
-        api.INV_ROPE_FP8_QUANT: inv_rope_fp8_quant_cases,
-        api.SPARSE_ATTENTION: sparse_attention_cases,
-        api.INDEXER_TOPK: indexer_topk_cases,
-        "compressor": compressor_cases,  # compressor_pool + compressor_store
-        api.FP8_BLOCK_LINEAR: fp8_block_linear_cases,
-        api.DENSE_LINEAR: dense_linear_cases,
-        api.MOE_EXPERTS: moe_experts_cases,
-        api.DECODE_METADATA: decode_metadata_cases,
-    })
+    BUILDERS.update(
+        {
+            api.RMS_NORM: rms_norm_cases,
+            api.QKV_RMS_NORM: qkv_rms_norm_cases,
+            api.ROPE: rope_cases,
+            "layouts": layout_cases,  # kv_insert + kv_gather
+            api.ENTRY_SLOTS: entry_slots_cases,
+            api.QNORM_ROPE_KV_INSERT: qnorm_rope_kv_insert_cases,
+            api.INV_ROPE_FP8_QUANT: inv_rope_fp8_quant_cases,
+            api.SPARSE_ATTENTION: sparse_attention_cases,
+            api.INDEXER_TOPK: indexer_topk_cases,
+            "compressor": compressor_cases,  # compressor_pool + compressor_store
+            api.FP8_BLOCK_LINEAR: fp8_block_linear_cases,
+            api.DENSE_LINEAR: dense_linear_cases,
+            api.MOE_EXPERTS: moe_experts_cases,
+            api.DECODE_METADATA: decode_metadata_cases,
+        }
+    )
 
 
 _register_builders()

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Conformance cases of ``compressor_pool`` and ``compressor_store`` (c4a and c128a main entries,
 c4a indexer keys): a decode batch over a paged state holding each request's live history, checked
 against float64 pooling written here; state rows other than the new tokens' must stay untouched.
@@ -36,8 +37,10 @@ def _compressor_setup(ctx: Ctx, kind: AttentionKind, dim: int, entry_fmt):
     rpp = 16
     # state pages: only the columns covering each request's window are allocated
     ncol = int(pos.max()) // rpp + 1
-    need = [sorted({int(p) // rpp for p in range(max(0, int(p0) - width + 1), int(p0) + 1)})
-            for p0 in pos]
+    need = [
+        sorted({int(p) // rpp for p in range(max(0, int(p0) - width + 1), int(p0) + 1)})
+        for p0 in pos
+    ]
     npages = sum(len(c) for c in need) + 2
     perm = ctx.randperm(npages).tolist()
     sbt = torch.full((t, ncol), -1, dtype=torch.int64)
@@ -76,12 +79,24 @@ def _compressor_setup(ctx: Ctx, kind: AttentionKind, dim: int, entry_fmt):
             if p < 0:
                 continue
             blk = j // ratio_  # coff 2: previous group -> channels [0, d), own -> [d, 2d)
-            kvm[j] = kvr[p, blk * dim:(blk + 1) * dim]
-            scm[j] = scr[p, blk * dim:(blk + 1) * dim] + ape[p % ratio_, blk * dim:(blk + 1) * dim]
+            kvm[j] = kvr[p, blk * dim : (blk + 1) * dim]
+            scm[j] = (
+                scr[p, blk * dim : (blk + 1) * dim] + ape[p % ratio_, blk * dim : (blk + 1) * dim]
+            )
         pooled[gi] = (torch.softmax(scm, dim=0) * kvm).sum(0)
     new_rows = torch.cat([kv, sc + ape[pos % ratio_]], dim=-1)
-    return dict(pos=pos, state=state, ape=ape, plan=plan, kv=kv, sc=sc, pooled=pooled,
-                new_rows=new_rows, kbt=kbt, pool_pages=t + 2)
+    return dict(
+        pos=pos,
+        state=state,
+        ape=ape,
+        plan=plan,
+        kv=kv,
+        sc=sc,
+        pooled=pooled,
+        new_rows=new_rows,
+        kbt=kbt,
+        pool_pages=t + 2,
+    )
 
 
 def _check_state(state_after, state_before, plan, new_rows) -> tuple[bool, str]:
@@ -112,8 +127,16 @@ def compressor_cases(ctx: Ctx) -> list[Case]:
         plan = s["plan"]
         dev = ctx.device
         state = s["state"].to(dev)
-        common = (s["kv"].to(dev), s["sc"].to(dev), s["pos"].to(dev), s["ape"].to(dev), state,
-                  plan.state_slots.to(dev), plan.group_rows.to(dev), ratio_)
+        common = (
+            s["kv"].to(dev),
+            s["sc"].to(dev),
+            s["pos"].to(dev),
+            s["ape"].to(dev),
+            state,
+            plan.state_slots.to(dev),
+            plan.group_rows.to(dev),
+            ratio_,
+        )
         g = plan.num_groups
 
         def check_pool(res, args, s=s, state=state, g=g, dim=dim):
@@ -126,26 +149,49 @@ def compressor_cases(ctx: Ctx) -> list[Case]:
             ok, detail, r = _verdict(r)
             return ok and ok_s, f"{detail}; {why}", r if ok_s else float("inf")
 
-        out.append(Case(api.COMPRESSOR_POOL, f"{label} ratio {ratio_} d {dim}: {g} of "
-                        f"{d.tokens} tokens complete a group", common, check_pool, mutable=(4,)))
+        out.append(
+            Case(
+                api.COMPRESSOR_POOL,
+                f"{label} ratio {ratio_} d {dim}: {g} of {d.tokens} tokens complete a group",
+                common,
+                check_pool,
+                mutable=(4,),
+            )
+        )
 
         # store: pool + RMSNorm_w + RoPE at ratio * i + quantize into the entry cache
-        norm_w = (1.0 + 0.2 * torch.randn(dim, generator=ctx.gen))
+        norm_w = 1.0 + 0.2 * torch.randn(dim, generator=ctx.gen)
         entries = s["pooled"]
-        normed = entries / torch.sqrt(entries.square().mean(-1, keepdim=True) + EPS) * \
-            norm_w.double()
+        normed = (
+            entries / torch.sqrt(entries.square().mean(-1, keepdim=True) + EPS) * norm_w.double()
+        )
         rpos = plan.group_entry_index.cpu() * ratio_
         want = ref_rope.rope(normed, rpos, ctx.table.cpu())
         cache = poisoned_cache(fmt, s["pool_pages"], dev)
-        args = common + (norm_w.to(dev), EPS, ctx.table, plan.group_entry_index.to(dev), cache,
-                         plan.cache_slots.to(dev), fmt)
+        args = common + (
+            norm_w.to(dev),
+            EPS,
+            ctx.table,
+            plan.group_entry_index.to(dev),
+            cache,
+            plan.cache_slots.to(dev),
+            fmt,
+        )
 
         def check_store(res, args, s=s, state=state, cache=cache, fmt=fmt, want=want, plan=plan):
             ok_s, why = _check_state(args[4], state, plan, s["new_rows"])
-            ok, detail, r = check_entries(args[12], cache, fmt, plan.cache_slots.cpu(), want,
-                                          fmt.name)
+            ok, detail, r = check_entries(
+                args[12], cache, fmt, plan.cache_slots.cpu(), want, fmt.name
+            )
             return ok and ok_s, f"{detail}; {why}", r if ok_s else float("inf")
 
-        out.append(Case(api.COMPRESSOR_STORE, f"{label} -> {fmt.name}, {g} entries", args,
-                        check_store, mutable=(4, 12)))
+        out.append(
+            Case(
+                api.COMPRESSOR_STORE,
+                f"{label} -> {fmt.name}, {g} entries",
+                args,
+                check_store,
+                mutable=(4, 12),
+            )
+        )
     return out

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Conformance cases of ``indexer_topk``: the selection, checked as a set against float64 scores
 computed here (keys past the visible ones are planted large, so reading one shows).
 """
@@ -31,8 +32,9 @@ def indexer_topk_cases(ctx: Ctx) -> list[Case]:
         cache = fmt.new_cache(pool)
         # every slot first holds a large key: reading an entry the token must not see shows
         everything = torch.arange(pool * e)
-        paged.insert_rows(cache, everything, 30.0 * torch.randn(pool * e, di, generator=ctx.gen),
-                          fmt)
+        paged.insert_rows(
+            cache, everything, 30.0 * torch.randn(pool * e, di, generator=ctx.gen), fmt
+        )
         keys = []
         for r in range(t):
             n = int(visible[r]) + 2  # two entries past the visible ones
@@ -71,9 +73,23 @@ def indexer_topk_cases(ctx: Ctx) -> list[Case]:
                 worst = max(worst, max(0.0, kth - low) / tol)
             return _verdict(worst, "selection (as a set) ")
 
-        out.append(Case(api.INDEXER_TOPK, f"{fmt.name} keys, Hi {hi} x {di}, top-{topk}, visible "
-                        f"{int(visible.min())}..{int(visible.max())}",
-                        (q, w, cache.to(ctx.device), fmt, bt.to(ctx.device),
-                         torch.arange(t, device=ctx.device), pos.to(ctx.device), topk, ratio_),
-                        check))
+        out.append(
+            Case(
+                api.INDEXER_TOPK,
+                f"{fmt.name} keys, Hi {hi} x {di}, top-{topk}, visible "
+                f"{int(visible.min())}..{int(visible.max())}",
+                (
+                    q,
+                    w,
+                    cache.to(ctx.device),
+                    fmt,
+                    bt.to(ctx.device),
+                    torch.arange(t, device=ctx.device),
+                    pos.to(ctx.device),
+                    topk,
+                    ratio_,
+                ),
+                check,
+            )
+        )
     return out

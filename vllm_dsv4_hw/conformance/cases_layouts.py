@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Conformance cases of the cache layouts: ``kv_insert`` bytes at hand-computed offsets (data region,
 then scale region, padding intact) and ``kv_gather`` decoding, for every entry format the device
 holds; ``entry_slots`` against slots computed by hand.
@@ -24,9 +25,11 @@ def layout_cases(ctx: Ctx) -> list[Case]:
     """kv_insert bytes at hand-computed offsets (data region, then scale region, padding intact)
     and kv_gather decoding, for every format the device holds."""
     out = []
-    combos = [("main", f, 64) for f in ctx.main_formats] + \
-             [("main", f, 2) for f in ctx.main_formats] + \
-             [("indexer", f, 64) for f in ctx.indexer_formats]
+    combos = (
+        [("main", f, 64) for f in ctx.main_formats]
+        + [("main", f, 2) for f in ctx.main_formats]
+        + [("indexer", f, 64) for f in ctx.indexer_formats]
+    )
     for kind, name, e in combos:
         fmt = make_format(name, kind, e)
         pages = 3
@@ -50,13 +53,21 @@ def layout_cases(ctx: Ctx) -> list[Case]:
             got = args[0].cpu()
             if torch.equal(got, want):
                 return True, "bytes identical to the reference codec", 0.0
-            ok, detail, r = check_entries(got, _poisoned_like(want, fmt, slots), fmt, slots,
-                                          x.double(), fname)
+            ok, detail, r = check_entries(
+                got, _poisoned_like(want, fmt, slots), fmt, slots, x.double(), fname
+            )
             nbytes = int((got != want).sum())
             return ok, f"{nbytes} bytes differ from the reference codec; {detail}", r
 
-        out.append(Case(api.KV_INSERT, f"layout {label}", (cache, slots.to(ctx.device), x, fmt),
-                        check_insert, mutable=(0,)))
+        out.append(
+            Case(
+                api.KV_INSERT,
+                f"layout {label}",
+                (cache, slots.to(ctx.device), x, fmt),
+                check_insert,
+                mutable=(0,),
+            )
+        )
 
         # gather from a cache written by the reference codec: exact decode, -1 -> zeros
         filled = want.to(ctx.device)
@@ -65,8 +76,10 @@ def layout_cases(ctx: Ctx) -> list[Case]:
         query = torch.stack([q, q.flip(0)])
         exp = torch.zeros(*query.shape, fmt.dim)
         dec = fmt.dequantize(data, scales)
-        for (i, j), s in zip(torch.cartesian_prod(torch.arange(2), torch.arange(n)).tolist(),
-                             query.flatten().tolist()):
+        for (i, j), s in zip(
+            torch.cartesian_prod(torch.arange(2), torch.arange(n)).tolist(),
+            query.flatten().tolist(),
+        ):
             if s >= 0:
                 exp[i, j] = dec[slots.tolist().index(s)]
 
@@ -79,8 +92,11 @@ def layout_cases(ctx: Ctx) -> list[Case]:
             n_bad = int((res.cpu() != exp).sum())
             return False, f"{n_bad} decoded values differ from the format's decode", float("inf")
 
-        out.append(Case(api.KV_GATHER, f"layout {label}", (filled, query.to(ctx.device), fmt),
-                        check_gather))
+        out.append(
+            Case(
+                api.KV_GATHER, f"layout {label}", (filled, query.to(ctx.device), fmt), check_gather
+            )
+        )
     return out
 
 
@@ -90,7 +106,7 @@ def entry_slots_cases(ctx: Ctx) -> list[Case]:
     slot as computed by hand, -1 where there is none."""
     out = []
     for per_page, reqs, cols, k in ((64, 3, 5, 40), (2, 2, 300, 513)):
-        table = torch.randperm(reqs * cols * 2, generator=ctx.gen)[:reqs * cols].view(reqs, cols)
+        table = torch.randperm(reqs * cols * 2, generator=ctx.gen)[: reqs * cols].view(reqs, cols)
         table[torch.rand(reqs, cols, generator=ctx.gen) < 0.2] = -1
         t = 4
         token_req = torch.randint(0, reqs, (t,), generator=ctx.gen)
@@ -108,14 +124,29 @@ def entry_slots_cases(ctx: Ctx) -> list[Case]:
             if bad:
                 return False, bad, float("inf")
             n_bad = int((res.cpu() != want).sum())
-            return (n_bad == 0, "every slot as computed by hand" if n_bad == 0 else
-                    f"{n_bad} of {want.numel()} slots differ", 0.0 if n_bad == 0 else float("inf"))
+            return (
+                n_bad == 0,
+                "every slot as computed by hand"
+                if n_bad == 0
+                else f"{n_bad} of {want.numel()} slots differ",
+                0.0 if n_bad == 0 else float("inf"),
+            )
 
         for dtype in (torch.int32, torch.int64):
-            out.append(Case(api.ENTRY_SLOTS, f"{t} tokens x {k} of {per_page} per page, "
-                            f"{reqs} requests x {cols} pages, {str(dtype)[6:]} indices",
-                            (table.to(torch.int32).to(ctx.device), token_req.to(ctx.device),
-                             idx.to(dtype).to(ctx.device), per_page), check))
+            out.append(
+                Case(
+                    api.ENTRY_SLOTS,
+                    f"{t} tokens x {k} of {per_page} per page, "
+                    f"{reqs} requests x {cols} pages, {str(dtype)[6:]} indices",
+                    (
+                        table.to(torch.int32).to(ctx.device),
+                        token_req.to(ctx.device),
+                        idx.to(dtype).to(ctx.device),
+                        per_page,
+                    ),
+                    check,
+                )
+            )
     return out
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Conformance cases of ``moe_experts`` (routed experts with the FP4 weights as shipped).
 
 Weights: random fp32 experts quantized by ``quant.formats.quantize_fp4_experts`` (the checkpoint's
@@ -52,8 +53,12 @@ def _oracle(x, tw, ids, w13, s13, w2, s2, limit) -> torch.Tensor:
 
 def _quantized_experts(ctx: Ctx, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
     """E random experts [rows, cols] ~ N(0, 1/cols), quantized one at a time (CPU)."""
-    q, s = zip(*(quantize_fp4_experts(torch.randn(rows, cols, generator=ctx.gen) * cols ** -0.5)
-                 for _ in range(N_EXPERTS)))
+    q, s = zip(
+        *(
+            quantize_fp4_experts(torch.randn(rows, cols, generator=ctx.gen) * cols**-0.5)
+            for _ in range(N_EXPERTS)
+        )
+    )
     return torch.stack(q).view(torch.uint8), torch.stack(s).view(torch.uint8)
 
 
@@ -69,8 +74,9 @@ def moe_experts_cases(ctx: Ctx) -> list[Case]:
     w2, s2 = _quantized_experts(ctx, hidden, inter)
     # routing: distinct experts per token, expert 0 never chosen, one slot held elsewhere (-1),
     # token 0 routed nowhere (its output must be exactly zero)
-    ids = torch.stack([1 + torch.randperm(N_EXPERTS - 1, generator=ctx.gen)[:TOP_K]
-                       for _ in range(t)])
+    ids = torch.stack(
+        [1 + torch.randperm(N_EXPERTS - 1, generator=ctx.gen)[:TOP_K] for _ in range(t)]
+    )
     ids[-1, 1] = -1
     ids[0] = -1
     tw = torch.rand(t, TOP_K, generator=ctx.gen) + 0.1
@@ -78,23 +84,31 @@ def moe_experts_cases(ctx: Ctx) -> list[Case]:
 
     # the ends of the ue8m0 range, on the quantized codes
     s13_low, s2_high = s13.clone(), _bytes(ctx, 251, 254, s2.shape)
-    s13_low[:, inter:] = _bytes(ctx, 0, 3, s13_low[:, inter:].shape)   # up rows ~2^-125
+    s13_low[:, inter:] = _bytes(ctx, 0, 3, s13_low[:, inter:].shape)  # up rows ~2^-125
     s13_high, s2_low = _bytes(ctx, 251, 254, s13.shape), _bytes(ctx, 0, 3, s2.shape)
 
     out = []
     for label, xs, ws13, ws2 in (
         ("scales as quantized", x, s13, s2),
         ("ue8m0 ends: w13 up rows 2^-127.., w2 ..2^127, x ~ N(0,1)", x, s13_low, s2_high),
-        ("ue8m0 ends: w13 ..2^127, w2 2^-127.., x ~ 2^-120", x * 2.0 ** -120, s13_high, s2_low),
+        ("ue8m0 ends: w13 ..2^127, w2 2^-127.., x ~ 2^-120", x * 2.0**-120, s13_high, s2_low),
     ):
         xb = xs.to(torch.bfloat16)
         od = ctx.oracle_device
-        want = _oracle(xb.to(od), tw.to(od), ids.to(od), w13.to(od), ws13.to(od), w2.to(od),
-                       ws2.to(od), LIMIT)
+        want = _oracle(
+            xb.to(od), tw.to(od), ids.to(od), w13.to(od), ws13.to(od), w2.to(od), ws2.to(od), LIMIT
+        )
         dev = ctx.device
-        args = (xb.to(dev), tw.to(dev), ids.to(dev), w13.to(dev),
-                ws13.to(dev).view(torch.float8_e8m0fnu), w2.to(dev),
-                ws2.to(dev).view(torch.float8_e8m0fnu), LIMIT)
+        args = (
+            xb.to(dev),
+            tw.to(dev),
+            ids.to(dev),
+            w13.to(dev),
+            ws13.to(dev).view(torch.float8_e8m0fnu),
+            w2.to(dev),
+            ws2.to(dev).view(torch.float8_e8m0fnu),
+            LIMIT,
+        )
 
         def check(res, args, want=want):
             bad = _same(res, (t, hidden), torch.float32)
@@ -104,8 +118,15 @@ def moe_experts_cases(ctx: Ctx) -> list[Case]:
             if not torch.equal(res[0], torch.zeros_like(res[0])):
                 return False, "a token whose slots are all -1 got a nonzero output", float("inf")
             # the activation is rounded to bf16: a few elements may land on the neighbouring value
-            return _verdict(ratio(res, want, dense_bound(want, torch.bfloat16, 2 ** -9)))
+            return _verdict(ratio(res, want, dense_bound(want, torch.bfloat16, 2**-9)))
 
-        out.append(Case(api.MOE_EXPERTS, f"FP4 bf16 T {t}, D {hidden}, I {inter}, E {N_EXPERTS}, "
-                        f"top-{TOP_K}, limit {LIMIT:g}: {label}", args, check))
+        out.append(
+            Case(
+                api.MOE_EXPERTS,
+                f"FP4 bf16 T {t}, D {hidden}, I {inter}, E {N_EXPERTS}, "
+                f"top-{TOP_K}, limit {LIMIT:g}: {label}",
+                args,
+                check,
+            )
+        )
     return out

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Conformance cases of ``sparse_attention``: c4a (top-k compressed candidates) and c128a (every
 visible entry) layers over window and compressed caches full of random bytes, for every main
 format the device holds; the oracle is the reference on float64 copies.
@@ -22,8 +23,9 @@ def _garbage_cache(ctx: Ctx, fmt, rows: torch.Tensor, spare: int = 2, pad: int =
     e = fmt.entries_per_page
     m = rows.shape[0]
     pages = (m + e - 1) // e + spare
-    cache = torch.randint(0, 256, (pages, fmt.min_page_bytes + pad), generator=ctx.gen,
-                          dtype=torch.uint8)
+    cache = torch.randint(
+        0, 256, (pages, fmt.min_page_bytes + pad), generator=ctx.gen, dtype=torch.uint8
+    )
     slots = ctx.randperm(pages * e)[:m]
     paged.insert_rows(cache, slots, rows.cpu(), fmt)
     return cache.to(ctx.device), slots
@@ -56,7 +58,7 @@ def sparse_attention_cases(ctx: Ctx) -> list[Case]:
             cs = torch.where(cvalid, cslot[ci], -1)
             q = ctx.randn(t, h, dim, dtype=torch.bfloat16)
             sink = ctx.randn(h, scale=2.0)
-            scale = dim ** -0.5
+            scale = dim**-0.5
             args = (q, wc, ws.to(ctx.device), cc, cs.to(ctx.device), wf, sink, scale)
             want = ref_sa.sparse_attention(*(ctx.to_oracle(a) for a in args), comp_fmt=cf)
 
@@ -64,9 +66,17 @@ def sparse_attention_cases(ctx: Ctx) -> list[Case]:
                 bad = _same(res, q.shape, q.dtype)
                 if bad:
                     return False, bad, float("inf")
-                return _verdict(ratio(res.to(want.device), want,
-                                      dense_bound(want, q.dtype, 1e-2, rtol=2 ** -6)))
+                return _verdict(
+                    ratio(res.to(want.device), want, dense_bound(want, q.dtype, 1e-2, rtol=2**-6))
+                )
 
-            out.append(Case(api.SPARSE_ATTENTION, f"{kind.name} {wf.name} bf16 T {t} H {h} W "
-                            f"{d.window} K {k}", args, check, kwargs={"comp_fmt": cf}))
+            out.append(
+                Case(
+                    api.SPARSE_ATTENTION,
+                    f"{kind.name} {wf.name} bf16 T {t} H {h} W {d.window} K {k}",
+                    args,
+                    check,
+                    kwargs={"comp_fmt": cf},
+                )
+            )
     return out

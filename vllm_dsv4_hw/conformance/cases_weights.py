@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Conformance cases of the ops on weights as the checkpoint ships them (``ops.api`` issue 12):
 ``fp8_block_linear`` on e4m3 weights with ue8m0 block scales, ``dense_linear`` on the bf16 ones.
 
@@ -20,12 +21,13 @@ from vllm_dsv4_hw.conformance.tolerances import dense_bound, ratio
 from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.quant.formats import quantize_fp8_block
 
-V4_BLOCK = (128, 128)     # DeepSeek V4 weight_block_size
-V41_BLOCK = (32, 32)      # V4.1
+V4_BLOCK = (128, 128)  # DeepSeek V4 weight_block_size
+V41_BLOCK = (32, 32)  # V4.1
 
 
-def fp8_block_linear_oracle(x: torch.Tensor, wb: torch.Tensor, sb: torch.Tensor,
-                            block: tuple[int, int]) -> torch.Tensor:
+def fp8_block_linear_oracle(
+    x: torch.Tensor, wb: torch.Tensor, sb: torch.Tensor, block: tuple[int, int]
+) -> torch.Tensor:
     """``y = sum_kb s[n // bn, kb] * (x[:, kb] @ e4m3(w[:, kb])^T)`` in float64 on x's device.
 
     x [M, K] or [M, G, K] (any float dtype); wb [(G,) N, K] e4m3 bytes (uint8); sb [(G,) NB, KB]
@@ -39,12 +41,12 @@ def fp8_block_linear_oracle(x: torch.Tensor, wb: torch.Tensor, sb: torch.Tensor,
     m, g, k = xs.shape
     n = wb.shape[1]
     e = sb.to(torch.int64) - 127
-    s = torch.ldexp(torch.ones_like(e, dtype=torch.float64), e)   # [G, NB, KB], exact
+    s = torch.ldexp(torch.ones_like(e, dtype=torch.float64), e)  # [G, NB, KB], exact
     y = torch.zeros(m, g, n, dtype=torch.float64, device=x.device)
     for kb in range(s.shape[2]):
         ks = slice(kb * bk, min(k, (kb + 1) * bk))
-        w = wb[:, :, ks].view(torch.float8_e4m3fn).double()          # [G, N, bk]
-        col_s = s[:, :, kb].repeat_interleave(bn, dim=1)[:, :n]       # [G, N]
+        w = wb[:, :, ks].view(torch.float8_e4m3fn).double()  # [G, N, bk]
+        col_s = s[:, :, kb].repeat_interleave(bn, dim=1)[:, :n]  # [G, N]
         y += torch.einsum("mgk,gnk->mgn", xs[:, :, ks], w) * col_s[None]
     return y if grouped else y[:, 0]
 
@@ -57,24 +59,32 @@ def e4m3_activation_values(x: torch.Tensor, bk: int) -> torch.Tensor:
     out = torch.empty_like(xf)
     floor = float(torch.tensor(1e-4, dtype=torch.float32))
     for j in range(0, xf.shape[-1], bk):
-        blk = xf[..., j:j + bk]
-        scale = torch.exp2(torch.ceil(torch.log2(blk.abs().amax(-1, keepdim=True)
-                                                 .clamp_min(floor) / 448.0)))
+        blk = xf[..., j : j + bk]
+        scale = torch.exp2(
+            torch.ceil(torch.log2(blk.abs().amax(-1, keepdim=True).clamp_min(floor) / 448.0))
+        )
         v = blk / scale
-        step = torch.exp2(torch.floor(torch.log2(v.abs().clamp_min(2.0 ** -6))) - 3)
-        out[..., j:j + bk] = (torch.round(v.abs() / step) * step).clamp_max(448.0).copysign(v) \
-            * scale
+        step = torch.exp2(torch.floor(torch.log2(v.abs().clamp_min(2.0**-6))) - 3)
+        out[..., j : j + bk] = (torch.round(v.abs() / step) * step).clamp_max(448.0).copysign(
+            v
+        ) * scale
     return out
 
 
-def _weight(ctx: Ctx, lead: tuple[int, ...], n: int, k: int, block: tuple[int, int],
-            scale_bytes: tuple[int, int] | None = None):
+def _weight(
+    ctx: Ctx,
+    lead: tuple[int, ...],
+    n: int,
+    k: int,
+    block: tuple[int, int],
+    scale_bytes: tuple[int, int] | None = None,
+):
     """(e4m3 bytes, ue8m0 bytes) on the CPU: a quantized N(0, 1/K) weight, or (``scale_bytes``
     = (lo, hi)) random finite e4m3 codes with scale bytes drawn from [lo, hi]."""
     if scale_bytes is None:
         if block[0] != block[1]:
             raise ValueError(f"quantize_fp8_block takes square blocks, got {block}")
-        w = torch.randn(*lead, n, k, generator=ctx.gen) * k ** -0.5
+        w = torch.randn(*lead, n, k, generator=ctx.gen) * k**-0.5
         qs = [quantize_fp8_block(wi, block[0]) for wi in w.reshape(-1, n, k)]
         wb = torch.stack([q.view(torch.uint8) for q, _ in qs]).reshape(*lead, n, k)
         sb = torch.stack([s.view(torch.uint8) for _, s in qs]).reshape(*lead, *qs[0][1].shape)
@@ -82,8 +92,13 @@ def _weight(ctx: Ctx, lead: tuple[int, ...], n: int, k: int, block: tuple[int, i
     wb = torch.randint(0, 256, (*lead, n, k), generator=ctx.gen, dtype=torch.uint8)
     wb[(wb & 0x7F) == 0x7F] = 0  # no NaN codes
     lo, hi = scale_bytes
-    sb = torch.randint(lo, hi + 1, (*lead, -(-n // block[0]), -(-k // block[1])),
-                       generator=ctx.gen, dtype=torch.uint8)
+    sb = torch.randint(
+        lo,
+        hi + 1,
+        (*lead, -(-n // block[0]), -(-k // block[1])),
+        generator=ctx.gen,
+        dtype=torch.uint8,
+    )
     return wb, sb
 
 
@@ -93,43 +108,116 @@ def fp8_block_linear_cases(ctx: Ctx) -> list[Case]:
     go_k = (d.heads // d.o_groups) * d.head_dim
     prefill = 3 * 64 + 5  # more than one 64-row tile, not a multiple of it
     specs = [  # name, tokens, groups (None = plain), N, K, block, scale bytes, x magnitude
-        (f"wq_a [{d.tokens}, {d.hidden}] -> {d.q_lora}", d.tokens, None, d.q_lora, d.hidden,
-         V4_BLOCK, None, 1.0),
-        (f"wq_b [{d.tokens}, {d.q_lora}] -> {qk}", d.tokens, None, qk, d.q_lora, V4_BLOCK, None,
-         1.0),
-        (f"wo_a grouped {d.o_groups} x [{d.tokens}, {go_k}] -> {d.o_lora}", d.tokens, d.o_groups,
-         d.o_lora, go_k, V4_BLOCK, None, 1.0),
-        (f"wq_b [{d.tokens}, {d.q_lora}] -> {qk}", d.tokens, None, qk, d.q_lora, V41_BLOCK, None,
-         1.0),
-        (f"wo_a grouped {d.o_groups} x [{d.tokens}, {go_k}] -> {d.o_lora}", d.tokens, d.o_groups,
-         d.o_lora, go_k, V41_BLOCK, None, 1.0),
-        (f"prefill wq_a [{prefill}, {d.hidden}] -> {d.q_lora}", prefill, None, d.q_lora, d.hidden,
-         V4_BLOCK, None, 1.0),
+        (
+            f"wq_a [{d.tokens}, {d.hidden}] -> {d.q_lora}",
+            d.tokens,
+            None,
+            d.q_lora,
+            d.hidden,
+            V4_BLOCK,
+            None,
+            1.0,
+        ),
+        (
+            f"wq_b [{d.tokens}, {d.q_lora}] -> {qk}",
+            d.tokens,
+            None,
+            qk,
+            d.q_lora,
+            V4_BLOCK,
+            None,
+            1.0,
+        ),
+        (
+            f"wo_a grouped {d.o_groups} x [{d.tokens}, {go_k}] -> {d.o_lora}",
+            d.tokens,
+            d.o_groups,
+            d.o_lora,
+            go_k,
+            V4_BLOCK,
+            None,
+            1.0,
+        ),
+        (
+            f"wq_b [{d.tokens}, {d.q_lora}] -> {qk}",
+            d.tokens,
+            None,
+            qk,
+            d.q_lora,
+            V41_BLOCK,
+            None,
+            1.0,
+        ),
+        (
+            f"wo_a grouped {d.o_groups} x [{d.tokens}, {go_k}] -> {d.o_lora}",
+            d.tokens,
+            d.o_groups,
+            d.o_lora,
+            go_k,
+            V41_BLOCK,
+            None,
+            1.0,
+        ),
+        (
+            f"prefill wq_a [{prefill}, {d.hidden}] -> {d.q_lora}",
+            prefill,
+            None,
+            d.q_lora,
+            d.hidden,
+            V4_BLOCK,
+            None,
+            1.0,
+        ),
         # both ends of the ue8m0 range: scales 2^-127 .. 2^-124 (byte 0 is the fp32 subnormal
         # 2^-127), and 2^124 .. 2^127 (e4m3 * 2^127 overflows fp32) with x ~ 2^-100
-        (f"ue8m0 bytes 0..3, [{d.tokens}, {d.hidden}] -> {d.q_lora}", d.tokens, None, d.q_lora,
-         d.hidden, V4_BLOCK, (0, 3), 1.0),
-        (f"ue8m0 bytes 251..254, [{d.tokens}, {d.hidden}] -> {d.q_lora}", d.tokens, None,
-         d.q_lora, d.hidden, V41_BLOCK, (251, 254), 2.0 ** -100),
+        (
+            f"ue8m0 bytes 0..3, [{d.tokens}, {d.hidden}] -> {d.q_lora}",
+            d.tokens,
+            None,
+            d.q_lora,
+            d.hidden,
+            V4_BLOCK,
+            (0, 3),
+            1.0,
+        ),
+        (
+            f"ue8m0 bytes 251..254, [{d.tokens}, {d.hidden}] -> {d.q_lora}",
+            d.tokens,
+            None,
+            d.q_lora,
+            d.hidden,
+            V41_BLOCK,
+            (251, 254),
+            2.0**-100,
+        ),
     ]
     # e4m3 activations (``quantize_x``, W8A8): decode, grouped, V4.1 blocks, a prefill chunk
-    specs += [(f"e4m3 x: {spec[0]}",) + spec[1:] + (True,) for i, spec in enumerate(specs)
-              if i in (0, 2, 3, 5)]
+    specs += [
+        (f"e4m3 x: {spec[0]}",) + spec[1:] + (True,)
+        for i, spec in enumerate(specs)
+        if i in (0, 2, 3, 5)
+    ]
     # x given as its e4m3 codes and scales (``x_scales``, as ``inv_rope_fp8_quant`` hands wo_a)
-    specs += [(f"e4m3 codes in: {spec[0]}",) + spec[1:] + ("codes",) for i, spec in
-              enumerate(specs) if i in (0, 2)]
+    specs += [
+        (f"e4m3 codes in: {spec[0]}",) + spec[1:] + ("codes",)
+        for i, spec in enumerate(specs)
+        if i in (0, 2)
+    ]
     out = []
     for name, m, g, n, k, block, sbytes, xmag, *qx in specs:
         codes_in = bool(qx) and qx[0] == "codes"
         quantize_x = bool(qx and qx[0]) and not codes_in
         lead = (g,) if g else ()
         wb, sb = _weight(ctx, lead, n, k, block, sbytes)
-        x = (torch.randn(*((m, g, k) if g else (m, k)), generator=ctx.gen) * xmag)
+        x = torch.randn(*((m, g, k) if g else (m, k)), generator=ctx.gen) * xmag
         x = x.to(torch.bfloat16).to(ctx.device)
         xo = x.to(ctx.oracle_device)
-        want = fp8_block_linear_oracle(e4m3_activation_values(xo, block[1])
-                                       if quantize_x or codes_in else xo,
-                                       wb.to(ctx.oracle_device), sb.to(ctx.oracle_device), block)
+        want = fp8_block_linear_oracle(
+            e4m3_activation_values(xo, block[1]) if quantize_x or codes_in else xo,
+            wb.to(ctx.oracle_device),
+            sb.to(ctx.oracle_device),
+            block,
+        )
         w_dev, s_dev = wb.to(ctx.device), sb.to(ctx.device)
         if ctx.caps.fp8:  # the checkpoint's own dtypes; raw bytes where the device has no fp8
             w_dev, s_dev = w_dev.view(torch.float8_e4m3fn), s_dev.view(torch.float8_e8m0fnu)
@@ -144,17 +232,26 @@ def fp8_block_linear_cases(ctx: Ctx) -> list[Case]:
             top = float(want.abs().max()) if want.numel() else 0.0
             p = 2.0 ** -math.floor(math.log2(top)) if top > 0 else 1.0
             w = want * p
-            return _verdict(ratio(res.to(want.device).double() * p, w,
-                                  dense_bound(w, torch.bfloat16)))
+            return _verdict(
+                ratio(res.to(want.device).double() * p, w, dense_bound(w, torch.bfloat16))
+            )
 
         args = (x, w_dev, s_dev, block) + ((None, True) if quantize_x else ())
         if codes_in:
             codes, scales = _e4m3_codes(e4m3_activation_values(x.cpu(), block[1]), block[1])
             codes = codes.to(ctx.device)
-            args = ((codes if ctx.caps.fp8 else codes.view(torch.uint8)), w_dev, s_dev, block,
-                    None, False, scales.to(ctx.device))
-        out.append(Case(api.FP8_BLOCK_LINEAR, f"{name}, block {block[0]}x{block[1]}, bf16",
-                        args, check))
+            args = (
+                (codes if ctx.caps.fp8 else codes.view(torch.uint8)),
+                w_dev,
+                s_dev,
+                block,
+                None,
+                False,
+                scales.to(ctx.device),
+            )
+        out.append(
+            Case(api.FP8_BLOCK_LINEAR, f"{name}, block {block[0]}x{block[1]}, bf16", args, check)
+        )
     return out
 
 
@@ -180,18 +277,42 @@ def dense_linear_cases(ctx: Ctx) -> list[Case]:
     d = ctx.dims
     prefill = 3 * 64 + 5
     specs = [  # name, M, N, K, out dtype
-        (f"c4a compressor wkv|wgate [{d.tokens}, {d.hidden}] -> {4 * d.head_dim}", d.tokens,
-         4 * d.head_dim, d.hidden, torch.float32),
-        (f"c128a compressor wkv|wgate [{d.tokens}, {d.hidden}] -> {2 * d.head_dim}", d.tokens,
-         2 * d.head_dim, d.hidden, torch.float32),
-        (f"indexer compressor [{d.tokens}, {d.hidden}] -> {4 * d.index_dim}", d.tokens,
-         4 * d.index_dim, d.hidden, torch.float32),
-        (f"weights_proj [{d.tokens}, {d.hidden}] -> {d.index_heads}", d.tokens, d.index_heads,
-         d.hidden, torch.bfloat16),
-        (f"prefill [{prefill}, {d.hidden}] -> {d.index_heads}", prefill, d.index_heads, d.hidden,
-         torch.bfloat16),
-        (f"K tail [{d.tokens}, {d.hidden + 72}] -> 96", d.tokens, 96, d.hidden + 72,
-         torch.float32),
+        (
+            f"c4a compressor wkv|wgate [{d.tokens}, {d.hidden}] -> {4 * d.head_dim}",
+            d.tokens,
+            4 * d.head_dim,
+            d.hidden,
+            torch.float32,
+        ),
+        (
+            f"c128a compressor wkv|wgate [{d.tokens}, {d.hidden}] -> {2 * d.head_dim}",
+            d.tokens,
+            2 * d.head_dim,
+            d.hidden,
+            torch.float32,
+        ),
+        (
+            f"indexer compressor [{d.tokens}, {d.hidden}] -> {4 * d.index_dim}",
+            d.tokens,
+            4 * d.index_dim,
+            d.hidden,
+            torch.float32,
+        ),
+        (
+            f"weights_proj [{d.tokens}, {d.hidden}] -> {d.index_heads}",
+            d.tokens,
+            d.index_heads,
+            d.hidden,
+            torch.bfloat16,
+        ),
+        (
+            f"prefill [{prefill}, {d.hidden}] -> {d.index_heads}",
+            prefill,
+            d.index_heads,
+            d.hidden,
+            torch.bfloat16,
+        ),
+        (f"K tail [{d.tokens}, {d.hidden + 72}] -> 96", d.tokens, 96, d.hidden + 72, torch.float32),
     ]
     out = []
     for name, m, n, k, odt in specs:
@@ -206,6 +327,12 @@ def dense_linear_cases(ctx: Ctx) -> list[Case]:
             tol = dense_bound(want, odt, atol_rel=1e-4 if odt == torch.float32 else 1e-3)
             return _verdict(ratio(res.to(want.device).double(), want, tol))
 
-        out.append(Case(api.DENSE_LINEAR, f"{name}, {str(odt).split('.')[-1]} out",
-                        (x.to(ctx.device), w.to(ctx.device), odt), check))
+        out.append(
+            Case(
+                api.DENSE_LINEAR,
+                f"{name}, {str(odt).split('.')[-1]} out",
+                (x.to(ctx.device), w.to(ctx.device), odt),
+                check,
+            )
+        )
     return out

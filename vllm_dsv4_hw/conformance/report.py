@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The conformance report: the printed pass/fail table, and JSON / markdown files."""
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ REPORT_SUFFIXES = {".json": "json", ".md": "markdown", ".markdown": "markdown"}
 def report_kind(path: str) -> str:
     kind = REPORT_SUFFIXES.get(Path(path).suffix.lower())
     if kind is None:
-        raise ValueError(f"--report {path}: the file name must end in .json or .md "
-                         f"(the suffix picks the format)")
+        raise ValueError(
+            f"--report {path}: the file name must end in .json or .md (the suffix picks the format)"
+        )
     return kind
 
 
@@ -28,9 +30,16 @@ def _backend(row: dict) -> str:
 def table_lines(report: dict, width: int | None = None) -> list[str]:
     rows = report["results"]
     head = ("result", "check", "backend", "case", "detail")
-    cells = [head] + [(status(r), r["check"], _backend(r), r["case"],
-                       r["detail"] + (f" ({r['ms']:.1f} ms)" if r.get("ms") is not None else ""))
-                      for r in rows]
+    cells = [head] + [
+        (
+            status(r),
+            r["check"],
+            _backend(r),
+            r["case"],
+            r["detail"] + (f" ({r['ms']:.1f} ms)" if r.get("ms") is not None else ""),
+        )
+        for r in rows
+    ]
     w = [max(len(c[i]) for c in cells) for i in range(4)]
     out = []
     for c in cells:
@@ -42,16 +51,20 @@ def table_lines(report: dict, width: int | None = None) -> list[str]:
 def header(report: dict) -> str:
     d = report["device"]
     f = report["formats"]
-    return (f"vllm-dsv4-hw conformance: device {d['spec']} ({d['name']}), shapes "
-            f"{report['shapes']}, backends {report['backends']}, formats main {f['main']} / "
-            f"indexer {f['indexer']}, seed {report['seed']}")
+    return (
+        f"vllm-dsv4-hw conformance: device {d['spec']} ({d['name']}), shapes "
+        f"{report['shapes']}, backends {report['backends']}, formats main {f['main']} / "
+        f"indexer {f['indexer']}, seed {report['seed']}"
+    )
 
 
 def summary_line(report: dict) -> str:
     s = report["summary"]
     verdict = "PASSED" if s["ok"] else "FAILED"
-    return (f"{verdict}: {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped in "
-            f"{report['seconds']:.1f} s (* = the backend the dispatcher selects)")
+    return (
+        f"{verdict}: {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped in "
+        f"{report['seconds']:.1f} s (* = the backend the dispatcher selects)"
+    )
 
 
 def to_markdown(report: dict) -> str:
@@ -79,8 +92,10 @@ def to_markdown(report: dict) -> str:
         cells = [status(r), r["check"], _backend(r), r["case"], detail]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines.append("")
-    lines.append("`*` marks the backend the dispatcher selects on this device; the others are "
-                 "every other registered backend that can run here.")
+    lines.append(
+        "`*` marks the backend the dispatcher selects on this device; the others are "
+        "every other registered backend that can run here."
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run the conformance kit on one device: ops x backends, cache layouts, page buckets, streams.
 
 Which backends run for an op: the one the dispatcher selects on the device (``VLLM_DSV4_HW_*``
@@ -35,8 +36,9 @@ class ConformanceSetupError(RuntimeError):
 def parse_device(spec: str) -> torch.device:
     m = DEVICE_RE.fullmatch(spec.strip())
     if not m:
-        raise ConformanceSetupError(f"--device {spec!r}: use cpu, cuda or npu, optionally with "
-                                    f":N (e.g. cuda:0)")
+        raise ConformanceSetupError(
+            f"--device {spec!r}: use cpu, cuda or npu, optionally with :N (e.g. cuda:0)"
+        )
     kind, index = m.group(1), m.group(2)
     if kind == "cpu":
         if index not in (None, "0"):
@@ -44,12 +46,14 @@ def parse_device(spec: str) -> torch.device:
         return torch.device("cpu")
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise ConformanceSetupError("--device cuda: no CUDA device is visible to torch "
-                                        f"{torch.__version__}")
+            raise ConformanceSetupError(
+                f"--device cuda: no CUDA device is visible to torch {torch.__version__}"
+            )
         i = int(index or 0)
         if i >= torch.cuda.device_count():
-            raise ConformanceSetupError(f"--device cuda:{i}: only {torch.cuda.device_count()} "
-                                        f"CUDA device(s) visible")
+            raise ConformanceSetupError(
+                f"--device cuda:{i}: only {torch.cuda.device_count()} CUDA device(s) visible"
+            )
         torch.cuda.set_device(i)
         return torch.device("cuda", i)
     from vllm_dsv4_hw.platform.npu import probe_torch_npu
@@ -75,8 +79,9 @@ def poison_allocator(device: torch.device) -> None:
     if device.type == "cpu":
         return
     big = torch.empty(256 << 20, dtype=torch.uint8, device=device).fill_(0xFF)
-    small = [torch.empty(512 << 10, dtype=torch.uint8, device=device).fill_(0xFF)
-             for _ in range(16)]
+    small = [
+        torch.empty(512 << 10, dtype=torch.uint8, device=device).fill_(0xFF) for _ in range(16)
+    ]
     del big, small
 
 
@@ -113,9 +118,15 @@ def _versions() -> dict:
     return versions()
 
 
-def run(device_spec: str, shapes: str = "small", backends: str = "all",
-        ops: list[str] | None = None, seed: int | None = None, registry=None,
-        progress: Callable[[dict], None] | None = None) -> dict:
+def run(
+    device_spec: str,
+    shapes: str = "small",
+    backends: str = "all",
+    ops: list[str] | None = None,
+    seed: int | None = None,
+    registry=None,
+    progress: Callable[[dict], None] | None = None,
+) -> dict:
     """Run the kit; returns the report dict (``summary``, ``results``, environment)."""
     from vllm_dsv4_hw.kv_cache.format_choice import choose_formats, supported_formats
     from vllm_dsv4_hw.ops import api
@@ -129,8 +140,9 @@ def run(device_spec: str, shapes: str = "small", backends: str = "all",
     if ops:
         unknown = sorted(set(ops) - known)
         if unknown:
-            raise ConformanceSetupError(f"--ops: unknown op(s) {unknown}; ops: "
-                                        f"{', '.join(sorted(known))}")
+            raise ConformanceSetupError(
+                f"--ops: unknown op(s) {unknown}; ops: {', '.join(sorted(known))}"
+            )
     device = parse_device(device_spec)
     registry = registry if registry is not None else default_registry()
     adaptor = adaptor_for(device.type)
@@ -138,9 +150,16 @@ def run(device_spec: str, shapes: str = "small", backends: str = "all",
     seed = int(time.time() * 1000) % 1_000_000 if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
     choice = choose_formats(device.type, "auto", "auto", caps=caps, log=False)
-    ctx = C.Ctx(device=device, caps=caps, dims=C.SHAPES[shapes], gen=gen, main_fmt=choice.main,
-                indexer_fmt=choice.indexer, main_formats=supported_formats("main", caps),
-                indexer_formats=supported_formats("indexer", caps))
+    ctx = C.Ctx(
+        device=device,
+        caps=caps,
+        dims=C.SHAPES[shapes],
+        gen=gen,
+        main_fmt=choice.main,
+        indexer_fmt=choice.indexer,
+        main_formats=supported_formats("main", caps),
+        indexer_formats=supported_formats("indexer", caps),
+    )
     started = time.time()
     rows: list[dict] = []
 
@@ -149,8 +168,10 @@ def run(device_spec: str, shapes: str = "small", backends: str = "all",
         if progress is not None:
             progress(row)
 
-    covered = {"layouts": (api.KV_INSERT, api.KV_GATHER),
-               "compressor": (api.COMPRESSOR_POOL, api.COMPRESSOR_STORE)}
+    covered = {
+        "layouts": (api.KV_INSERT, api.KV_GATHER),
+        "compressor": (api.COMPRESSOR_POOL, api.COMPRESSOR_STORE),
+    }
     plans: dict[str, tuple[list[str], str]] = {}
     for key, builder in C.BUILDERS.items():
         its_ops = covered.get(key, (key,))
@@ -159,16 +180,32 @@ def run(device_spec: str, shapes: str = "small", backends: str = "all",
         lacking = [c for op in its_ops for c in C.OP_NEEDS.get(op, ()) if not caps.has(c)]
         if lacking:
             for op in its_ops:
-                emit(dict(check=op, backend="-", case="-", ok=None, detail=(
-                    f"skipped: device {device.type} lacks {', '.join(lacking)}; the model does "
-                    f"not use {op} there")))
+                emit(
+                    dict(
+                        check=op,
+                        backend="-",
+                        case="-",
+                        ok=None,
+                        detail=(
+                            f"skipped: device {device.type} lacks {', '.join(lacking)}; the model does "
+                            f"not use {op} there"
+                        ),
+                    )
+                )
             continue
         try:
             built = builder(ctx)
         except Exception as exc:
             logger.debug("building %s cases failed", key, exc_info=True)
-            emit(dict(check=key, backend="-", case="inputs", ok=False,
-                      detail=f"building the cases failed: {type(exc).__name__}: {exc}"))
+            emit(
+                dict(
+                    check=key,
+                    backend="-",
+                    case="inputs",
+                    ok=False,
+                    detail=f"building the cases failed: {type(exc).__name__}: {exc}",
+                )
+            )
             continue
         for case in built:
             if ops is not None and case.op not in ops:
@@ -188,12 +225,25 @@ def run(device_spec: str, shapes: str = "small", backends: str = "all",
                     synchronize(device)
                 except Exception as exc:
                     logger.debug("%s/%s raised", case.op, b, exc_info=True)
-                    ok, detail, r = False, f"raised {type(exc).__name__}: " \
-                                           f"{' '.join(str(exc).split())[:300]}", None
+                    ok, detail, r = (
+                        False,
+                        f"raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                        None,
+                    )
                 ms = (time.perf_counter() - t0) * 1e3
-                emit(dict(check=case.op, backend=b, selected=(i == 0), case=case.name, ok=ok,
-                          detail=detail, err_over_tol=r, ms=round(ms, 3),
-                          **({"selection": why} if i == 0 else {})))
+                emit(
+                    dict(
+                        check=case.op,
+                        backend=b,
+                        selected=(i == 0),
+                        case=case.name,
+                        ok=ok,
+                        detail=detail,
+                        err_over_tol=r,
+                        ms=round(ms, 3),
+                        **({"selection": why} if i == 0 else {}),
+                    )
+                )
     if ops is None or "buckets" in ops:
         for row in system.bucket_rows(device, ctx.main_formats, ctx.indexer_formats, gen):
             emit(dict(backend="-", **row))
@@ -208,15 +258,27 @@ def run(device_spec: str, shapes: str = "small", backends: str = "all",
         "tool": "vllm-dsv4-hw conformance",
         "started": datetime.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
         "seconds": round(time.time() - started, 2),
-        "device": {"spec": device_spec, "type": device.type, "index": device.index,
-                   "name": _device_name(device, adaptor.name),
-                   "capabilities": {k: v for k, v in vars(caps).items() if k != "device_type"},
-                   "backend_order": list(adaptor.backend_order)},
-        "formats": {"main": choice.main, "indexer": choice.indexer,
-                    "held_main": list(ctx.main_formats), "held_indexer": list(ctx.indexer_formats)},
-        "shapes": shapes, "dims": vars(ctx.dims) | {"positions": list(ctx.dims.positions)},
-        "backends": backends, "ops": ops or "all", "seed": seed,
-        "host": platform.node(), "versions": _versions(),
+        "device": {
+            "spec": device_spec,
+            "type": device.type,
+            "index": device.index,
+            "name": _device_name(device, adaptor.name),
+            "capabilities": {k: v for k, v in vars(caps).items() if k != "device_type"},
+            "backend_order": list(adaptor.backend_order),
+        },
+        "formats": {
+            "main": choice.main,
+            "indexer": choice.indexer,
+            "held_main": list(ctx.main_formats),
+            "held_indexer": list(ctx.indexer_formats),
+        },
+        "shapes": shapes,
+        "dims": vars(ctx.dims) | {"positions": list(ctx.dims.positions)},
+        "backends": backends,
+        "ops": ops or "all",
+        "seed": seed,
+        "host": platform.node(),
+        "versions": _versions(),
         "summary": {"passed": passed, "failed": failed, "skipped": skipped, "ok": failed == 0},
         "results": rows,
     }

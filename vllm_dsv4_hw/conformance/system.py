@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Device-level checks of the conformance kit: page buckets on the device, and stream overlap."""
 
 from __future__ import annotations
@@ -33,8 +34,14 @@ def bucket_rows(device: torch.device, main_formats, indexer_formats, gen) -> lis
                     detail = _check_buckets(cfg, main, idx, device, gen)
                     rows.append(dict(check="buckets", case=name, ok=True, detail=detail))
                 except Exception as exc:  # any failure is this check's failure
-                    rows.append(dict(check="buckets", case=name, ok=False,
-                                     detail=f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+                    rows.append(
+                        dict(
+                            check="buckets",
+                            case=name,
+                            ok=False,
+                            detail=f"{type(exc).__name__}: {' '.join(str(exc).split())}",
+                        )
+                    )
     return rows
 
 
@@ -50,13 +57,16 @@ def _check_buckets(cfg, main: str, idx: str, device: torch.device, gen) -> str:
         if kind is None:  # compressor state rows: a power of two that fits
             r = spec.entries_per_page
             if r & (r - 1) or r * spec.entry_bytes > spec.page_bytes:
-                raise AssertionError(f"{spec.kind}: {r} rows of {spec.entry_bytes} B in a "
-                                     f"{spec.page_bytes} B page")
+                raise AssertionError(
+                    f"{spec.kind}: {r} rows of {spec.entry_bytes} B in a {spec.page_bytes} B page"
+                )
             continue
         fmt = make_format(main if kind == "main" else idx, kind, spec.entries_per_page)
         if fmt.entry_bytes != spec.entry_bytes:
-            raise AssertionError(f"{spec.kind}: format {fmt.name} has {fmt.entry_bytes} B entries, "
-                                 f"the plan {spec.entry_bytes} B")
+            raise AssertionError(
+                f"{spec.kind}: format {fmt.name} has {fmt.entry_bytes} B entries, "
+                f"the plan {spec.entry_bytes} B"
+            )
         cache = fmt.new_cache(2, device=device, page_bytes=spec.page_bytes).fill_(0xFF)
         e = spec.entries_per_page
         slots = torch.tensor([0, 2 * e - 1], device=device)
@@ -67,9 +77,10 @@ def _check_buckets(cfg, main: str, idx: str, device: torch.device, gen) -> str:
         if not torch.equal(got, want):  # another rounding than the codec's: one code step at most
             x64 = x.cpu().double()
             if ratio(got, x64, entry_bound(fmt.name, x64)) > 1:
-                raise AssertionError(f"{spec.kind}: entries do not round-trip in a "
-                                     f"{spec.page_bytes} B page")
-        pad = cache[:, fmt.min_page_bytes:]
+                raise AssertionError(
+                    f"{spec.kind}: entries do not round-trip in a {spec.page_bytes} B page"
+                )
+        pad = cache[:, fmt.min_page_bytes :]
         if pad.numel() and not bool((pad == 0xFF).all()):
             raise AssertionError(f"{spec.kind}: page padding was written")
     sizes = ", ".join(f"{b.name} {b.page_bytes} B" for b in buckets)
@@ -86,13 +97,18 @@ def stream_rows(device: torch.device, caps, heavy: bool) -> list[dict]:
     finish sooner than one after the other (serial), with identical results."""
     mod = stream_module(device.type) if caps.streams else None
     if mod is None:
-        return [dict(check="streams", case="two-branch overlap", ok=None,
-                     detail=f"skipped: {device.type} has no streams (branches run inline, in "
-                            f"order)")]
+        return [
+            dict(
+                check="streams",
+                case="two-branch overlap",
+                ok=None,
+                detail=f"skipped: {device.type} has no streams (branches run inline, in order)",
+            )
+        ]
     try:
         n, k = (256, 4096) if heavy else (128, 2048)
         a = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(2)]
-        w = torch.randn(k, k, device=device, dtype=torch.bfloat16) * k ** -0.5
+        w = torch.randn(k, k, device=device, dtype=torch.bfloat16) * k**-0.5
         # A branch = a fixed-length single-block spin kernel (where the device module has one:
         # torch.cuda._sleep) + a few small matmuls. The spin occupies one SM for ~1 ms, so the
         # measurement is not drowned by launch overhead and the overlap is unambiguous; the
@@ -110,8 +126,14 @@ def stream_rows(device: torch.device, caps, heavy: bool) -> list[dict]:
         serial_aux = AuxStreams(device, 2, enabled=False)
         par_aux = AuxStreams(device, 2, enabled=True)
         if not par_aux.parallel:
-            return [dict(check="streams", case="two-branch overlap", ok=False,
-                         detail="AuxStreams did not create streams on this device")]
+            return [
+                dict(
+                    check="streams",
+                    case="two-branch overlap",
+                    ok=False,
+                    detail="AuxStreams did not create streams on this device",
+                )
+            ]
 
         def run(aux):
             outs = []
@@ -137,11 +159,23 @@ def stream_rows(device: torch.device, caps, heavy: bool) -> list[dict]:
         same = all(torch.equal(x, y) for x, y in zip(run(serial_aux), run(par_aux)))
         _sync(mod)
         ok = bool(same and par < ser)
-        return [dict(check="streams", case="two-branch overlap", ok=ok,
-                     detail=f"serial {ser:.3f} ms, parallel {par:.3f} ms "
-                            f"({ser / par:.2f}x), results equal={same}; per branch: "
-                            + (f"{cycles:.0e}-cycle spin kernel + 4" if spin is not None
-                               else "16") + f" matmuls [{n}x{k}] @ [{k}x{k}] bf16")]
+        return [
+            dict(
+                check="streams",
+                case="two-branch overlap",
+                ok=ok,
+                detail=f"serial {ser:.3f} ms, parallel {par:.3f} ms "
+                f"({ser / par:.2f}x), results equal={same}; per branch: "
+                + (f"{cycles:.0e}-cycle spin kernel + 4" if spin is not None else "16")
+                + f" matmuls [{n}x{k}] @ [{k}x{k}] bf16",
+            )
+        ]
     except Exception as exc:
-        return [dict(check="streams", case="two-branch overlap", ok=False,
-                     detail=f"{type(exc).__name__}: {' '.join(str(exc).split())}")]
+        return [
+            dict(
+                check="streams",
+                case="two-branch overlap",
+                ok=False,
+                detail=f"{type(exc).__name__}: {' '.join(str(exc).split())}",
+            )
+        ]

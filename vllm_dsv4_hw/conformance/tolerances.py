@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Error budgets of the conformance kit: per output dtype and per cache entry format.
 
 Every check computes ``ratio = max(|got - want| / bound)`` elementwise against a float64 oracle; it
@@ -21,7 +22,7 @@ from __future__ import annotations
 import torch
 
 # relative error of a result rounded once to the dtype, with fp32 math inside
-RTOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
+RTOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 2**-7, torch.float16: 2**-10}
 
 
 def ratio(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> float:
@@ -40,11 +41,12 @@ def ratio(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> float:
     return float(r.max())
 
 
-def dense_bound(want: torch.Tensor, dtype: torch.dtype, atol_rel: float = 1e-3,
-                rtol: float | None = None) -> torch.Tensor:
+def dense_bound(
+    want: torch.Tensor, dtype: torch.dtype, atol_rel: float = 1e-3, rtol: float | None = None
+) -> torch.Tensor:
     w = want.double().abs()
     m = float(w.max()) if w.numel() else 0.0
-    rt = RTOL.get(dtype, 2 ** -7) if rtol is None else rtol
+    rt = RTOL.get(dtype, 2**-7) if rtol is None else rtol
     return rt * w + atol_rel * m + 1e-30
 
 
@@ -61,20 +63,20 @@ def entry_bound(fmt_name: str, want: torch.Tensor) -> torch.Tensor:
     if fmt_name == "fp32":
         return 1e-5 * a + 1e-6 * (float(a.max()) if a.numel() else 0.0) + 1e-30
     # fp32 math before the bf16 rounding: error relative to the row, not to the value itself
-    fp32_slack = 2 ** -20 * a.amax(-1, keepdim=True) if a.numel() else a
+    fp32_slack = 2**-20 * a.amax(-1, keepdim=True) if a.numel() else a
     if fmt_name == "bf16":
-        return 2 ** -7 * a + fp32_slack + 1e-30
+        return 2**-7 * a + fp32_slack + 1e-30
     if fmt_name in ("fp8", "fp8_ds_mla"):
         nope, rope = a[..., :448], a[..., 448:]
         amax = _blocks(nope, 64).amax(-1, keepdim=True).clamp_min(1e-4)
         s = 2 * amax / 448
-        b_nope = (2 ** -3 * _blocks(nope, 64) + 2 ** -9 * s).reshape(nope.shape)
-        return torch.cat([b_nope, 2 ** -7 * rope + fp32_slack + 1e-30], dim=-1)
+        b_nope = (2**-3 * _blocks(nope, 64) + 2**-9 * s).reshape(nope.shape)
+        return torch.cat([b_nope, 2**-7 * rope + fp32_slack + 1e-30], dim=-1)
     if fmt_name in ("fp8_indexer",):
         amax = a.amax(-1, keepdim=True).clamp_min(1e-4)
-        return 2 ** -3 * a + 2 ** -9 * (2 * amax / 448)
+        return 2**-3 * a + 2**-9 * (2 * amax / 448)
     if fmt_name == "mxfp4":
         amax = _blocks(a, 32).amax(-1, keepdim=True)
         s = 2 * amax / 6
-        return (2 * s + 2 ** -7 * _blocks(a, 32)).reshape(a.shape) + 1e-30
+        return (2 * s + 2**-7 * _blocks(a, 32)).reshape(a.shape) + 1e-30
     raise ValueError(f"no error budget for cache format {fmt_name!r}")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The vLLM attention backend of our cache layers: one metadata builder per KV cache group.
 
 vLLM's hybrid KV cache manager puts every cache kind of every layer into KV cache groups (one block
@@ -43,13 +44,13 @@ NULL_BLOCK = 0
 class DSV4CacheMetadata:
     """One KV cache group's view of a step (device tensors are views of vLLM's buffers)."""
 
-    block_table: torch.Tensor          # [R, B] int32 page ids; vLLM's null block 0 = no page
-    block_size: int                    # positions per page of this group
+    block_table: torch.Tensor  # [R, B] int32 page ids; vLLM's null block 0 = no page
+    block_size: int  # positions per page of this group
     query_start_loc_cpu: torch.Tensor  # [R+1] int (host)
-    seq_lens: torch.Tensor             # [R] int (device): tokens cached after the step
+    seq_lens: torch.Tensor  # [R] int (device): tokens cached after the step
     num_reqs: int
     num_tokens: int
-    decode: bool                       # one new token per request (graph-capturable step)
+    decode: bool  # one new token per request (graph-capturable step)
 
     @property
     def null_page(self) -> int:
@@ -65,8 +66,9 @@ class DSV4CacheMetadata:
 
 class DSV4CacheMetadataBuilder(AttentionMetadataBuilder[DSV4CacheMetadata]):
     # Decode steps: device-only metadata over vLLM's persistent buffers (captured and replayed).
-    _cudagraph_support: ClassVar[AttentionCGSupport] = \
+    _cudagraph_support: ClassVar[AttentionCGSupport] = (
         AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    )
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
@@ -78,19 +80,33 @@ class DSV4CacheMetadataBuilder(AttentionMetadataBuilder[DSV4CacheMetadata]):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
         kinds = sorted({name.rsplit(".", 1)[-1] for name in layer_names})
-        logger.info("dsv4-hw: KV cache group of %d layer caches (%s): %d positions per page, "
-                    "page %d B", len(layer_names), ", ".join(kinds), self.block_size,
-                    kv_cache_spec.page_size_bytes)
+        logger.info(
+            "dsv4-hw: KV cache group of %d layer caches (%s): %d positions per page, page %d B",
+            len(layer_names),
+            ", ".join(kinds),
+            self.block_size,
+            kv_cache_spec.page_size_bytes,
+        )
 
-    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False) -> DSV4CacheMetadata:
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> DSV4CacheMetadata:
         m = common_attn_metadata
         r = m.num_reqs
         n = int(m.num_actual_tokens)
         decode = envs.cuda_graphs() and m.max_query_len <= 1 and n == r
-        return DSV4CacheMetadata(block_table=m.block_table_tensor[:r], block_size=self.block_size,
-                                 query_start_loc_cpu=m.query_start_loc_cpu, seq_lens=m.seq_lens[:r],
-                                 num_reqs=r, num_tokens=n, decode=decode)
+        return DSV4CacheMetadata(
+            block_table=m.block_table_tensor[:r],
+            block_size=self.block_size,
+            query_start_loc_cpu=m.query_start_loc_cpu,
+            seq_lens=m.seq_lens[:r],
+            num_reqs=r,
+            num_tokens=n,
+            decode=decode,
+        )
 
 
 class DSV4CacheBackend(AttentionBackend):
@@ -111,6 +127,7 @@ class DSV4CacheBackend(AttentionBackend):
         # (mixed page sizes allowed), which is how one 256-position logical block holds the c4a,
         # c128a and indexer pages of a request. Our ops address pages through their stride.
         from vllm.v1.kv_cache_layout import KVCacheLayout
+
         return (KVCacheLayout.BLNHC,)
 
     @staticmethod
@@ -119,8 +136,9 @@ class DSV4CacheBackend(AttentionBackend):
 
     @staticmethod
     def get_impl_cls():
-        raise NotImplementedError(f"{BACKEND_NAME} has no attention impl: the DeepSeek V4 layer "
-                                  "runs its own ops")
+        raise NotImplementedError(
+            f"{BACKEND_NAME} has no attention impl: the DeepSeek V4 layer runs its own ops"
+        )
 
     @staticmethod
     def get_builder_cls() -> type[DSV4CacheMetadataBuilder]:

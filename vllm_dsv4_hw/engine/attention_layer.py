@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DeepSeek V4 attention layer inside vLLM: cache layers vLLM allocates, and the forward op.
 
 * :class:`DSV4CacheLayer` is one cache of one layer (window, compressed KV, indexer keys, or a
@@ -83,19 +84,25 @@ class DSV4CacheLayer(nn.Module, AttentionLayerBase):
         c = self.kv_cache
         lk = self.lk
         if c.dim() != 4 or c.shape[1] != 1 or c.shape[2] != lk.entries_per_page:
-            raise KVLayoutError(f"{self.prefix}: vLLM bound a cache of shape {tuple(c.shape)}; "
-                                f"expected [blocks, 1, {lk.entries_per_page}, bytes] "
-                                f"({lk.kind}). Did vLLM change the block size of this group?")
+            raise KVLayoutError(
+                f"{self.prefix}: vLLM bound a cache of shape {tuple(c.shape)}; "
+                f"expected [blocks, 1, {lk.entries_per_page}, bytes] "
+                f"({lk.kind}). Did vLLM change the block size of this group?"
+            )
         nb, _, n, w = c.shape
         if c.stride(3) != 1 or c.stride(2) != w:
-            raise KVLayoutError(f"{self.prefix}: entries of a page are not contiguous "
-                                f"(strides {c.stride()}); use a block-outermost KV cache layout")
+            raise KVLayoutError(
+                f"{self.prefix}: entries of a page are not contiguous "
+                f"(strides {c.stride()}); use a block-outermost KV cache layout"
+            )
         if lk.is_state:
             # Page p's rows are rows p*K .. p*K + n-1 of a [rows, w] matrix, K = block stride / w
             # (the spec's block_stride_alignment makes it whole). Slots are remapped to match.
             if c.stride(0) % w:
-                raise KVLayoutError(f"{self.prefix}: block stride {c.stride(0)} is not a multiple "
-                                    f"of the state row ({w} floats)")
+                raise KVLayoutError(
+                    f"{self.prefix}: block stride {c.stride(0)} is not a multiple "
+                    f"of the state row ({w} floats)"
+                )
             rows = (nb - 1) * self.rows_per_block + n if nb else 0
             return torch.as_strided(c, (rows, w), (w, 1))
         return torch.as_strided(c, (nb, n * w), (c.stride(0), 1))
@@ -105,6 +112,7 @@ def _geometry(kinds: dict[str, LayerKind]) -> PageGeometry:
     def per_page(cache: str, default: int) -> int:
         lk = kinds.get(cache)
         return lk.entries_per_page if lk is not None else default
+
     return PageGeometry(
         window_positions_per_page=kinds["window"].entries_per_page,
         comp_entries_per_page=per_page("comp", 64),
@@ -121,11 +129,27 @@ _LAYERS: dict[str, "VllmDSV4Attention"] = {}
 
 
 class VllmDSV4Attention(DSV4Attention):
-    def __init__(self, cfg: DSV4Config, layer_id: int, prefix: str, main_format: str,
-                 indexer_format: str, dtype: torch.dtype, max_positions: int,
-                 quant_config=None, layout: ParallelLayout = ParallelLayout()) -> None:
-        super().__init__(cfg, layer_id, dtype=dtype, max_positions=max_positions,
-                         quant_config=quant_config, prefix=prefix, layout=layout)
+    def __init__(
+        self,
+        cfg: DSV4Config,
+        layer_id: int,
+        prefix: str,
+        main_format: str,
+        indexer_format: str,
+        dtype: torch.dtype,
+        max_positions: int,
+        quant_config=None,
+        layout: ParallelLayout = ParallelLayout(),
+    ) -> None:
+        super().__init__(
+            cfg,
+            layer_id,
+            dtype=dtype,
+            max_positions=max_positions,
+            quant_config=quant_config,
+            prefix=prefix,
+            layout=layout,
+        )
         self.max_positions = max_positions
         self._decode_layout = None
         self.prefix = prefix
@@ -138,11 +162,16 @@ class VllmDSV4Attention(DSV4Attention):
         self.geometry = _geometry(self.kinds)
         self._formats = {
             "main": make_format(main_format, "main", self.geometry.window_positions_per_page),
-            "comp": (make_format(main_format, "main", self.geometry.comp_entries_per_page)
-                     if self.kind.compressed else None),
-            "indexer": (make_format(indexer_format, "indexer",
-                                    self.geometry.indexer_entries_per_page)
-                        if self.kind.has_indexer else None),
+            "comp": (
+                make_format(main_format, "main", self.geometry.comp_entries_per_page)
+                if self.kind.compressed
+                else None
+            ),
+            "indexer": (
+                make_format(indexer_format, "indexer", self.geometry.indexer_entries_per_page)
+                if self.kind.has_indexer
+                else None
+            ),
         }
         if prefix in _LAYERS:
             logger.debug("re-registering attention layer %s", prefix)
@@ -155,8 +184,10 @@ class VllmDSV4Attention(DSV4Attention):
         if m is None:
             raise RuntimeError(f"{layer.prefix}: no attention metadata in this step")
         if m.block_size != layer.lk.block_size:
-            raise KVLayoutError(f"{layer.prefix}: vLLM runs this cache with {m.block_size} "
-                                f"positions per page, the layer expects {layer.lk.block_size}")
+            raise KVLayoutError(
+                f"{layer.prefix}: vLLM runs this cache with {m.block_size} "
+                f"positions per page, the layer expects {layer.lk.block_size}"
+            )
         return m
 
     def _step_metadata(self, attn_metadata: dict):
@@ -182,13 +213,18 @@ class VllmDSV4Attention(DSV4Attention):
         """Device ops over vLLM's persistent buffers only: capturable, replayed as is."""
         if self._decode_layout is None:
             self._decode_layout = decode_layout(
-                self.ratio, self.geometry, self.cfg.sliding_window, self.max_positions,
+                self.ratio,
+                self.geometry,
+                self.cfg.sliding_window,
+                self.max_positions,
                 null_page=groups["window"].null_page,
                 main_state_stride=self._state_stride("main_state"),
-                indexer_state_stride=self._state_stride("indexer_state"))
+                indexer_state_stride=self._state_stride("indexer_state"),
+            )
         tables = BlockTables(**{cache: m.block_table for cache, m in groups.items()})
-        return decode_step_metadata(groups["window"].seq_lens, tables, self.geometry,
-                                    self._decode_layout)
+        return decode_step_metadata(
+            groups["window"].seq_lens, tables, self.geometry, self._decode_layout
+        )
 
     def _state_stride(self, cache: str) -> int | None:
         layer = self.cache_layers.get(cache)
@@ -201,8 +237,14 @@ class VllmDSV4Attention(DSV4Attention):
         for cache, m in groups.items():
             bt = m.block_table.to(torch.int64)
             tables[cache] = torch.where(bt > m.null_page, bt, torch.full_like(bt, -1))
-        meta = build_step_metadata(seq_starts, num_new, self.ratio, BlockTables(**tables),
-                                   geometry=self.geometry, sliding_window=self.cfg.sliding_window)
+        meta = build_step_metadata(
+            seq_starts,
+            num_new,
+            self.ratio,
+            BlockTables(**tables),
+            geometry=self.geometry,
+            sliding_window=self.cfg.sliding_window,
+        )
         self._remap_state_rows(meta)
         return meta
 
@@ -217,16 +259,24 @@ class VllmDSV4Attention(DSV4Attention):
 
             def remap(x: torch.Tensor) -> torch.Tensor:
                 return torch.where(x >= 0, (x // r) * k + x % r, x)
+
             plan.state_slots = remap(plan.state_slots)
             plan.group_rows = remap(plan.group_rows)
 
     def _layer_caches(self) -> LayerCaches:
         pages = {cache: layer.pages() for cache, layer in self.cache_layers.items()}
         return LayerCaches(
-            ratio=self.ratio, main_format=self._formats["main"], window=pages["window"],
-            geometry=self.geometry, comp_format=self._formats["comp"], comp=pages.get("comp"),
-            indexer_format=self._formats["indexer"], indexer=pages.get("indexer"),
-            main_state=pages.get("main_state"), indexer_state=pages.get("indexer_state"))
+            ratio=self.ratio,
+            main_format=self._formats["main"],
+            window=pages["window"],
+            geometry=self.geometry,
+            comp_format=self._formats["comp"],
+            comp=pages.get("comp"),
+            indexer_format=self._formats["indexer"],
+            indexer=pages.get("indexer"),
+            main_state=pages.get("main_state"),
+            indexer_state=pages.get("indexer_state"),
+        )
 
     # -- forward ------------------------------------------------------------------------------
     def run(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The plugin's vLLM platform for CPU-only machines (``vllm.platform_plugins``).
 
 vLLM's own CPU platform would run DeepSeek V4 on its compiled CPU kernels (``_C`` AMX / AVX-512
@@ -47,14 +48,22 @@ class DSV4HwCpuPlatform(CpuPlatform):
         settings = settle_launch(vllm_config)
         sched = vllm_config.scheduler_config
         cache = vllm_config.cache_config
-        saved = (sched.enable_chunked_prefill, cache.enable_prefix_caching,
-                 sched.max_num_batched_tokens)
+        saved = (
+            sched.enable_chunked_prefill,
+            cache.enable_prefix_caching,
+            sched.max_num_batched_tokens,
+        )
         super().check_and_update_config(vllm_config)
-        sched.enable_chunked_prefill, cache.enable_prefix_caching, \
-            sched.max_num_batched_tokens = saved
+        sched.enable_chunked_prefill, cache.enable_prefix_caching, sched.max_num_batched_tokens = (
+            saved
+        )
         check_kv_capacity(vllm_config, settings)  # vLLM's hook above read VLLM_CPU_KVCACHE_SPACE
         cache.block_size = BLOCK_SIZE
         sched.disable_hybrid_kv_cache_manager = False
-        logger.info("dsv4-hw: DeepSeek V4 on the plugin's CPU platform: block size %d, hybrid KV "
-                    "cache manager, chunked prefill %s, prefix caching %s", BLOCK_SIZE,
-                    sched.enable_chunked_prefill, cache.enable_prefix_caching)
+        logger.info(
+            "dsv4-hw: DeepSeek V4 on the plugin's CPU platform: block size %d, hybrid KV "
+            "cache manager, chunked prefill %s, prefix caching %s",
+            BLOCK_SIZE,
+            sched.enable_chunked_prefill,
+            cache.enable_prefix_caching,
+        )

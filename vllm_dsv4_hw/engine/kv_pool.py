@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How vLLM's hybrid KV cache manager pools our cache kinds: capacity, without vLLM.
 
 Inside vLLM (block-outermost layout, ``engine/attention_backend.py``) the caches form KV cache groups
@@ -34,13 +35,12 @@ from vllm_dsv4_hw.kv_cache.specs import layer_cache_specs
 __all__ = ["PoolGroup", "VllmPoolPlan", "plan_vllm_pool"]
 
 
-
 @dataclass(frozen=True)
 class PoolGroup:
     kinds: tuple[str, ...]
-    layers: int              # layer caches in the group
+    layers: int  # layer caches in the group
     positions_per_page: int
-    packed_bytes: int        # one block of this group: one page of each of its layer caches
+    packed_bytes: int  # one block of this group: one page of each of its layer caches
     blocks_per_request: int  # what admission reserves for one request of max_model_len
 
 
@@ -67,15 +67,23 @@ class VllmPoolPlan:
 
     def to_dict(self) -> dict:
         return {
-            "bytes_per_block": self.bytes_per_block, "num_blocks": self.num_blocks,
+            "bytes_per_block": self.bytes_per_block,
+            "num_blocks": self.num_blocks,
             "blocks_per_request": self.blocks_per_request,
-            "max_concurrency": round(self.max_concurrency, 4), "tokens": self.tokens,
+            "max_concurrency": round(self.max_concurrency, 4),
+            "tokens": self.tokens,
             "max_model_len": self.max_model_len,
             "max_num_batched_tokens": self.max_num_batched_tokens,
-            "groups": [{"kinds": list(g.kinds), "layers": g.layers,
-                        "positions_per_page": g.positions_per_page,
-                        "packed_bytes": g.packed_bytes,
-                        "blocks_per_request": g.blocks_per_request} for g in self.groups],
+            "groups": [
+                {
+                    "kinds": list(g.kinds),
+                    "layers": g.layers,
+                    "positions_per_page": g.positions_per_page,
+                    "packed_bytes": g.packed_bytes,
+                    "blocks_per_request": g.blocks_per_request,
+                }
+                for g in self.groups
+            ],
         }
 
 
@@ -95,7 +103,7 @@ class _Bucket:
     """Layer caches vLLM treats as one uniform type (same block size; windowed: same window)."""
 
     kinds: list[str]
-    layers: dict[int, list[str]]   # page bytes -> layer caches, in registration order
+    layers: dict[int, list[str]]  # page bytes -> layer caches, in registration order
     first_page: int
     positions_per_page: int
     window: int | None
@@ -130,18 +138,26 @@ def _buckets(cfg: DSV4Config, specs: dict) -> list[_Bucket]:
     return buckets
 
 
-def plan_vllm_pool(cfg: DSV4Config, main_format: str, indexer_format: str, memory_bytes: int,
-                   max_model_len: int, max_num_batched_tokens: int) -> VllmPoolPlan:
+def plan_vllm_pool(
+    cfg: DSV4Config,
+    main_format: str,
+    indexer_format: str,
+    memory_bytes: int,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+) -> VllmPoolPlan:
     if memory_bytes <= 0 or max_model_len <= 0 or max_num_batched_tokens <= 0:
         raise ValueError("memory, max_model_len and max_num_batched_tokens must be positive")
     specs = {s.kind: s for s in layer_cache_specs(cfg, main_format, indexer_format)}
     buckets = _buckets(cfg, specs)
 
     balanced = [b for b in buckets if b.balanced]
-    min_repeats = max((b.max_layers_per_page() for b in balanced if len(b.layers) > 1),
-                      default=0)
-    repeats = (_approximate_gcd([b.max_layers_per_page() for b in balanced], min_repeats)
-               if min_repeats else None)
+    min_repeats = max((b.max_layers_per_page() for b in balanced if len(b.layers) > 1), default=0)
+    repeats = (
+        _approximate_gcd([b.max_layers_per_page() for b in balanced], min_repeats)
+        if min_repeats
+        else None
+    )
 
     def num_groups_for(b: _Bucket) -> int:
         return cdiv(b.max_layers_per_page(), repeats) if b.balanced and repeats else 1
@@ -171,16 +187,25 @@ def plan_vllm_pool(cfg: DSV4Config, main_format: str, indexer_format: str, memor
             pattern = list(zip(*b.layers.values()))
             members = [[name for rep in pattern[i::n] for name in rep] for i in range(n)]
         for names in members:
-            groups.append(PoolGroup(
-                kinds=tuple(k for k in b.kinds if any(nm.endswith("." + k) for nm in names)),
-                layers=len(names), positions_per_page=b.positions_per_page,
-                packed_bytes=sum(page_of[nm] for nm in names), blocks_per_request=blocks))
+            groups.append(
+                PoolGroup(
+                    kinds=tuple(k for k in b.kinds if any(nm.endswith("." + k) for nm in names)),
+                    layers=len(names),
+                    positions_per_page=b.positions_per_page,
+                    packed_bytes=sum(page_of[nm] for nm in names),
+                    blocks_per_request=blocks,
+                )
+            )
     widest_group = max(g.packed_bytes for g in groups)
     align = math.lcm(*alignments)
     bytes_per_block = cdiv(widest_group, align) * align
-    return VllmPoolPlan(groups=tuple(groups), bytes_per_block=bytes_per_block,
-                        num_blocks=memory_bytes // bytes_per_block, max_model_len=max_model_len,
-                        max_num_batched_tokens=max_num_batched_tokens)
+    return VllmPoolPlan(
+        groups=tuple(groups),
+        bytes_per_block=bytes_per_block,
+        num_blocks=memory_bytes // bytes_per_block,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
 
 
 def one_request_bytes(plan: VllmPoolPlan) -> int:
@@ -189,13 +214,26 @@ def one_request_bytes(plan: VllmPoolPlan) -> int:
     return plan.bytes_per_block * (plan.blocks_per_request + 1)
 
 
-def longest_fitting_len(cfg: DSV4Config, main_format: str, indexer_format: str,
-                        memory_bytes: int, max_model_len: int, max_num_batched_tokens: int) -> int:
+def longest_fitting_len(
+    cfg: DSV4Config,
+    main_format: str,
+    indexer_format: str,
+    memory_bytes: int,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+) -> int:
     """The largest max_model_len <= ``max_model_len`` whose one request fits ``memory_bytes``
     (0 if none): what vLLM's engine estimates when it refuses."""
+
     def fits(n: int) -> bool:
-        return one_request_bytes(plan_vllm_pool(cfg, main_format, indexer_format, memory_bytes, n,
-                                                max_num_batched_tokens)) <= memory_bytes
+        return (
+            one_request_bytes(
+                plan_vllm_pool(
+                    cfg, main_format, indexer_format, memory_bytes, n, max_num_batched_tokens
+                )
+            )
+            <= memory_bytes
+        )
 
     lo, hi = 0, max_model_len
     while lo < hi:
@@ -205,4 +243,3 @@ def longest_fitting_len(cfg: DSV4Config, main_format: str, indexer_format: str,
         else:
             hi = mid - 1
     return lo
-

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What DeepSeek V4 on this plugin needs from vLLM's configuration, applied on any vLLM platform.
 
 The plugin registers :func:`config_hook` as vLLM's per-architecture config hook for
@@ -56,26 +57,34 @@ def settle_launch(vllm_config) -> ServeSettings:
         raise LaunchConfigError(
             f"DeepSeek V4 on vllm-dsv4-hw needs --block-size {BLOCK_SIZE} (one logical block of "
             f"256 token positions for every cache kind); got --block-size {cache.block_size}. "
-            f"Drop the flag or pass --block-size {BLOCK_SIZE}.")
+            f"Drop the flag or pass --block-size {BLOCK_SIZE}."
+        )
     if sched.disable_hybrid_kv_cache_manager:
         raise LaunchConfigError(
             "DeepSeek V4 on vllm-dsv4-hw needs the hybrid KV cache manager (window, compressed "
             "and compressor-state caches are separate KV cache groups); remove "
-            "--disable-hybrid-kv-cache-manager.")
+            "--disable-hybrid-kv-cache-manager."
+        )
     name, hybrid = _platform_name()
     if not hybrid:
         raise LaunchConfigError(
             f"DeepSeek V4 on vllm-dsv4-hw needs the hybrid KV cache manager, which the active vLLM "
             f"platform {name} does not support (support_hybrid_kv_cache() is False): the "
-            f"platform must return True there (docs/vendor-ci.md)")
+            f"platform must return True there (docs/vendor-ci.md)"
+        )
     if getattr(sched, "max_num_batched_tokens", None):
         check_kv_capacity(vllm_config, settings)
     if not settled:
         cache.block_size = BLOCK_SIZE
         setattr(cache, _SETTLED, True)
-        logger.info("dsv4-hw: DeepSeek V4 launch rules hold on platform %s: block size %d, hybrid "
-                    "KV cache manager, %s main / %s indexer cache", name, BLOCK_SIZE,
-                    settings.main_format, settings.indexer_format)
+        logger.info(
+            "dsv4-hw: DeepSeek V4 launch rules hold on platform %s: block size %d, hybrid "
+            "KV cache manager, %s main / %s indexer cache",
+            name,
+            BLOCK_SIZE,
+            settings.main_format,
+            settings.indexer_format,
+        )
     return settings
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``DeepseekV4ForCausalLM`` for vLLM, registered by the plugin in place of the built-in one.
 
 The network (embeddings, mHC, MoE, norm, head: ``network.py``) is plain PyTorch over our dispatch
@@ -40,6 +41,7 @@ from vllm_dsv4_hw.quant.config import model_quant_config
 
 logger = init_logger(__name__)
 
+
 class DSV4ForCausalLM(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
@@ -58,31 +60,59 @@ class DSV4ForCausalLM(nn.Module):
         self.layout = layout
 
         def make_attention(layer_id: int, ratio: int) -> nn.Module:
-            return VllmDSV4Attention(cfg, layer_id, f"layers.{layer_id}.attn", main_fmt, idx_fmt,
-                                     mc.dtype, max_pos, quant_config=qc, layout=layout)
+            return VllmDSV4Attention(
+                cfg,
+                layer_id,
+                f"layers.{layer_id}.attn",
+                main_fmt,
+                idx_fmt,
+                mc.dtype,
+                max_pos,
+                quant_config=qc,
+                layout=layout,
+            )
 
-        self.model = DSV4Network(cfg, make_attention, dtype=mc.dtype, quant_config=qc,
-                                 layout=layout)
-        kv_layout = ", ".join(f"{s.kind} {s.format} {s.entries_per_page}x{s.entry_bytes}B/"
-                           f"{s.page_bytes}B page ({s.bucket})"
-                           for s in layer_cache_specs(cfg, main_fmt, idx_fmt))
-        logger.info("dsv4-hw: %s (vllm_dsv4_hw) with %d layers, compress ratios %s; KV layout: %s",
-                    type(self).__name__, cfg.num_layers, list(cfg.compress_ratios), kv_layout)
+        self.model = DSV4Network(
+            cfg, make_attention, dtype=mc.dtype, quant_config=qc, layout=layout
+        )
+        kv_layout = ", ".join(
+            f"{s.kind} {s.format} {s.entries_per_page}x{s.entry_bytes}B/"
+            f"{s.page_bytes}B page ({s.bucket})"
+            for s in layer_cache_specs(cfg, main_fmt, idx_fmt)
+        )
+        logger.info(
+            "dsv4-hw: %s (vllm_dsv4_hw) with %d layers, compress ratios %s; KV layout: %s",
+            type(self).__name__,
+            cfg.num_layers,
+            list(cfg.compress_ratios),
+            kv_layout,
+        )
         if layout.sharded:
-            logger.info("dsv4-hw: split over vLLM's tensor-parallel group: %s (%d of %d query "
-                        "heads, %d of %d experts here); KV cache replicated", layout.describe(),
-                        layout.local_heads(cfg), cfg.num_heads, len(layout.local_experts(cfg)),
-                        cfg.n_routed_experts)
+            logger.info(
+                "dsv4-hw: split over vLLM's tensor-parallel group: %s (%d of %d query "
+                "heads, %d of %d experts here); KV cache replicated",
+                layout.describe(),
+                layout.local_heads(cfg),
+                cfg.num_heads,
+                len(layout.local_experts(cfg)),
+                cfg.n_routed_experts,
+            )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                intermediate_tensors=None, inputs_embeds: torch.Tensor | None = None,
-                **kwargs) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate_tensors=None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
         if inputs_embeds is not None:
-            raise UnsupportedSettingError("DeepSeek V4 on vllm-dsv4-hw takes token ids, not "
-                                          "prompt embeddings")
+            raise UnsupportedSettingError(
+                "DeepSeek V4 on vllm-dsv4-hw takes token ids, not prompt embeddings"
+            )
         return self.model(input_ids)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -92,8 +122,11 @@ class DSV4ForCausalLM(nn.Module):
         shipped = _CountedTensors(weights)
         loaded = load_weights(self.model, shipped, self.cfg)
         self.resident = resident_summary(self.model, shipped.nbytes)
-        logger.info("dsv4-hw: %s%s", self.resident.line(),
-                    f" ({self.layout.describe()})" if self.layout.sharded else "")
+        logger.info(
+            "dsv4-hw: %s%s",
+            self.resident.line(),
+            f" ({self.layout.describe()})" if self.layout.sharded else "",
+        )
         return {f"model.{name}" for name in loaded}
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM entry points (``pyproject.toml``).
 
 * ``vllm.general_plugins`` -> :func:`register` (runs in every vLLM process): with
@@ -23,7 +24,9 @@ from vllm_dsv4_hw import envs
 
 logger = logging.getLogger(__name__)
 
-ARCHITECTURE = "DeepseekV4ForCausalLM"   # the names live in engine/registration.py; kept here for callers
+ARCHITECTURE = (
+    "DeepseekV4ForCausalLM"  # the names live in engine/registration.py; kept here for callers
+)
 MODEL_CLASS = "vllm_dsv4_hw.engine.model:DSV4ForCausalLM"
 PLATFORM_CLASS = "vllm_dsv4_hw.engine.cpu_platform.DSV4HwCpuPlatform"
 
@@ -56,8 +59,10 @@ def _config_map():
     try:
         from vllm.model_executor.models.config import MODELS_CONFIG_MAP
     except ImportError:
-        logger.warning("dsv4-hw: this vLLM has no MODELS_CONFIG_MAP; the launch rules are checked "
-                       "when the model is built (in the worker), not in the first process")
+        logger.warning(
+            "dsv4-hw: this vLLM has no MODELS_CONFIG_MAP; the launch rules are checked "
+            "when the model is built (in the worker), not in the first process"
+        )
         return None
     return MODELS_CONFIG_MAP
 

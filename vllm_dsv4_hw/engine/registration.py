@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Whose ``DeepseekV4ForCausalLM`` serves, decided by ``VLLM_DSV4_HW_MODEL_OWNER`` (default ours).
 
 vLLM runs every ``vllm.general_plugins`` entry point in each process, in the order
@@ -47,24 +48,30 @@ class PinnedModels(dict):
 
     def __setitem__(self, key, value) -> None:
         if key == self.arch and value is not self.ours:
-            logger.info("dsv4-hw: %s -> %s registered after ours; not taken "
-                        "(VLLM_DSV4_HW_MODEL_OWNER=ours; vendor serves that class)",
-                        key, describe(value))
+            logger.info(
+                "dsv4-hw: %s -> %s registered after ours; not taken "
+                "(VLLM_DSV4_HW_MODEL_OWNER=ours; vendor serves that class)",
+                key,
+                describe(value),
+            )
             return
         super().__setitem__(key, value)
 
 
-def install(owner: str, registry, config_map: MutableMapping | None,
-            register_quant: Callable[[], None]) -> str:
+def install(
+    owner: str, registry, config_map: MutableMapping | None, register_quant: Callable[[], None]
+) -> str:
     """Apply ``owner`` to vLLM's ``ModelRegistry`` (``registry``), its per-architecture config hooks
     (``config_map``; None where this vLLM has none) and quantization registry
     (``register_quant`` registers ours). Returns the log line it wrote."""
     if owner == "vendor":
         current = registry.models.get(ARCHITECTURE)
-        line = (f"dsv4-hw: {ARCHITECTURE} is left to the vendor's registration "
-                f"(VLLM_DSV4_HW_MODEL_OWNER=vendor): vllm-ascend's when its plugin loads, else "
-                f"vLLM's built-in (now {describe(current) if current else 'none'}); ours, its "
-                f"launch rules and dsv4_hw_fp8 are not registered")
+        line = (
+            f"dsv4-hw: {ARCHITECTURE} is left to the vendor's registration "
+            f"(VLLM_DSV4_HW_MODEL_OWNER=vendor): vllm-ascend's when its plugin loads, else "
+            f"vLLM's built-in (now {describe(current) if current else 'none'}); ours, its "
+            f"launch rules and dsv4_hw_fp8 are not registered"
+        )
         logger.info(line)
         return line
     from vllm_dsv4_hw.engine.launch_rules import config_hook
@@ -79,8 +86,10 @@ def install(owner: str, registry, config_map: MutableMapping | None,
         if getattr(previous, "__name__", "") != "DSV4HwLaunchRules":
             config_map[ARCHITECTURE] = config_hook(previous)
         hook = "launch rules in vLLM's config hook"
-    line = (f"dsv4-hw: {ARCHITECTURE} is served by vllm_dsv4_hw ({MODEL_CLASS}; "
-            f"VLLM_DSV4_HW_MODEL_OWNER=ours: a later registration of it, e.g. vllm-ascend's, is "
-            f"not taken; {hook})")
+    line = (
+        f"dsv4-hw: {ARCHITECTURE} is served by vllm_dsv4_hw ({MODEL_CLASS}; "
+        f"VLLM_DSV4_HW_MODEL_OWNER=ours: a later registration of it, e.g. vllm-ascend's, is "
+        f"not taken; {hook})"
+    )
     logger.info(line)
     return line

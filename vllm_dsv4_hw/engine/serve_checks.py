@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Everything about a DeepSeek V4 launch that config.json and the flags tell, checked once, early.
 
 :func:`check_serve_settings` is called where vLLM verifies a configuration in the first process (the
@@ -37,14 +38,24 @@ from vllm_dsv4_hw.kv_cache.specs import (
 from vllm_dsv4_hw.parallel import SplitError, check_split
 from vllm_dsv4_hw.platform.device import detect_device_type
 
-__all__ = ["KV_CACHE_DTYPES", "INDEXER_KV_DTYPES", "ServeSettings", "UnsupportedSettingError",
-           "check_kv_capacity", "check_serve_settings", "raw_hf_config"]
+__all__ = [
+    "KV_CACHE_DTYPES",
+    "INDEXER_KV_DTYPES",
+    "ServeSettings",
+    "UnsupportedSettingError",
+    "check_kv_capacity",
+    "check_serve_settings",
+    "raw_hf_config",
+]
 
 # vLLM --kv-cache-dtype -> our main entry format (None: from the plugin's settings): our format
 # names and their aliases (kv_cache.specs), plus vLLM's spellings of the same formats.
-KV_CACHE_DTYPES = {"auto": None, "fp8_e4m3": "fp8", "bfloat16": "bf16",
-                   **{n: normalize_main_format(n) for n in (*MAIN_FORMAT_NAMES,
-                                                             *MAIN_FORMAT_ALIASES)}}
+KV_CACHE_DTYPES = {
+    "auto": None,
+    "fp8_e4m3": "fp8",
+    "bfloat16": "bf16",
+    **{n: normalize_main_format(n) for n in (*MAIN_FORMAT_NAMES, *MAIN_FORMAT_ALIASES)},
+}
 # vLLM --attention-config.indexer_kv_dtype -> our indexer key format (None: the plugin's settings).
 INDEXER_KV_DTYPES = {"auto": None, "bf16": "bf16", "fp8": "fp8", "mxfp4": "mxfp4"}
 
@@ -89,12 +100,14 @@ def _check_parallel(vllm_config, cfg: DSV4Config) -> None:
         raise UnsupportedSettingError(
             f"--pipeline-parallel-size {pc.pipeline_parallel_size} is not supported by DeepSeek V4 "
             f"on vllm-dsv4-hw; split the model with --tensor-parallel-size (with "
-            f"--enable-expert-parallel for the experts) instead")
+            f"--enable-expert-parallel for the experts) instead"
+        )
     if pc.data_parallel_size != 1:
         raise UnsupportedSettingError(
             f"--data-parallel-size {pc.data_parallel_size} is not supported yet by DeepSeek V4 on "
             f"vllm-dsv4-hw (its MoE does not dispatch tokens across data-parallel ranks); use "
-            f"--tensor-parallel-size N --enable-expert-parallel, or one server per replica")
+            f"--tensor-parallel-size N --enable-expert-parallel, or one server per replica"
+        )
     try:
         check_split(cfg, pc.tensor_parallel_size, bool(pc.enable_expert_parallel))
     except SplitError as exc:
@@ -102,7 +115,8 @@ def _check_parallel(vllm_config, cfg: DSV4Config) -> None:
     if getattr(vllm_config, "speculative_config", None) is not None:
         raise UnsupportedSettingError(
             "speculative decoding (--speculative-config) is not supported by DeepSeek V4 on "
-            "vllm-dsv4-hw: the MTP layer is not served; drop the flag")
+            "vllm-dsv4-hw: the MTP layer is not served; drop the flag"
+        )
 
 
 def _check_device() -> None:
@@ -116,7 +130,8 @@ def _check_device() -> None:
         raise UnsupportedSettingError(
             f"DeepSeek V4 on vllm-dsv4-hw needs bf16 compute, which {device} ({adaptor.name}) "
             f"lacks: CUDA GPUs from compute capability 8.0 (A100, RTX 30xx and newer), Ascend "
-            f"A2/A3, AMD MI300; V100 / T4 (sm_70 / sm_75) are not supported")
+            f"A2/A3, AMD MI300; V100 / T4 (sm_70 / sm_75) are not supported"
+        )
 
 
 def _formats(vllm_config) -> tuple[str, str]:
@@ -125,24 +140,31 @@ def _formats(vllm_config) -> tuple[str, str]:
         raise UnsupportedSettingError(
             f"--kv-cache-dtype {cache_dtype} is not supported by DeepSeek V4 on vllm-dsv4-hw; use "
             f"auto, fp8 (fp8_ds_mla) or bfloat16 (the indexer keys: "
-            f"--attention-config.indexer_kv_dtype)")
+            f"--attention-config.indexer_kv_dtype)"
+        )
     att = getattr(vllm_config, "attention_config", None)
     idx_dtype = str(getattr(att, "indexer_kv_dtype", "auto") or "auto")
     if idx_dtype == "nvfp4":
         raise UnsupportedSettingError(
             "--attention-config.indexer_kv_dtype=nvfp4 is not supported by vllm-dsv4-hw; use "
-            "mxfp4 (4-bit keys with ue8m0 block scales), fp8 or bf16")
+            "mxfp4 (4-bit keys with ue8m0 block scales), fp8 or bf16"
+        )
     if idx_dtype not in INDEXER_KV_DTYPES:
         raise UnsupportedSettingError(
             f"--attention-config.indexer_kv_dtype={idx_dtype} is not supported by vllm-dsv4-hw; "
-            f"use one of {', '.join(INDEXER_KV_DTYPES)}")
+            f"use one of {', '.join(INDEXER_KV_DTYPES)}"
+        )
     main, idx = KV_CACHE_DTYPES[cache_dtype], INDEXER_KV_DTYPES[idx_dtype]
     try:
-        choice = choose_formats(detect_device_type(), kv_format=main, indexer_format=idx,
-                                main_source="--kv-cache-dtype" if main else
-                                "VLLM_DSV4_HW_KV_FORMAT",
-                                indexer_source="--attention-config.indexer_kv_dtype" if idx else
-                                "VLLM_DSV4_HW_INDEXER_FORMAT")
+        choice = choose_formats(
+            detect_device_type(),
+            kv_format=main,
+            indexer_format=idx,
+            main_source="--kv-cache-dtype" if main else "VLLM_DSV4_HW_KV_FORMAT",
+            indexer_source="--attention-config.indexer_kv_dtype"
+            if idx
+            else "VLLM_DSV4_HW_INDEXER_FORMAT",
+        )
     except FormatUnsupportedError as exc:
         raise UnsupportedSettingError(str(exc)) from None
     return choice.main, choice.indexer
@@ -167,7 +189,8 @@ def _check_tensor_index(model_config, raw: dict, cfg: DSV4Config) -> None:
         more = len(missing) - _MAX_LISTED
         raise UnsupportedSettingError(
             f"{index}: {len(missing)} tensor(s) missing from the checkpoint: "
-            f"{', '.join(missing[:_MAX_LISTED])}" + (f" ... and {more} more" if more > 0 else ""))
+            f"{', '.join(missing[:_MAX_LISTED])}" + (f" ... and {more} more" if more > 0 else "")
+        )
 
 
 def check_serve_settings(vllm_config) -> ServeSettings:
@@ -226,4 +249,5 @@ def check_kv_capacity(vllm_config, settings: ServeSettings) -> None:
         f"--max-model-len {max_len} needs {needed / gib:.3f} GiB of KV cache for one request "
         f"({main} main and {idx} indexer caches, chunks of up to {chunk} tokens), but the KV "
         f"cache has {available / gib:.3f} GiB ({_kv_memory_source(vllm_config)}): {fix} the KV "
-        f"cache at least {needed / gib:.3f} GiB (vllm-dsv4-hw kv-plan --memory plans it)")
+        f"cache at least {needed / gib:.3f} GiB (vllm-dsv4-hw kv-plan --memory plans it)"
+    )

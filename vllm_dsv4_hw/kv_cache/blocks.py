@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The logical KV block: the one unit of scheduling, slot mapping and prefix-cache hits.
 
 One logical block covers ``BLOCK_POSITIONS`` = 256 native token positions for every compressed

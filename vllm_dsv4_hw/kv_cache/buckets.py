@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Page-size buckets: every cache kind's page is padded up to one of (at most) three sizes.
 
 Each bucket is backed by one shared page pool, so pages of different cache kinds never fragment
@@ -106,8 +107,10 @@ def fold_buckets(specs: Iterable[_SpecLike]) -> list[PageBucket]:
     out = []
     for size in sorted(by_size, reverse=True):
         group = by_size[size]
-        names = sorted({s.bucket for s in group}, key=lambda b: BUCKET_NAMES.index(b)
-                       if b in BUCKET_NAMES else len(BUCKET_NAMES))
+        names = sorted(
+            {s.bucket for s in group},
+            key=lambda b: BUCKET_NAMES.index(b) if b in BUCKET_NAMES else len(BUCKET_NAMES),
+        )
         out.append(PageBucket("+".join(names), size, tuple(s.kind for s in group)))
     return out
 

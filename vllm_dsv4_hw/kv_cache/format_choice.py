@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which cache entry formats a device can hold, and the main / indexer formats a run uses.
 
 ``VLLM_DSV4_HW_KV_FORMAT`` (main KV: ``auto``, ``fp8``, ``bf16``) and
@@ -35,8 +36,11 @@ MAIN_PREFERENCE = ("fp8", "bf16")
 INDEXER_PREFERENCE = ("mxfp4", "fp8", "bf16")
 # The capability each format needs.
 NEEDS = {"fp8": "fp8", "mxfp4": "mxfp4", "bf16": "bf16"}
-_WHAT = {"fp8": "fp8 (e4m3) storage", "mxfp4": "MXFP4 (e2m1 + ue8m0) storage",
-         "bf16": "bf16 storage"}
+_WHAT = {
+    "fp8": "fp8 (e4m3) storage",
+    "mxfp4": "MXFP4 (e2m1 + ue8m0) storage",
+    "bf16": "bf16 storage",
+}
 _KIND_NAME = {"main": "main KV", "indexer": "indexer key"}
 
 
@@ -55,8 +59,10 @@ class FormatChoice:
     reason: str
 
     def log_line(self) -> str:
-        return (f"dsv4-hw: KV cache formats on {self.device_type} ({self.device_name}): "
-                f"main {self.main}, indexer {self.indexer} ({self.reason})")
+        return (
+            f"dsv4-hw: KV cache formats on {self.device_type} ({self.device_name}): "
+            f"main {self.main}, indexer {self.indexer} ({self.reason})"
+        )
 
 
 def supported_formats(kind: str, caps: DeviceCapabilities) -> tuple[str, ...]:
@@ -73,15 +79,18 @@ def _adaptor(device_type: str):
     return adaptor_for(device_type)
 
 
-def _pick(kind: str, requested: str, source: str, caps: DeviceCapabilities, device: str,
-          device_name: str) -> tuple[str, str]:
+def _pick(
+    kind: str, requested: str, source: str, caps: DeviceCapabilities, device: str, device_name: str
+) -> tuple[str, str]:
     """(format, why) for one cache kind."""
     held = supported_formats(kind, caps)
     pref = MAIN_PREFERENCE if kind == "main" else INDEXER_PREFERENCE
     if requested == "auto":
         if not held:
-            raise FormatUnsupportedError(f"device {device!r} ({device_name}) holds no "
-                                         f"{_KIND_NAME[kind]} format (needs one of {pref})")
+            raise FormatUnsupportedError(
+                f"device {device!r} ({device_name}) holds no "
+                f"{_KIND_NAME[kind]} format (needs one of {pref})"
+            )
         best = held[0]
         skipped = [f for f in pref[: pref.index(best)]]
         if skipped:
@@ -91,15 +100,20 @@ def _pick(kind: str, requested: str, source: str, caps: DeviceCapabilities, devi
             why = f"{kind} {best}: the most compact the device holds"
         return best, why
     if requested not in pref:
-        raise FormatUnsupportedError(f"{source}={requested!r} is not a {_KIND_NAME[kind]} format; "
-                                     f"use one of: auto, {', '.join(pref)}")
+        raise FormatUnsupportedError(
+            f"{source}={requested!r} is not a {_KIND_NAME[kind]} format; "
+            f"use one of: auto, {', '.join(pref)}"
+        )
     if requested not in held:
         fix = held[0] if held else None
         raise FormatUnsupportedError(
             f"{source}={requested}: device {device!r} ({device_name}) cannot hold "
             f"{requested} {_KIND_NAME[kind]} entries: it lacks {_WHAT[NEEDS[requested]]}. "
-            + (f"Use {source}={fix} (or auto, which picks {fix} on this device)." if fix else
-               "No format fits this device.")
+            + (
+                f"Use {source}={fix} (or auto, which picks {fix} on this device)."
+                if fix
+                else "No format fits this device."
+            )
         )
     return requested, f"{kind} {requested}: requested by {source}"
 
@@ -108,11 +122,16 @@ _LOGGED: set[tuple] = set()
 _LOCK = threading.Lock()
 
 
-def choose_formats(device_type: str, kv_format: str | None = None,
-                   indexer_format: str | None = None, *, caps: DeviceCapabilities | None = None,
-                   main_source: str = "VLLM_DSV4_HW_KV_FORMAT",
-                   indexer_source: str = "VLLM_DSV4_HW_INDEXER_FORMAT",
-                   log: bool = True) -> FormatChoice:
+def choose_formats(
+    device_type: str,
+    kv_format: str | None = None,
+    indexer_format: str | None = None,
+    *,
+    caps: DeviceCapabilities | None = None,
+    main_source: str = "VLLM_DSV4_HW_KV_FORMAT",
+    indexer_source: str = "VLLM_DSV4_HW_INDEXER_FORMAT",
+    log: bool = True,
+) -> FormatChoice:
     """The main and indexer formats for ``device_type`` ("cpu", "cuda", "npu").
 
     ``kv_format`` / ``indexer_format`` default to the ``VLLM_DSV4_HW_*`` variables (``auto`` when
@@ -126,10 +145,15 @@ def choose_formats(device_type: str, kv_format: str | None = None,
     idx_req = (envs.indexer_format() if indexer_format is None else indexer_format).lower()
     main, main_why = _pick("main", main_req, main_source, caps, device_type, adaptor.name)
     idx, idx_why = _pick("indexer", idx_req, indexer_source, caps, device_type, adaptor.name)
-    choice = FormatChoice(device_type, adaptor.name, main, idx,
-                          "auto" if main_req == "auto" else main_source,
-                          "auto" if idx_req == "auto" else indexer_source,
-                          f"{main_why}; {idx_why}")
+    choice = FormatChoice(
+        device_type,
+        adaptor.name,
+        main,
+        idx,
+        "auto" if main_req == "auto" else main_source,
+        "auto" if idx_req == "auto" else indexer_source,
+        f"{main_why}; {idx_why}",
+    )
     if log:
         key = (device_type, main, idx, choice.reason)
         with _LOCK:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Paged caches: logical entry index -> physical slot, and row insert / gather through an entry format.
 
 A cache is a uint8 tensor ``[num_pages, page_bytes]`` laid out by an ``EntryFormat`` (data parts of a
@@ -15,14 +16,19 @@ __all__ = ["logical_to_slot", "encoded_rows", "insert_rows", "gather_rows", "ins
 
 
 def _check_int(name: str, t: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() \
-            or t.dtype == torch.bool:
+    if (
+        not isinstance(t, torch.Tensor)
+        or t.is_floating_point()
+        or t.is_complex()
+        or t.dtype == torch.bool
+    ):
         got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
         raise ValueError(f"{name} must be an integer tensor, got {got}")
 
 
-def logical_to_slot(block_table: torch.Tensor, req: torch.Tensor, index: torch.Tensor,
-                    entries_per_page: int) -> torch.Tensor:
+def logical_to_slot(
+    block_table: torch.Tensor, req: torch.Tensor, index: torch.Tensor, entries_per_page: int
+) -> torch.Tensor:
     """Physical slots of logical entries: ``block_table[req, index // E] * E + index % E``.
 
     block_table [R, B] int (page ids, negative = unallocated); req [N] request rows; index [N] or
@@ -38,8 +44,10 @@ def logical_to_slot(block_table: torch.Tensor, req: torch.Tensor, index: torch.T
     if entries_per_page <= 0:
         raise ValueError(f"entries_per_page must be > 0, got {entries_per_page}")
     if req.dim() != 1 or index.dim() < 1 or index.shape[0] != req.shape[0]:
-        raise ValueError(f"req must be [N] and index [N, ...] with the same N, got "
-                         f"{tuple(req.shape)} and {tuple(index.shape)}")
+        raise ValueError(
+            f"req must be [N] and index [N, ...] with the same N, got "
+            f"{tuple(req.shape)} and {tuple(index.shape)}"
+        )
     e = entries_per_page
     device = block_table.device
     index = index.to(device=device, dtype=torch.int64)
@@ -56,8 +64,7 @@ def logical_to_slot(block_table: torch.Tensor, req: torch.Tensor, index: torch.T
                 f"logical index {int(index[valid].max())} needs page column "
                 f"{int(page_col.max())}, but block_table has {b} columns (E={e})"
             )
-    pages = block_table.to(torch.int64)[req, page_col] if index.numel() else \
-        torch.zeros_like(index)
+    pages = block_table.to(torch.int64)[req, page_col] if index.numel() else torch.zeros_like(index)
     slots = pages * e + index % e
     return torch.where(valid & (pages >= 0), slots, torch.full_like(slots, -1))
 
@@ -68,8 +75,10 @@ def _check_slots(slots: torch.Tensor, cache: torch.Tensor, fmt: EntryFormat) -> 
     capacity = cache.shape[0] * fmt.entries_per_page
     if slots.numel() and bool(((slots < -1) | (slots >= capacity)).any()):
         bad = slots[(slots < -1) | (slots >= capacity)]
-        raise ValueError(f"{fmt.name}: slots must be -1 or in [0, {capacity}) "
-                         f"({cache.shape[0]} pages x {fmt.entries_per_page}); got e.g. {int(bad[0])}")
+        raise ValueError(
+            f"{fmt.name}: slots must be -1 or in [0, {capacity}) "
+            f"({cache.shape[0]} pages x {fmt.entries_per_page}); got e.g. {int(bad[0])}"
+        )
     return slots
 
 
@@ -79,12 +88,16 @@ def encoded_rows(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt:
     dropped); None when no row has one. Every backend's insert writes these bytes."""
     data_v, scale_v = fmt.page_views(cache)  # validates the cache
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise ValueError(f"{fmt.name}: x must be [N, {fmt.dim}], got "
-                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        raise ValueError(
+            f"{fmt.name}: x must be [N, {fmt.dim}], got "
+            f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
+        )
     slots = _check_slots(slots, cache, fmt)
     if slots.dim() != 1 or slots.shape[0] != x.shape[0]:
-        raise ValueError(f"{fmt.name}: slots must be [N] with N = {x.shape[0]} rows of x, got "
-                         f"{tuple(slots.shape)}")
+        raise ValueError(
+            f"{fmt.name}: slots must be [N] with N = {x.shape[0]} rows of x, got "
+            f"{tuple(slots.shape)}"
+        )
     data, scales = fmt.quantize(x.to(cache.device))  # validates x
     keep = slots >= 0
     if not bool(keep.any()):
@@ -94,7 +107,9 @@ def encoded_rows(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt:
     return data_v, scale_v, slots, data, scales
 
 
-def insert_rows(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt: EntryFormat) -> None:
+def insert_rows(
+    cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt: EntryFormat
+) -> None:
     """Quantize ``x [N, fmt.dim]`` with ``fmt`` and write row i at ``slots[i]`` (-1 skipped), in place.
 
     Only the entry's data bytes and scale bytes are written; neighbours and page padding are left

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-sequence KV cache sizing: useful bytes, allocated bytes (pages), padding, capacity.
 
 ``plan_kv(cfg, context, main_format, indexer_format, memory_bytes=None)`` sizes one sequence of
@@ -84,9 +85,13 @@ class BucketPlan:
         return self.page_bytes * self.pages_per_sequence
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "page_bytes": self.page_bytes, "kinds": list(self.kinds),
-                "pages_per_sequence": self.pages_per_sequence,
-                "bytes_per_sequence": self.bytes_per_sequence}
+        return {
+            "name": self.name,
+            "page_bytes": self.page_bytes,
+            "kinds": list(self.kinds),
+            "pages_per_sequence": self.pages_per_sequence,
+            "bytes_per_sequence": self.bytes_per_sequence,
+        }
 
 
 @dataclass(frozen=True)
@@ -145,8 +150,9 @@ class KVPlan:
         for k in self.kinds:
             if k.kind == name:
                 return k
-        raise KeyError(f"no cache kind {name!r} in this plan; kinds: "
-                       f"{', '.join(k.kind for k in self.kinds)}")
+        raise KeyError(
+            f"no cache kind {name!r} in this plan; kinds: {', '.join(k.kind for k in self.kinds)}"
+        )
 
     def to_dict(self) -> dict:
         breakdown: dict = {c: self.breakdown[c] for c in CATEGORIES}
@@ -187,18 +193,34 @@ def _plan_kind(spec: CacheSpec, context: int) -> KindPlan:
     allocated = n * pages * spec.page_bytes
     page_pad = n * pages * spec.page_padding_bytes
     return KindPlan(
-        kind=spec.kind, category=spec.category, num_layers=n, format=spec.format,
-        entry_bytes=spec.entry_bytes, entries_per_page=spec.entries_per_page,
-        positions_per_page=spec.positions_per_page, sliding_window=spec.sliding_window,
-        window_pages=spec.window_pages, bucket=spec.bucket, page_bytes=spec.page_bytes,
-        natural_page_bytes=spec.natural_page_bytes, entries_per_layer=entries,
-        pages_per_layer=pages, useful_bytes=useful, allocated_bytes=allocated,
-        page_padding_bytes=page_pad, slot_padding_bytes=allocated - useful - page_pad,
+        kind=spec.kind,
+        category=spec.category,
+        num_layers=n,
+        format=spec.format,
+        entry_bytes=spec.entry_bytes,
+        entries_per_page=spec.entries_per_page,
+        positions_per_page=spec.positions_per_page,
+        sliding_window=spec.sliding_window,
+        window_pages=spec.window_pages,
+        bucket=spec.bucket,
+        page_bytes=spec.page_bytes,
+        natural_page_bytes=spec.natural_page_bytes,
+        entries_per_layer=entries,
+        pages_per_layer=pages,
+        useful_bytes=useful,
+        allocated_bytes=allocated,
+        page_padding_bytes=page_pad,
+        slot_padding_bytes=allocated - useful - page_pad,
     )
 
 
-def plan_kv(cfg: DSV4Config, context: int, main_format: str, indexer_format: str,
-            memory_bytes: int | None = None) -> KVPlan:
+def plan_kv(
+    cfg: DSV4Config,
+    context: int,
+    main_format: str,
+    indexer_format: str,
+    memory_bytes: int | None = None,
+) -> KVPlan:
     """Size one sequence of ``context`` positions; see the module docstring for the rules."""
     if isinstance(context, bool) or not isinstance(context, int):
         raise KVPlanError(f"context must be an integer number of tokens, got {context!r}")
@@ -229,8 +251,14 @@ def plan_kv(cfg: DSV4Config, context: int, main_format: str, indexer_format: str
     )
     breakdown = {c: sum(k.useful_bytes for k in kinds if k.category == c) for c in CATEGORIES}
     return KVPlan(
-        model=cfg.name, num_layers=cfg.num_layers, context=context, main_format=main,
-        indexer_format=idx, kinds=kinds, page_buckets=page_buckets,
+        model=cfg.name,
+        num_layers=cfg.num_layers,
+        context=context,
+        main_format=main,
+        indexer_format=idx,
+        kinds=kinds,
+        page_buckets=page_buckets,
         baseline_v32_bytes=BASELINE_V32_BYTES_PER_TOKEN_LAYER * context * cfg.num_layers,
-        memory_bytes=memory_bytes, breakdown=breakdown,
+        memory_bytes=memory_bytes,
+        breakdown=breakdown,
     )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cache specs: one :class:`CacheSpec` per cache kind of a DeepSeek V4 model.
 
 Kinds (per layer; ``cfg.compress_ratios`` says which layers have which):
@@ -26,11 +27,7 @@ from dataclasses import dataclass
 
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.kinds import C4A, C128A, INDEXER_COMPRESSOR, AttentionKind
-from vllm_dsv4_hw.kv_cache.blocks import (
-    ENTRIES_PER_BLOCK,
-    WINDOW_POSITIONS_PER_PAGE,
-    cdiv,
-)
+from vllm_dsv4_hw.kv_cache.blocks import ENTRIES_PER_BLOCK, WINDOW_POSITIONS_PER_PAGE, cdiv
 from vllm_dsv4_hw.kv_cache.buckets import KIND_BUCKET, bucket_page_bytes, rows_per_page
 
 # Bytes per entry (spec section 5). The entry formats are defined for the V4 geometry only.
@@ -139,8 +136,7 @@ class CacheSpec:
 
 
 def check_geometry(cfg: DSV4Config) -> None:
-    got = {"head_dim": cfg.head_dim, "rope_dim": cfg.rope_dim,
-           "index_head_dim": cfg.index_head_dim}
+    got = {"head_dim": cfg.head_dim, "rope_dim": cfg.rope_dim, "index_head_dim": cfg.index_head_dim}
     if cfg.sliding_window < 1:
         raise FormatError(f"{cfg.name}: sliding_window must be >= 1, got {cfg.sliding_window}")
     bad = {k: v for k, v in got.items() if v != FORMAT_GEOMETRY[k]}
@@ -176,22 +172,52 @@ def layer_cache_specs(cfg: DSV4Config, main_format: str, indexer_format: str) ->
 
     def entries(kind: str, compressor: AttentionKind, n: int, fmt: str, entry: int) -> CacheSpec:
         # one 256-position logical block per page
-        return CacheSpec(kind, CATEGORY[kind], compressor.ratio, n, fmt, entry, compressor.ratio,
-                         ENTRIES_PER_BLOCK[kind], None, *page(kind))
+        return CacheSpec(
+            kind,
+            CATEGORY[kind],
+            compressor.ratio,
+            n,
+            fmt,
+            entry,
+            compressor.ratio,
+            ENTRIES_PER_BLOCK[kind],
+            None,
+            *page(kind),
+        )
 
     def state(kind: str, compressor: AttentionKind, n: int, dim: int) -> CacheSpec:
         row = state_row_bytes(compressor, dim)
         page_bytes, bucket = page(kind)
-        return CacheSpec(kind, CATEGORY[kind], compressor.ratio, n, STATE_FORMAT_NAME, row, 1,
-                         rows_per_page(row, page_bytes), compressor.group_width, page_bytes,
-                         bucket)
+        return CacheSpec(
+            kind,
+            CATEGORY[kind],
+            compressor.ratio,
+            n,
+            STATE_FORMAT_NAME,
+            row,
+            1,
+            rows_per_page(row, page_bytes),
+            compressor.group_width,
+            page_bytes,
+            bucket,
+        )
 
     specs = [
         entries(C4A.comp_spec_kind, C4A, n4, main_name, main_b),
         entries(C128A.comp_spec_kind, C128A, n128, main_name, main_b),
         entries("indexer_kv", INDEXER_COMPRESSOR, n4, idx, idx_b),
-        CacheSpec("window_kv", "window", None, n_all, main_name, main_b, 1,
-                  WINDOW_POSITIONS_PER_PAGE, cfg.sliding_window, *page("window_kv")),
+        CacheSpec(
+            "window_kv",
+            "window",
+            None,
+            n_all,
+            main_name,
+            main_b,
+            1,
+            WINDOW_POSITIONS_PER_PAGE,
+            cfg.sliding_window,
+            *page("window_kv"),
+        ),
         state(C4A.state_spec_kind, C4A, n4, cfg.head_dim),
         state(C128A.state_spec_kind, C128A, n128, cfg.head_dim),
         state("indexer_state", INDEXER_COMPRESSOR, n4, cfg.index_head_dim),
@@ -199,9 +225,13 @@ def layer_cache_specs(cfg: DSV4Config, main_format: str, indexer_format: str) ->
     return [s for s in specs if s.num_layers > 0]
 
 
-def specs_for_layer(cfg: DSV4Config, layer: int, main_format: str,
-                    indexer_format: str) -> list[CacheSpec]:
+def specs_for_layer(
+    cfg: DSV4Config, layer: int, main_format: str, indexer_format: str
+) -> list[CacheSpec]:
     """The cache kinds layer ``layer`` holds (window KV always; more by its compress ratio)."""
     ratio = cfg.compress_ratios[layer]
-    return [s for s in layer_cache_specs(cfg, main_format, indexer_format)
-            if s.layer_ratio is None or s.layer_ratio == ratio]
+    return [
+        s
+        for s in layer_cache_specs(cfg, main_format, indexer_format)
+        if s.layer_ratio is None or s.layer_ratio == ratio
+    ]

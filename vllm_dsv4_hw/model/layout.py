@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The official DeepSeek V4 checkpoint layout: the name, shape and storage of every tensor of a
 config.json (``TensorSpec``), as the official ``DeepSeek-V4-Flash`` / ``-Pro`` checkpoints ship them.
 
@@ -51,21 +52,31 @@ class TensorSpec:
             if dtype == "bf16":
                 return {self.name + ".weight": (torch.bfloat16, self.shape)}
             n, k = self.shape
-            return {self.name + ".weight": (torch.float8_e4m3fn, self.shape),
-                    self.name + ".scale": (torch.float8_e8m0fnu,
-                                           (-(-n // FP8_WEIGHT_BLOCK), -(-k // FP8_WEIGHT_BLOCK)))}
+            return {
+                self.name + ".weight": (torch.float8_e4m3fn, self.shape),
+                self.name + ".scale": (
+                    torch.float8_e8m0fnu,
+                    (-(-n // FP8_WEIGHT_BLOCK), -(-k // FP8_WEIGHT_BLOCK)),
+                ),
+            }
         if self.kind == "fp4":
             if dtype == "bf16":
                 return {self.name + ".weight": (torch.bfloat16, self.shape)}
             n, k = self.shape
-            return {self.name + ".weight": (torch.int8, (n, k // 2)),
-                    self.name + ".scale": (torch.float8_e8m0fnu, (n, k // FP4_BLOCK))}
-        return {self.name: ({"bf16": torch.bfloat16, "f32": torch.float32,
-                             "i64": torch.int64}[self.kind], self.shape)}
+            return {
+                self.name + ".weight": (torch.int8, (n, k // 2)),
+                self.name + ".scale": (torch.float8_e8m0fnu, (n, k // FP4_BLOCK)),
+            }
+        return {
+            self.name: (
+                {"bf16": torch.bfloat16, "f32": torch.float32, "i64": torch.int64}[self.kind],
+                self.shape,
+            )
+        }
 
 
 def _linear(name: str, out_features: int, in_features: int, kind: str = "fp8") -> TensorSpec:
-    return TensorSpec(name, (out_features, in_features), kind, ("normal", in_features ** -0.5))
+    return TensorSpec(name, (out_features, in_features), kind, ("normal", in_features**-0.5))
 
 
 def _norm(name: str, dim: int) -> TensorSpec:
@@ -76,8 +87,9 @@ def _hyper_connection(prefix: str, cfg: dict) -> list[TensorSpec]:
     hc, d = cfg["hc_mult"], cfg["hidden_size"]
     mix = (2 + hc) * hc
     return [
-        TensorSpec(prefix + "_fn", (mix, hc * d), "f32",
-                   ("normal", HC_MIX_STD / math.sqrt(hc * d))),
+        TensorSpec(
+            prefix + "_fn", (mix, hc * d), "f32", ("normal", HC_MIX_STD / math.sqrt(hc * d))
+        ),
         TensorSpec(prefix + "_base", (mix,), "f32", ("normal", 0.5)),
         TensorSpec(prefix + "_scale", (3,), "f32", ("uniform", 0.5, 1.5)),
     ]
@@ -86,8 +98,9 @@ def _hyper_connection(prefix: str, cfg: dict) -> list[TensorSpec]:
 def _hc_head(prefix: str, cfg: dict) -> list[TensorSpec]:
     hc, d = cfg["hc_mult"], cfg["hidden_size"]
     return [
-        TensorSpec(prefix + "hc_head_fn", (hc, hc * d), "f32",
-                   ("normal", HC_MIX_STD / math.sqrt(hc * d))),
+        TensorSpec(
+            prefix + "hc_head_fn", (hc, hc * d), "f32", ("normal", HC_MIX_STD / math.sqrt(hc * d))
+        ),
         TensorSpec(prefix + "hc_head_base", (hc,), "f32", ("normal", 0.5)),
         TensorSpec(prefix + "hc_head_scale", (1,), "f32", ("uniform", 0.5, 1.5)),
     ]
@@ -135,27 +148,38 @@ def _moe(prefix: str, cfg: dict, hash_routed: bool) -> list[TensorSpec]:
     e, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
     specs = [_linear(prefix + ".gate.weight", e, d, "bf16")]
     if hash_routed:
-        specs.append(TensorSpec(prefix + ".gate.tid2eid", (cfg["vocab_size"], k), "i64",
-                                ("tid2eid", e)))
+        specs.append(
+            TensorSpec(prefix + ".gate.tid2eid", (cfg["vocab_size"], k), "i64", ("tid2eid", e))
+        )
     else:
         specs.append(TensorSpec(prefix + ".gate.bias", (e,), "f32", ("normal", GATE_BIAS_STD)))
     for i in range(e):
         ep = f"{prefix}.experts.{i}"
-        specs += [_linear(ep + ".w1", inter, d, "fp4"), _linear(ep + ".w2", d, inter, "fp4"),
-                  _linear(ep + ".w3", inter, d, "fp4")]
+        specs += [
+            _linear(ep + ".w1", inter, d, "fp4"),
+            _linear(ep + ".w2", d, inter, "fp4"),
+            _linear(ep + ".w3", inter, d, "fp4"),
+        ]
     shared = inter * cfg["n_shared_experts"]
     sp = prefix + ".shared_experts"
-    specs += [_linear(sp + ".w1", shared, d), _linear(sp + ".w2", d, shared),
-              _linear(sp + ".w3", shared, d)]
+    specs += [
+        _linear(sp + ".w1", shared, d),
+        _linear(sp + ".w2", d, shared),
+        _linear(sp + ".w3", shared, d),
+    ]
     return specs
 
 
 def _block(prefix: str, cfg: dict, ratio: int, hash_routed: bool) -> list[TensorSpec]:
     d = cfg["hidden_size"]
-    return (_attention(prefix + ".attn", cfg, ratio) + [_norm(prefix + ".attn_norm", d)]
-            + _moe(prefix + ".ffn", cfg, hash_routed) + [_norm(prefix + ".ffn_norm", d)]
-            + _hyper_connection(prefix + ".hc_attn", cfg)
-            + _hyper_connection(prefix + ".hc_ffn", cfg))
+    return (
+        _attention(prefix + ".attn", cfg, ratio)
+        + [_norm(prefix + ".attn_norm", d)]
+        + _moe(prefix + ".ffn", cfg, hash_routed)
+        + [_norm(prefix + ".ffn_norm", d)]
+        + _hyper_connection(prefix + ".hc_attn", cfg)
+        + _hyper_connection(prefix + ".hc_ffn", cfg)
+    )
 
 
 def tensor_specs(cfg: dict, include_mtp: bool = True) -> list[TensorSpec]:
@@ -167,22 +191,30 @@ def tensor_specs(cfg: dict, include_mtp: bool = True) -> list[TensorSpec]:
     specs = [TensorSpec("embed.weight", (v, d), "bf16", ("normal", 1.0))]
     for i in range(n):
         specs += _block(f"layers.{i}", cfg, ratios[i], i < n_hash)
-    specs += [_norm("norm", d),
-              TensorSpec("head.weight", (v, d), "bf16", ("head", HEAD_LOGIT_STD / math.sqrt(d)))]
+    specs += [
+        _norm("norm", d),
+        TensorSpec("head.weight", (v, d), "bf16", ("head", HEAD_LOGIT_STD / math.sqrt(d))),
+    ]
     specs += _hc_head("", cfg)
     if include_mtp:
         for j in range(cfg.get("num_nextn_predict_layers", 0)):
             p = f"mtp.{j}"
             ratio = ratios[n + j] if n + j < len(ratios) else 0
-            specs += [_linear(p + ".e_proj", d, d), _linear(p + ".h_proj", d, d),
-                      _norm(p + ".enorm", d), _norm(p + ".hnorm", d), _norm(p + ".norm", d)]
+            specs += [
+                _linear(p + ".e_proj", d, d),
+                _linear(p + ".h_proj", d, d),
+                _norm(p + ".enorm", d),
+                _norm(p + ".hnorm", d),
+                _norm(p + ".norm", d),
+            ]
             specs += _block(p, cfg, ratio, hash_routed=False)
             specs += _hc_head(p + ".", cfg)
     return specs
 
 
-def stored_layout(cfg: dict, dtype: str,
-                  include_mtp: bool = True) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+def stored_layout(
+    cfg: dict, dtype: str, include_mtp: bool = True
+) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """name -> (dtype, shape) of every tensor a checkpoint of ``cfg`` in ``dtype`` holds."""
     out: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
     for spec in tensor_specs(cfg, include_mtp):
@@ -197,19 +229,33 @@ def attention_specs(prefix: str, cfg: dict, ratio: int) -> list[TensorSpec]:
 
 def layer_specs(cfg: dict, layer_id: int) -> list[TensorSpec]:
     """The tensors of ``layers.<layer_id>`` (attention, norms, MoE, mHC) of a config.json dict."""
-    return _block(f"layers.{layer_id}", cfg, cfg["compress_ratios"][layer_id],
-                  layer_id < cfg.get("num_hash_layers", 3))
+    return _block(
+        f"layers.{layer_id}",
+        cfg,
+        cfg["compress_ratios"][layer_id],
+        layer_id < cfg.get("num_hash_layers", 3),
+    )
 
 
 def hf_dict_of(cfg) -> dict:
     """The config.json fields the tensor layout reads, from a ``DSV4Config`` (e.g. a preset at
     real dimensions, for benchmarks that load random weights through the product's loader)."""
-    return {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_heads,
-            "head_dim": cfg.head_dim, "q_lora_rank": cfg.q_lora_rank, "o_groups": cfg.o_groups,
-            "o_lora_rank": cfg.o_lora_rank, "index_n_heads": cfg.index_n_heads,
-            "index_head_dim": cfg.index_head_dim, "moe_intermediate_size":
-            cfg.moe_intermediate_size, "n_routed_experts": cfg.n_routed_experts,
-            "num_experts_per_tok": cfg.num_experts_per_tok, "n_shared_experts":
-            cfg.n_shared_experts, "hc_mult": cfg.hc_mult, "vocab_size": cfg.vocab_size,
-            "num_hidden_layers": cfg.num_layers, "compress_ratios": list(cfg.compress_ratios),
-            "num_hash_layers": cfg.num_hash_layers}
+    return {
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_heads,
+        "head_dim": cfg.head_dim,
+        "q_lora_rank": cfg.q_lora_rank,
+        "o_groups": cfg.o_groups,
+        "o_lora_rank": cfg.o_lora_rank,
+        "index_n_heads": cfg.index_n_heads,
+        "index_head_dim": cfg.index_head_dim,
+        "moe_intermediate_size": cfg.moe_intermediate_size,
+        "n_routed_experts": cfg.n_routed_experts,
+        "num_experts_per_tok": cfg.num_experts_per_tok,
+        "n_shared_experts": cfg.n_shared_experts,
+        "hc_mult": cfg.hc_mult,
+        "vocab_size": cfg.vocab_size,
+        "num_hidden_layers": cfg.num_layers,
+        "compress_ratios": list(cfg.compress_ratios),
+        "num_hash_layers": cfg.num_hash_layers,
+    }

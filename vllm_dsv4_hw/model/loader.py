@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Load official DeepSeek V4 checkpoint tensors into ``DSV4Network`` (or any module using the
 official parameter names), keeping every weight in the format the checkpoint ships.
 
@@ -61,8 +62,10 @@ _WEIGHT_SUFFIX = ".weight"
 _MAX_LISTED = 20
 _FP8 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
-_DENSE_HINT = (" (the model was built for dense weights: build it from this checkpoint's "
-               "config.json, whose quantization_config declares the quantized ones)")
+_DENSE_HINT = (
+    " (the model was built for dense weights: build it from this checkpoint's "
+    "config.json, whose quantization_config declares the quantized ones)"
+)
 
 
 class CheckpointLoadError(ValueError):
@@ -87,11 +90,11 @@ class QuantFormatError(CheckpointLoadError):
 
 @dataclass
 class _Target:
-    param_name: str                  # state_dict key of the destination parameter / buffer
-    dest: torch.Tensor | None        # where the tensor lands (this rank's view); None: another
-                                     # tensor-parallel rank holds it (loaded as a no-op)
+    param_name: str  # state_dict key of the destination parameter / buffer
+    dest: torch.Tensor | None  # where the tensor lands (this rank's view); None: another
+    # tensor-parallel rank holds it (loaded as a no-op)
     store: Callable[[torch.Tensor], None]
-    shape: tuple                     # the checkpoint tensor's shape (whole, before sharding)
+    shape: tuple  # the checkpoint tensor's shape (whole, before sharding)
 
 
 def _held_elsewhere(t: torch.Tensor) -> None:
@@ -119,10 +122,14 @@ def _linear_targets(prefix: str, layer: nn.Module, state: dict) -> dict[str, _Ta
         param = state[pname]
         loader = getattr(param, "weight_loader", None)
         if shards is None:
-            out[pname] = _Target(pname, param.data,
-                                 (lambda t, p=param, f=loader: f(p, t)) if loader else
-                                 (lambda t, p=param: p.data.copy_(t)),
-                                 _full_linear_shape(layer, attr, layer.output_size))
+            out[pname] = _Target(
+                pname,
+                param.data,
+                (lambda t, p=param, f=loader: f(p, t))
+                if loader
+                else (lambda t, p=param: p.data.copy_(t)),
+                _full_linear_shape(layer, attr, layer.output_size),
+            )
             continue
         block = 1 if attr == "weight" else layer.quant_method.block[0]
         start = 0
@@ -130,8 +137,11 @@ def _linear_targets(prefix: str, layer: nn.Module, state: dict) -> dict[str, _Ta
             local = n // layer.tp_size  # this rank's rows of shard i
             lo, hi = start // block, -(-(start + local) // block)
             out[f"{parent}{name}.{attr}"] = _Target(
-                pname, param.data[lo:hi], lambda t, p=param, f=loader, i=i: f(p, t, i),
-                _full_linear_shape(layer, attr, n))
+                pname,
+                param.data[lo:hi],
+                lambda t, p=param, f=loader, i=i: f(p, t, i),
+                _full_linear_shape(layer, attr, n),
+            )
             start += local
     return out
 
@@ -164,16 +174,16 @@ def checkpoint_targets(model: nn.Module) -> dict[str, _Target]:
                 continue
             pname = prefix + sl.attr
             view = state[pname].data[sl.dest]
-            targets[prefix + sl.name] = _Target(pname, view, _slice_store(view, sl.src),
-                                                tuple(sl.shape))
+            targets[prefix + sl.name] = _Target(
+                pname, view, _slice_store(view, sl.src), tuple(sl.shape)
+            )
             covered.add(pname)
     for key, t in state.items():
         if key in covered:
             continue
         loader = getattr(t, "weight_loader", None)  # vLLM's sharded parameters (vocabulary, ...)
         store = (lambda x, p=t, f=loader: f(p, x)) if loader else t.data.copy_
-        targets[key] = _Target(key, t.data, store,
-                               tuple(getattr(t, "checkpoint_shape", t.shape)))
+        targets[key] = _Target(key, t.data, store, tuple(getattr(t, "checkpoint_shape", t.shape)))
     return targets
 
 
@@ -181,8 +191,11 @@ def checkpoint_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Official name -> the model's tensor (views for stacked / merged parameters): what
     :func:`load_weights` would overwrite, e.g. to copy one model's weights into another (only the
     tensors this rank holds whole)."""
-    return {name: t.dest for name, t in checkpoint_targets(model).items()
-            if t.dest is not None and tuple(t.dest.shape) == t.shape}
+    return {
+        name: t.dest
+        for name, t in checkpoint_targets(model).items()
+        if t.dest is not None and tuple(t.dest.shape) == t.shape
+    }
 
 
 def _listed(names: Iterable[str]) -> str:
@@ -196,8 +209,9 @@ def _as_config(cfg) -> DSV4Config | None:
         return cfg
     if isinstance(cfg, dict):
         return validate_hf_config(cfg)
-    raise TypeError(f"cfg must be a DSV4Config, a config.json dict or None, got "
-                    f"{type(cfg).__name__}")
+    raise TypeError(
+        f"cfg must be a DSV4Config, a config.json dict or None, got {type(cfg).__name__}"
+    )
 
 
 def _converted(name: str, t: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
@@ -206,8 +220,10 @@ def _converted(name: str, t: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
     dd = dest.dtype
     if dd == _FP8:
         if t.dtype != _FP8:
-            raise QuantFormatError(f"{name}: {t.dtype} cannot be loaded into an FP8 e4m3 weight "
-                                   f"(the checkpoint's config.json declares FP8 linears)")
+            raise QuantFormatError(
+                f"{name}: {t.dtype} cannot be loaded into an FP8 e4m3 weight "
+                f"(the checkpoint's config.json declares FP8 linears)"
+            )
         return t
     if dd == _E8M0:
         if t.dtype == torch.uint8:
@@ -215,12 +231,15 @@ def _converted(name: str, t: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
         elif t.dtype == torch.float32:
             e = torch.log2(t)
             if not torch.equal(e, e.round()) or bool((e.abs() > 127).any()):
-                raise QuantFormatError(f"{name}: fp32 scales must be powers of two in "
-                                       f"[2^-127, 2^127] to be stored as ue8m0")
+                raise QuantFormatError(
+                    f"{name}: fp32 scales must be powers of two in "
+                    f"[2^-127, 2^127] to be stored as ue8m0"
+                )
             t = t.to(_E8M0)
         elif t.dtype != _E8M0:
-            raise QuantFormatError(f"{name}: scale dtype {t.dtype}; expected float8_e8m0fnu "
-                                   f"(ue8m0)")
+            raise QuantFormatError(
+                f"{name}: scale dtype {t.dtype}; expected float8_e8m0fnu (ue8m0)"
+            )
         if t.numel() and int(t.view(torch.uint8).max()) == 255:
             raise QuantFormatError(f"{name}: ue8m0 scale byte 255 (NaN)")
         return t
@@ -230,14 +249,18 @@ def _converted(name: str, t: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
         return t.view(torch.uint8)
     if dest.is_floating_point() != t.is_floating_point() or t.dtype in (_FP8, _E8M0):
         hint = _DENSE_HINT if t.dtype in (_FP8, _E8M0, torch.int8) else ""
-        raise QuantFormatError(f"{name}: dtype {t.dtype} cannot be loaded into a {dd} "
-                               f"parameter{hint}")
+        raise QuantFormatError(
+            f"{name}: dtype {t.dtype} cannot be loaded into a {dd} parameter{hint}"
+        )
     return t
 
 
 @torch.no_grad()
-def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                 cfg: DSV4Config | dict | None = None) -> set[str]:
+def load_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    cfg: DSV4Config | dict | None = None,
+) -> set[str]:
     """Copy every ``(official name, tensor)`` of ``weights`` into ``model``; returns the state_dict
     keys loaded. Every model tensor must be loaded exactly once (else :class:`MissingTensorError`,
     listing the missing names); ``cfg`` (optional) enables the ``tid2eid`` range check."""
@@ -252,22 +275,33 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
         tgt = targets.get(name)
         if tgt is None:
             if name.endswith(_SCALE_SUFFIX):
-                wname = name[:-len(_SCALE_SUFFIX)] + _WEIGHT_SUFFIX
+                wname = name[: -len(_SCALE_SUFFIX)] + _WEIGHT_SUFFIX
                 if t.dtype == _E8M0 and wname in targets and targets[wname].dest.dim() >= 2:
-                    raise QuantFormatError(f"{name}: a ue8m0 block scale, but {wname} is a dense "
-                                           f"parameter here{_DENSE_HINT}")
-                what = (f"{wname} is stored unquantized" if wname in targets else
-                        f"a scale for {wname}, which the model does not have")
+                    raise QuantFormatError(
+                        f"{name}: a ue8m0 block scale, but {wname} is a dense "
+                        f"parameter here{_DENSE_HINT}"
+                    )
+                what = (
+                    f"{wname} is stored unquantized"
+                    if wname in targets
+                    else f"a scale for {wname}, which the model does not have"
+                )
                 raise UnexpectedTensorError(f"{name}: unexpected scale ({what})")
-            raise UnexpectedTensorError(f"{name}: unexpected tensor (the model has no parameter "
-                                        f"of that name; shape {tuple(t.shape)}, {t.dtype})")
+            raise UnexpectedTensorError(
+                f"{name}: unexpected tensor (the model has no parameter "
+                f"of that name; shape {tuple(t.shape)}, {t.dtype})"
+            )
         if name in done:
             raise CheckpointLoadError(f"{name}: appears twice in the checkpoint")
         if tuple(t.shape) != tgt.shape:
-            packed = (" (packed fp4: two codes per byte)"
-                      if tgt.dest is not None and tgt.dest.dtype == torch.uint8 else "")
-            raise ShapeMismatchError(f"{name}: expected shape {tgt.shape}{packed}, "
-                                     f"got {tuple(t.shape)}")
+            packed = (
+                " (packed fp4: two codes per byte)"
+                if tgt.dest is not None and tgt.dest.dtype == torch.uint8
+                else ""
+            )
+            raise ShapeMismatchError(
+                f"{name}: expected shape {tgt.shape}{packed}, got {tuple(t.shape)}"
+            )
         if tgt.dest is None:  # another rank's expert
             done.add(name)
             continue
@@ -275,24 +309,34 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
         if name.endswith("gate.tid2eid") and cfg is not None and t.numel():
             lo, hi = int(t.min()), int(t.max())
             if lo < 0 or hi >= cfg.n_routed_experts:
-                raise QuantFormatError(f"{name}: expert ids must be in [0, "
-                                       f"{cfg.n_routed_experts}), got values in [{lo}, {hi}]")
+                raise QuantFormatError(
+                    f"{name}: expert ids must be in [0, "
+                    f"{cfg.n_routed_experts}), got values in [{lo}, {hi}]"
+                )
         tgt.store(t.to(device=tgt.dest.device))
         done.add(name)
 
     missing = set(targets) - done
     scales = {n for n in missing if n.endswith(_SCALE_SUFFIX)}
-    orphans = sorted(n[:-len(_SCALE_SUFFIX)] + _WEIGHT_SUFFIX for n in scales
-                     if n[:-len(_SCALE_SUFFIX)] + _WEIGHT_SUFFIX in done)
+    orphans = sorted(
+        n[: -len(_SCALE_SUFFIX)] + _WEIGHT_SUFFIX
+        for n in scales
+        if n[: -len(_SCALE_SUFFIX)] + _WEIGHT_SUFFIX in done
+    )
     if orphans:
-        raise MissingTensorError("quantized weight(s) without their .scale tensor: "
-                                 + _listed(orphans))
+        raise MissingTensorError(
+            "quantized weight(s) without their .scale tensor: " + _listed(orphans)
+        )
     if missing:
-        raise MissingTensorError(f"{len(missing)} tensor(s) missing from the checkpoint: "
-                                 + _listed(missing))
+        raise MissingTensorError(
+            f"{len(missing)} tensor(s) missing from the checkpoint: " + _listed(missing)
+        )
     if skipped:
-        logger.info("skipped %d %s tensors (the MTP layer is not loaded)", skipped,
-                    "/".join(p + "*" for p in SKIPPED_PREFIXES))
+        logger.info(
+            "skipped %d %s tensors (the MTP layer is not loaded)",
+            skipped,
+            "/".join(p + "*" for p in SKIPPED_PREFIXES),
+        )
     return {targets[n].param_name for n in done if targets[n].dest is not None}
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Manifold-constrained hyper-connections (mHC) of DeepSeek V4, in plain PyTorch.
 
 The residual of every decoder layer is ``hc_mult`` (4) parallel streams ``h [T, hc, D]``. Around
@@ -46,8 +47,9 @@ def hc_mix_logits(h: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.T
     md = hc_math_dtype(h.dtype)
     z = h.flatten(-2).to(md)
     if fn.shape[-1] != z.shape[-1]:
-        raise ValueError(f"hc fn is {tuple(fn.shape)}; the flattened streams have {z.shape[-1]} "
-                         f"features")
+        raise ValueError(
+            f"hc fn is {tuple(fn.shape)}; the flattened streams have {z.shape[-1]} features"
+        )
     inv_rms = torch.rsqrt(z.square().mean(dim=-1, keepdim=True) + norm_eps)
     return F.linear(z, fn.to(md)) * inv_rms
 
@@ -64,9 +66,16 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return m
 
 
-def hc_pre(h: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
-           sinkhorn_iters: int, hc_eps: float,
-           norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def hc_pre(
+    h: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    *,
+    sinkhorn_iters: int,
+    hc_eps: float,
+    norm_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mixes of one sub-block from the streams ``h [T, hc, D]``.
 
     Returns ``(x [T, D] in h's dtype, post [T, hc], comb [T, hc, hc])`` (post / comb in fp32):
@@ -78,28 +87,37 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.T
     md = hc_math_dtype(h.dtype)
     mix = hc_mix_logits(h, fn, norm_eps)
     if mix.shape[-1] != (2 + hc) * hc:
-        raise ValueError(f"hc_pre: fn gives {mix.shape[-1]} mixes, {hc} streams need "
-                         f"{(2 + hc) * hc}")
+        raise ValueError(
+            f"hc_pre: fn gives {mix.shape[-1]} mixes, {hc} streams need {(2 + hc) * hc}"
+        )
     s = scale.to(md)
     b = base.to(md)
     pre = torch.sigmoid(mix[:, :hc] * s[0] + b[:hc]) + hc_eps
-    post = 2.0 * torch.sigmoid(mix[:, hc:2 * hc] * s[1] + b[hc:2 * hc])
-    comb_logits = mix[:, 2 * hc:].unflatten(-1, (hc, hc)) * s[2] + b[2 * hc:].view(hc, hc)
+    post = 2.0 * torch.sigmoid(mix[:, hc : 2 * hc] * s[1] + b[hc : 2 * hc])
+    comb_logits = mix[:, 2 * hc :].unflatten(-1, (hc, hc)) * s[2] + b[2 * hc :].view(hc, hc)
     comb = sinkhorn(comb_logits, sinkhorn_iters, hc_eps)
     x = (pre.unsqueeze(-1) * h.to(md)).sum(dim=1).to(h.dtype)
     return x, post, comb
 
 
-def hc_post(y: torch.Tensor, h: torch.Tensor, post: torch.Tensor,
-            comb: torch.Tensor) -> torch.Tensor:
+def hc_post(
+    y: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+) -> torch.Tensor:
     """New streams ``[T, hc, D]`` (h's dtype): ``post_k * y + sum_j comb[j, k] * h_j``."""
     md = post.dtype
     mixed = torch.matmul(comb.transpose(-1, -2), h.to(md))
     return (post.unsqueeze(-1) * y.to(md).unsqueeze(-2) + mixed).to(h.dtype)
 
 
-def hc_head(h: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
-            hc_eps: float, norm_eps: float) -> torch.Tensor:
+def hc_head(
+    h: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    *,
+    hc_eps: float,
+    norm_eps: float,
+) -> torch.Tensor:
     """Collapse the streams ``h [T, hc, D]`` after the last layer -> ``[T, D]`` in h's dtype."""
     md = hc_math_dtype(h.dtype)
     mix = hc_mix_logits(h, fn, norm_eps)

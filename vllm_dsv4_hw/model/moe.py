@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DeepSeek V4 MoE feed-forward block: routing here, the experts' matmuls dispatched.
 
 Parameters (official names under ``layers.N.ffn.``)::
@@ -68,9 +69,14 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.T
     return F.silu(gate) * up
 
 
-def route(scores: torch.Tensor, top_k: int, bias: torch.Tensor | None = None,
-          hash_ids: torch.Tensor | None = None, norm_topk_prob: bool = True,
-          scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    scores: torch.Tensor,
+    top_k: int,
+    bias: torch.Tensor | None = None,
+    hash_ids: torch.Tensor | None = None,
+    norm_topk_prob: bool = True,
+    scaling: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k], expert ids [T, k] int64) from router scores [T, E].
 
     ``hash_ids`` (rows of tid2eid) fixes the experts; else the top-k of ``scores + bias``.
@@ -93,12 +99,14 @@ class MoEGate(nn.Module):
         super().__init__()
         e = cfg.n_routed_experts
         self.hash_routed = hash_routed
-        self.weight = nn.Parameter(torch.empty(e, cfg.hidden_size, dtype=param_dtype),
-                                   requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(e, cfg.hidden_size, dtype=param_dtype), requires_grad=False
+        )
         if hash_routed:
             self.bias = None
-            self.register_buffer("tid2eid", torch.zeros(cfg.vocab_size, cfg.num_experts_per_tok,
-                                                        dtype=torch.int64))
+            self.register_buffer(
+                "tid2eid", torch.zeros(cfg.vocab_size, cfg.num_experts_per_tok, dtype=torch.int64)
+            )
         else:
             self.bias = nn.Parameter(torch.zeros(e, dtype=param_dtype), requires_grad=False)
             self.tid2eid = None
@@ -130,8 +138,13 @@ class RoutedExperts(nn.Module):
     ``w2_scale`` ``[E, D, I/32]``; dense: ``w13 [E, 2I, D]`` and ``w2 [E, D, I]`` in ``dtype``.
     Loaded from the per-expert official tensors through :meth:`checkpoint_slices`."""
 
-    def __init__(self, cfg: DSV4Config, dtype: torch.dtype, fp4: bool = False,
-                 layout: ParallelLayout = ParallelLayout()) -> None:
+    def __init__(
+        self,
+        cfg: DSV4Config,
+        dtype: torch.dtype,
+        fp4: bool = False,
+        layout: ParallelLayout = ParallelLayout(),
+    ) -> None:
         super().__init__()
         d, full_i = cfg.hidden_size, cfg.moe_intermediate_size
         self.local_ids = layout.local_experts(cfg)
@@ -147,10 +160,13 @@ class RoutedExperts(nn.Module):
 
         def param(*shape, dt):
             return nn.Parameter(torch.empty(*shape, dtype=dt), requires_grad=False)
+
         if fp4:
             if d % FP4_BLOCK or i % FP4_BLOCK:
-                raise ValueError(f"FP4 experts need hidden_size ({d}) and the intermediate rows "
-                                 f"per rank ({i}) to be multiples of {FP4_BLOCK}")
+                raise ValueError(
+                    f"FP4 experts need hidden_size ({d}) and the intermediate rows "
+                    f"per rank ({i}) to be multiples of {FP4_BLOCK}"
+                )
             self.w13 = param(e, 2 * i, d // 2, dt=torch.uint8)
             self.w13_scale = param(e, 2 * i, d // FP4_BLOCK, dt=torch.float8_e8m0fnu)
             self.w2 = param(e, d, i // 2, dt=torch.uint8)
@@ -174,46 +190,60 @@ class RoutedExperts(nn.Module):
                 cols = slice(rows.start // per, rows.stop // per)
                 w13_shape, w2_shape = (full_i, d // per), (d, full_i // per)
                 w13, w2 = ("w13" + attr, "w2" + attr) if local is not None else (None, None)
-                yield CheckpointSlice(f"{e}.w1{suffix}", w13, (local, slice(0, i)), (rows,),
-                                      w13_shape)
-                yield CheckpointSlice(f"{e}.w3{suffix}", w13, (local, slice(i, 2 * i)), (rows,),
-                                      w13_shape)
-                yield CheckpointSlice(f"{e}.w2{suffix}", w2, (local,), (slice(None), cols),
-                                      w2_shape)
+                yield CheckpointSlice(
+                    f"{e}.w1{suffix}", w13, (local, slice(0, i)), (rows,), w13_shape
+                )
+                yield CheckpointSlice(
+                    f"{e}.w3{suffix}", w13, (local, slice(i, 2 * i)), (rows,), w13_shape
+                )
+                yield CheckpointSlice(
+                    f"{e}.w2{suffix}", w2, (local,), (slice(None), cols), w2_shape
+                )
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """``sum_k weights[t, k] * expert_{idx[t, k]}(x[t])`` over this rank's experts (and
         intermediate rows) -> [T, D] in the math dtype; a partial sum when the model is split."""
         if self.expert_parallel:  # global ids -> this rank's, -1 for the other ranks' experts
             local = idx - self.local_ids.start
-            idx = torch.where((local >= 0) & (local < len(self.local_ids)), local,
-                              torch.full_like(local, -1))
-        return ops.moe_experts(x, weights, idx, self.w13, self.w13_scale, self.w2, self.w2_scale,
-                               self.limit)
+            idx = torch.where(
+                (local >= 0) & (local < len(self.local_ids)), local, torch.full_like(local, -1)
+            )
+        return ops.moe_experts(
+            x, weights, idx, self.w13, self.w13_scale, self.w2, self.w2_scale, self.limit
+        )
 
     def extra_repr(self) -> str:
-        return (f"experts={self.local_ids.start}..{self.local_ids.stop - 1} of {self.num_experts}, "
-                f"inter={self.inter} of {self.full_inter}, "
-                f"format={'fp4' if self.fp4 else self.w13.dtype}")
+        return (
+            f"experts={self.local_ids.start}..{self.local_ids.stop - 1} of {self.num_experts}, "
+            f"inter={self.inter} of {self.full_inter}, "
+            f"format={'fp4' if self.fp4 else self.w13.dtype}"
+        )
 
 
 class SharedExpert(nn.Module):
     """``shared_experts.{w1, w2, w3}`` (a clamped SwiGLU MLP; w1 | w3 one merged GEMM; split
     over tensor-parallel ranks by the intermediate dimension: a partial sum per rank)."""
 
-    def __init__(self, cfg: DSV4Config, dtype: torch.dtype, quant_config,
-                 prefix: str = "shared_experts",
-                 layout: ParallelLayout = ParallelLayout()) -> None:
+    def __init__(
+        self,
+        cfg: DSV4Config,
+        dtype: torch.dtype,
+        quant_config,
+        prefix: str = "shared_experts",
+        layout: ParallelLayout = ParallelLayout(),
+    ) -> None:
         super().__init__()
         d, i = cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts
         self.limit = cfg.swiglu_limit
         self.inter = i // layout.tp_size
         split = layout.sharded
-        self.w13 = merged_linear(d, {"w1": i, "w3": i}, quant_config, f"{prefix}.w13", dtype,
-                                 sharded=split)
+        self.w13 = merged_linear(
+            d, {"w1": i, "w3": i}, quant_config, f"{prefix}.w13", dtype, sharded=split
+        )
         # Not reduced here: the MoE block reduces routed + shared partial sums once.
-        self.w2 = row_linear(i, d, quant_config, f"{prefix}.w2", dtype, sharded=split,
-                             reduce_results=False)
+        self.w2 = row_linear(
+            i, d, quant_config, f"{prefix}.w2", dtype, sharded=split, reduce_results=False
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         md = moe_math_dtype(x.dtype)
@@ -228,9 +258,15 @@ class DSV4MoE(nn.Module):
     (``layout``), every rank routes every token (the router is replicated) and the ranks' partial
     sums are all-reduced once, in the math dtype, through vLLM's communicator."""
 
-    def __init__(self, cfg: DSV4Config, layer_id: int, dtype: torch.dtype = torch.bfloat16,
-                 quant_config: DSV4HwQuantConfig | None = None, prefix: str = "",
-                 layout: ParallelLayout = ParallelLayout()) -> None:
+    def __init__(
+        self,
+        cfg: DSV4Config,
+        layer_id: int,
+        dtype: torch.dtype = torch.bfloat16,
+        quant_config: DSV4HwQuantConfig | None = None,
+        prefix: str = "",
+        layout: ParallelLayout = ParallelLayout(),
+    ) -> None:
         super().__init__()
         self.layout = layout
         qc = quant_config if quant_config is not None else DSV4HwQuantConfig(cfg.weights)
@@ -242,11 +278,15 @@ class DSV4MoE(nn.Module):
         self.gate = MoEGate(cfg, self.hash_routed, moe_math_dtype(dtype))
         self.experts = RoutedExperts(cfg, dtype, fp4=cfg.weights.fp4_experts, layout=layout)
         p = f"{prefix}." if prefix else ""
-        self.shared_experts = (SharedExpert(cfg, dtype, qc, p + "shared_experts", layout)
-                               if cfg.n_shared_experts > 0 else None)
+        self.shared_experts = (
+            SharedExpert(cfg, dtype, qc, p + "shared_experts", layout)
+            if cfg.n_shared_experts > 0
+            else None
+        )
 
-    def route(self, x: torch.Tensor,
-              input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(
+        self, x: torch.Tensor, input_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         scores = self.gate.scores(x)
         hash_ids = None
         if self.hash_routed:
@@ -255,8 +295,9 @@ class DSV4MoE(nn.Module):
             if input_ids.shape != x.shape[:1]:
                 raise ValueError(f"input_ids {tuple(input_ids.shape)} must be [T={x.shape[0]}]")
             hash_ids = self.gate.tid2eid[input_ids.to(torch.int64)]
-        return route(scores, self.top_k, self.gate.bias, hash_ids, self.norm_topk_prob,
-                     self.scaling)
+        return route(
+            scores, self.top_k, self.gate.bias, hash_ids, self.norm_topk_prob, self.scaling
+        )
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -271,5 +312,7 @@ class DSV4MoE(nn.Module):
         return out.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return (f"layer={self.layer_id}, hash_routed={self.hash_routed}, top_k={self.top_k}, "
-                f"scaling={self.scaling}")
+        return (
+            f"layer={self.layer_id}, hash_routed={self.hash_routed}, top_k={self.top_k}, "
+            f"scaling={self.scaling}"
+        )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DeepSeek V4 network around attention, in plain PyTorch (no vLLM compiled ops, no CUDA).
 
 ``DSV4Network(cfg, make_attention)`` holds the official parameter names::
@@ -56,23 +57,33 @@ class RMSNormParam(nn.Module):
         return ops.rms_norm(x, self.weight, self.eps)
 
 
-def _hc_params(module: nn.Module, prefix: str, cfg: DSV4Config, n_mix: int,
-               n_scale: int, dtype: torch.dtype) -> None:
+def _hc_params(
+    module: nn.Module, prefix: str, cfg: DSV4Config, n_mix: int, n_scale: int, dtype: torch.dtype
+) -> None:
     hc, d = cfg.hc_mult, cfg.hidden_size
-    module.register_parameter(prefix + "_fn", nn.Parameter(
-        torch.empty(n_mix, hc * d, dtype=dtype), requires_grad=False))
-    module.register_parameter(prefix + "_base", nn.Parameter(
-        torch.empty(n_mix, dtype=dtype), requires_grad=False))
-    module.register_parameter(prefix + "_scale", nn.Parameter(
-        torch.empty(n_scale, dtype=dtype), requires_grad=False))
+    module.register_parameter(
+        prefix + "_fn", nn.Parameter(torch.empty(n_mix, hc * d, dtype=dtype), requires_grad=False)
+    )
+    module.register_parameter(
+        prefix + "_base", nn.Parameter(torch.empty(n_mix, dtype=dtype), requires_grad=False)
+    )
+    module.register_parameter(
+        prefix + "_scale", nn.Parameter(torch.empty(n_scale, dtype=dtype), requires_grad=False)
+    )
 
 
 class DSV4DecoderLayer(nn.Module):
     """``layers.N``: mHC around attention and around the MoE block."""
 
-    def __init__(self, cfg: DSV4Config, layer_id: int, attn: nn.Module,
-                 dtype: torch.dtype, quant_config: DSV4HwQuantConfig | None = None,
-                 layout: ParallelLayout = ParallelLayout()) -> None:
+    def __init__(
+        self,
+        cfg: DSV4Config,
+        layer_id: int,
+        attn: nn.Module,
+        dtype: torch.dtype,
+        quant_config: DSV4HwQuantConfig | None = None,
+        layout: ParallelLayout = ParallelLayout(),
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.ratio = cfg.compress_ratios[layer_id]
@@ -90,9 +101,15 @@ class DSV4DecoderLayer(nn.Module):
         _hc_params(self, "hc_ffn", cfg, n_mix, 3, hc_dtype)
 
     def _pre(self, h: torch.Tensor, which: str):
-        return hc_pre(h, getattr(self, which + "_fn"), getattr(self, which + "_scale"),
-                      getattr(self, which + "_base"), sinkhorn_iters=self.sinkhorn_iters,
-                      hc_eps=self.hc_eps, norm_eps=self.norm_eps)
+        return hc_pre(
+            h,
+            getattr(self, which + "_fn"),
+            getattr(self, which + "_scale"),
+            getattr(self, which + "_base"),
+            sinkhorn_iters=self.sinkhorn_iters,
+            hc_eps=self.hc_eps,
+            norm_eps=self.norm_eps,
+        )
 
     def forward(self, h: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
         """Streams ``h [T, hc, D]`` -> new streams (same shape and dtype)."""
@@ -120,17 +137,23 @@ class DSV4Network(nn.Module):
     expert parallelism); ``make_attention`` must build its layers for the same layout.
     """
 
-    def __init__(self, cfg: DSV4Config | dict, make_attention: MakeAttention, *,
-                 dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None,
-                 quant_config: DSV4HwQuantConfig | None = None,
-                 layout: ParallelLayout | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DSV4Config | dict,
+        make_attention: MakeAttention,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str | None = None,
+        quant_config: DSV4HwQuantConfig | None = None,
+        layout: ParallelLayout | None = None,
+    ) -> None:
         super().__init__()
         if isinstance(cfg, dict):
             cfg = validate_hf_config(cfg)
         if not isinstance(cfg, DSV4Config):
-            raise TypeError(f"cfg must be a DSV4Config or a config.json dict, got "
-                            f"{type(cfg).__name__}")
+            raise TypeError(
+                f"cfg must be a DSV4Config or a config.json dict, got {type(cfg).__name__}"
+            )
         self.cfg = cfg
         self.dtype = dtype
         d, v = cfg.hidden_size, cfg.vocab_size
@@ -144,8 +167,9 @@ class DSV4Network(nn.Module):
         for i, ratio in enumerate(cfg.compress_ratios):
             attn = make_attention(i, ratio)
             if not isinstance(attn, nn.Module):
-                raise TypeError(f"make_attention({i}, {ratio}) returned {type(attn).__name__}, "
-                                f"not an nn.Module")
+                raise TypeError(
+                    f"make_attention({i}, {ratio}) returned {type(attn).__name__}, not an nn.Module"
+                )
             layers.append(DSV4DecoderLayer(cfg, i, attn, dtype, quant_config, self.layout))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNormParam(d, cfg.rms_norm_eps, dtype)
@@ -159,8 +183,9 @@ class DSV4Network(nn.Module):
         return self.embed(input_ids)
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``input_ids [T]`` int64 -> final hidden states ``[T, D]`` (model dtype).
 
         ``inputs_embeds [T, D]`` replaces the embedding lookup (input_ids are still needed by the
@@ -171,8 +196,14 @@ class DSV4Network(nn.Module):
         h = x.unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()
         for layer in self.layers:
             h = layer(h, input_ids)
-        y = hc_head(h, self.hc_head_fn, self.hc_head_scale, self.hc_head_base,
-                    hc_eps=self.cfg.hc_eps, norm_eps=self.cfg.rms_norm_eps)
+        y = hc_head(
+            h,
+            self.hc_head_fn,
+            self.hc_head_scale,
+            self.hc_head_base,
+            hc_eps=self.cfg.hc_eps,
+            norm_eps=self.cfg.rms_norm_eps,
+        )
         return self.norm(y)
 
     @torch.no_grad()
@@ -189,5 +220,7 @@ class DSV4Network(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.cfg
-        return (f"layers={c.num_layers}, hidden={c.hidden_size}, vocab={c.vocab_size}, "
-                f"experts={c.n_routed_experts}x top{c.num_experts_per_tok}, dtype={self.dtype}")
+        return (
+            f"layers={c.num_layers}, hidden={c.hidden_size}, vocab={c.vocab_size}, "
+            f"experts={c.n_routed_experts}x top{c.num_experts_per_tok}, dtype={self.dtype}"
+        )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the loaded model keeps resident, by weight format, against the checkpoint's tensor bytes.
 
 Weights stay as shipped, so the resident parameter bytes should equal the checkpoint's (the MTP
@@ -33,11 +34,15 @@ class ResidentSummary:
         return self.resident_bytes / self.checkpoint_bytes if self.checkpoint_bytes else 0.0
 
     def line(self) -> str:
-        parts = ", ".join(f"{k} {v / MIB:.2f} MiB" for k, v in
-                          sorted(self.by_format.items(), key=lambda kv: -kv[1]))
-        return (f"resident weights {self.resident_bytes / MIB:.2f} MiB for "
-                f"{self.checkpoint_bytes / MIB:.2f} MiB of checkpoint tensors "
-                f"({self.ratio:.3f}x): {parts}")
+        parts = ", ".join(
+            f"{k} {v / MIB:.2f} MiB"
+            for k, v in sorted(self.by_format.items(), key=lambda kv: -kv[1])
+        )
+        return (
+            f"resident weights {self.resident_bytes / MIB:.2f} MiB for "
+            f"{self.checkpoint_bytes / MIB:.2f} MiB of checkpoint tensors "
+            f"({self.ratio:.3f}x): {parts}"
+        )
 
 
 def resident_summary(model: nn.Module, checkpoint_bytes: int) -> ResidentSummary:

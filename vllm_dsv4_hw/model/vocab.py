@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The vocabulary-parallel embedding (``embed.weight``) and output head (``head.weight``).
 
 Both are vLLM's layers (``VocabParallelEmbedding`` / ``ParallelLMHead``): each tensor-parallel
@@ -42,10 +43,17 @@ def _full_shape(layer: VocabParallelEmbedding) -> None:
 class DSV4Embedding(VocabParallelEmbedding):
     """``embed.weight [V, D]``, this rank's vocabulary slice; ``forward(ids [T]) -> [T, D]``."""
 
-    def __init__(self, vocab: int, dim: int, dtype: torch.dtype, sharded: bool,
-                 prefix: str = "embed") -> None:
-        super().__init__(vocab, dim, params_dtype=dtype, prefix=prefix, disable_tp=not sharded,
-                         quant_method=PlainEmbeddingMethod())
+    def __init__(
+        self, vocab: int, dim: int, dtype: torch.dtype, sharded: bool, prefix: str = "embed"
+    ) -> None:
+        super().__init__(
+            vocab,
+            dim,
+            params_dtype=dtype,
+            prefix=prefix,
+            disable_tp=not sharded,
+            quant_method=PlainEmbeddingMethod(),
+        )
         _full_shape(self)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -63,8 +71,9 @@ class DSV4Head(ParallelLMHead):
     """``head.weight [V, D]``, this rank's vocabulary slice; :meth:`logits` gives every rank the
     whole ``[T, V]`` float32 logits."""
 
-    def __init__(self, vocab: int, dim: int, dtype: torch.dtype, sharded: bool,
-                 prefix: str = "head") -> None:
+    def __init__(
+        self, vocab: int, dim: int, dtype: torch.dtype, sharded: bool, prefix: str = "head"
+    ) -> None:
         super().__init__(vocab, dim, params_dtype=dtype, prefix=prefix, disable_tp=not sharded)
         self.quant_method = PlainEmbeddingMethod()
         _full_shape(self)
@@ -73,4 +82,4 @@ class DSV4Head(ParallelLMHead):
         y = F.linear(hidden.to(self.weight.dtype), self.weight)
         if self.tp_size > 1:
             y = tensor_model_parallel_all_gather(y, dim=-1)
-        return y[..., :self.org_vocab_size].float()
+        return y[..., : self.org_vocab_size].float()

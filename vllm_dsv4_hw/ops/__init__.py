@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ops: the dispatch registry, the op contracts (``api``) and their backends.
 
 Importing this package registers the reference backend for every op, then whichever accelerated

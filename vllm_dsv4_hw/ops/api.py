@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The op contracts: what every backend implements, and the dispatched entry points call sites use.
 
 Each function below resolves its implementation once per device type through the registry (the
@@ -27,8 +28,16 @@ SPARSE_ATTENTION = "sparse_attention"
 KV_INSERT = "kv_insert"
 KV_GATHER = "kv_gather"
 
-ALL_OPS = (RMS_NORM, ROPE, COMPRESSOR_POOL, COMPRESSOR_STORE, INDEXER_TOPK, SPARSE_ATTENTION,
-           KV_INSERT, KV_GATHER)
+ALL_OPS = (
+    RMS_NORM,
+    ROPE,
+    COMPRESSOR_POOL,
+    COMPRESSOR_STORE,
+    INDEXER_TOPK,
+    SPARSE_ATTENTION,
+    KV_INSERT,
+    KV_GATHER,
+)
 
 
 def _impl(op: str, t: torch.Tensor):
@@ -40,8 +49,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return _impl(RMS_NORM, x)(x, weight, eps)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-         inverse: bool = False) -> torch.Tensor:
+def rope(
+    x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
     """GPT-J interleaved RoPE on the last R dims of ``x`` [T, ..., D] at ``positions`` [T].
 
     ``cos_sin`` [P, R]: row p holds cos of the R/2 angles, then their sin (``ops.reference.rope``
@@ -51,9 +61,16 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
     return _impl(ROPE, x)(x, positions, cos_sin, inverse)
 
 
-def compressor_pool(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor,
-                    ape: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor,
-                    group_rows: torch.Tensor, ratio: int) -> torch.Tensor:
+def compressor_pool(
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    positions: torch.Tensor,
+    ape: torch.Tensor,
+    state: torch.Tensor,
+    state_slots: torch.Tensor,
+    group_rows: torch.Tensor,
+    ratio: int,
+) -> torch.Tensor:
     """Write new tokens' rows into the compressor state, then pool every completed group.
 
     kv, score: [T, coff*d] fp32 (W_kv x, W_gate x; ``ape[pos % ratio]`` is added to score here).
@@ -63,21 +80,61 @@ def compressor_pool(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tens
     [0, d)) and rows 4..7 the group itself (channels [d, 2d)); for ratio 128 (coff 1) the 128 rows.
     Returns the pooled entries [G, d] fp32 (before RMSNorm / RoPE).
     """
-    return _impl(COMPRESSOR_POOL, kv)(kv, score, positions, ape, state, state_slots, group_rows, ratio)
+    return _impl(COMPRESSOR_POOL, kv)(
+        kv, score, positions, ape, state, state_slots, group_rows, ratio
+    )
 
 
-def compressor_store(kv, score, positions, ape, state, state_slots, group_rows, ratio,
-                     norm_weight, eps, cos_sin, group_entry_index, cache, cache_slots, fmt) -> None:
+def compressor_store(
+    kv,
+    score,
+    positions,
+    ape,
+    state,
+    state_slots,
+    group_rows,
+    ratio,
+    norm_weight,
+    eps,
+    cos_sin,
+    group_entry_index,
+    cache,
+    cache_slots,
+    fmt,
+) -> None:
     """``compressor_pool`` + RMSNorm_w + RoPE at position ``ratio * group_entry_index`` + quantize
     and insert into the paged ``cache`` at ``cache_slots`` [G] with entry format ``fmt``."""
-    return _impl(COMPRESSOR_STORE, kv)(kv, score, positions, ape, state, state_slots, group_rows,
-                                       ratio, norm_weight, eps, cos_sin, group_entry_index, cache,
-                                       cache_slots, fmt)
+    return _impl(COMPRESSOR_STORE, kv)(
+        kv,
+        score,
+        positions,
+        ape,
+        state,
+        state_slots,
+        group_rows,
+        ratio,
+        norm_weight,
+        eps,
+        cos_sin,
+        group_entry_index,
+        cache,
+        cache_slots,
+        fmt,
+    )
 
 
-def indexer_topk(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor, key_fmt,
-                 block_table: torch.Tensor, token_req: torch.Tensor, token_pos: torch.Tensor,
-                 topk: int, ratio: int = 4, q_scales: torch.Tensor | None = None) -> torch.Tensor:
+def indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    key_cache: torch.Tensor,
+    key_fmt,
+    block_table: torch.Tensor,
+    token_req: torch.Tensor,
+    token_pos: torch.Tensor,
+    topk: int,
+    ratio: int = 4,
+    q_scales: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Lightning-indexer top-k over each token's visible compressed entries.
 
     q [T, Hi, Di] (RoPE applied), weights [T, Hi] fp32 (already scaled by Di^-0.5 * Hi^-0.5).
@@ -90,13 +147,22 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor
     the top min(topk, visible) first, -1 after. The selected entries are a set: the reference
     returns them in descending score, other backends in any order (the Triton one unsorted).
     """
-    return _impl(INDEXER_TOPK, q)(q, weights, key_cache, key_fmt, block_table, token_req,
-                                  token_pos, topk, ratio, q_scales)
+    return _impl(INDEXER_TOPK, q)(
+        q, weights, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio, q_scales
+    )
 
 
-def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
-                     comp_cache: torch.Tensor | None, comp_slots: torch.Tensor | None,
-                     fmt, sink: torch.Tensor, scale: float, comp_fmt=None) -> torch.Tensor:
+def sparse_attention(
+    q: torch.Tensor,
+    window_cache: torch.Tensor,
+    window_slots: torch.Tensor,
+    comp_cache: torch.Tensor | None,
+    comp_slots: torch.Tensor | None,
+    fmt,
+    sink: torch.Tensor,
+    scale: float,
+    comp_fmt=None,
+) -> torch.Tensor:
     """One softmax per (token, head) over window candidates plus compressed candidates, with sink.
 
     q [T, H, D]; window_slots [T, W] and comp_slots [T, K] int (physical slots, -1 = none) into the
@@ -105,8 +171,9 @@ def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: 
     ``entries_per_page``). sink [H] fp32 only enlarges the denominator.
     Returns o [T, H, D] in q's dtype (a token with no candidates gets zeros).
     """
-    return _impl(SPARSE_ATTENTION, q)(q, window_cache, window_slots, comp_cache, comp_slots, fmt,
-                                      sink, scale, comp_fmt=comp_fmt)
+    return _impl(SPARSE_ATTENTION, q)(
+        q, window_cache, window_slots, comp_cache, comp_slots, fmt, sink, scale, comp_fmt=comp_fmt
+    )
 
 
 def kv_insert(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt) -> None:
@@ -125,8 +192,9 @@ ENTRY_SLOTS = "entry_slots"
 ALL_OPS = ALL_OPS + (ENTRY_SLOTS,)
 
 
-def entry_slots(block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.Tensor,
-                per_page: int) -> torch.Tensor:
+def entry_slots(
+    block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.Tensor, per_page: int
+) -> torch.Tensor:
     """Paged-cache slots [T, K] int64 of logical entry indices ``idx`` [T, K] (int32 / int64) of
     each token's request: ``block_table[token_req[t], i // per_page] * per_page + i % per_page``;
     -1 where i < 0, the page is absent (< 0) or i lies past the table's columns. No host
@@ -150,9 +218,16 @@ O_QUANT_GROUP = 128
 O_QUANT_AMAX_FLOOR = 1e-10
 
 
-def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
-                         cos_sin: torch.Tensor, eps: float, window_cache: torch.Tensor,
-                         window_slots: torch.Tensor, fmt) -> torch.Tensor:
+def qnorm_rope_kv_insert(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    eps: float,
+    window_cache: torch.Tensor,
+    window_slots: torch.Tensor,
+    fmt,
+) -> torch.Tensor:
     """Query prologue + window-KV insert of one layer (spec section 2, steps 2-3).
 
     q [T, H, D] (W_qb q_r), kv [T, D] (already ``RMSNorm_w``-ed upstream), positions [T] int,
@@ -162,12 +237,14 @@ def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Ten
     and, in place, ``kv_insert(window_cache, window_slots, rope(kv, positions, cos_sin), fmt)``.
     Intermediates stay in fp32 (one rounding of q_out; the cache format does its own rounding).
     """
-    return _impl(QNORM_ROPE_KV_INSERT, q)(q, kv, positions, cos_sin, eps, window_cache,
-                                          window_slots, fmt)
+    return _impl(QNORM_ROPE_KV_INSERT, q)(
+        q, kv, positions, cos_sin, eps, window_cache, window_slots, fmt
+    )
 
 
-def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-                       inverse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def inv_rope_fp8_quant(
+    o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, inverse: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention-output epilogue (spec section 2, step 6 + the input of step 7).
 
     o [T, H, D] -> x = rope(o, positions, cos_sin, inverse) in fp32 (not rounded), then FP8 per
@@ -180,16 +257,18 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.
     return _impl(INV_ROPE_FP8_QUANT, o)(o, positions, cos_sin, inverse)
 
 
-def rope_fp8_quant(x: torch.Tensor, positions: torch.Tensor,
-                   cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_fp8_quant(
+    x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE, then the same FP8 group quantization: ``inv_rope_fp8_quant(..., inverse=False)``.
     The indexer's q^I [T, Hi, 128] -> e4m3 codes and one power-of-two scale per (token, head),
     which ``indexer_topk`` takes as ``q_scales`` (upstream vLLM's indexer quantizes q^I so too)."""
     return _impl(INV_ROPE_FP8_QUANT, x)(x, positions, cos_sin, False)
 
 
-def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def qkv_rms_norm(
+    q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Both input RMSNorms of a layer at once (horizontal fusion, one launch):
     (rms_norm(q_r, q_w, eps), rms_norm(kv, kv_w, eps)) for q_r [T, q_lora] and kv [T, D] of one
     dtype (rows may be strided, e.g. column slices of one fused projection). New tensors, same dtype.
@@ -209,8 +288,9 @@ DENSE_LINEAR = "dense_linear"
 ALL_OPS = ALL_OPS + (FP8_BLOCK_LINEAR, MOE_EXPERTS, DENSE_LINEAR)
 
 
-def dense_linear(x: torch.Tensor, weight: torch.Tensor,
-                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def dense_linear(
+    x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """``y = x @ weight^T`` for the projections the checkpoints ship in a float dtype (the
     compressors' merged ``wkv | wgate``, the indexer's ``weights_proj``; every linear of a bf16
     checkpoint): x [M, K], weight [N, K] -> y [M, N]. Math: fp32 accumulation of the exact
@@ -219,10 +299,15 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor,
     return _impl(DENSE_LINEAR, x)(x, weight, out_dtype)
 
 
-def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                     block: tuple[int, int], out_dtype: torch.dtype | None = None,
-                     quantize_x: bool = False,
-                     x_scales: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_block_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int],
+    out_dtype: torch.dtype | None = None,
+    quantize_x: bool = False,
+    x_scales: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``y = x @ dequant(weight)^T`` for an FP8 block-quantized weight as the checkpoint ships it.
 
     Plain: x [M, K], weight [N, K] e4m3 (``torch.float8_e4m3fn`` or its uint8 bytes), scale
@@ -241,13 +326,21 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     e.g. ``inv_rope_fp8_quant``'s for the o projection); y is as for x = codes * scales (exact in
     fp32), ``out_dtype`` bf16 unless given; ``quantize_x`` is then moot.
     """
-    return _impl(FP8_BLOCK_LINEAR, x)(x, weight, scale, block, out_dtype, quantize_x,
-                                      x_scales=x_scales)
+    return _impl(FP8_BLOCK_LINEAR, x)(
+        x, weight, scale, block, out_dtype, quantize_x, x_scales=x_scales
+    )
 
 
-def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                w13: torch.Tensor, w13_scale: torch.Tensor | None, w2: torch.Tensor,
-                w2_scale: torch.Tensor | None, swiglu_limit: float | None) -> torch.Tensor:
+def moe_experts(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor | None,
+    swiglu_limit: float | None,
+) -> torch.Tensor:
     """The routed experts of one MoE layer (routing stays in the model):
     ``out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])`` -> [T, D] fp32 (float64
     for float64 x).
@@ -263,8 +356,9 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
     dtype with both scales None. The k contributions of a token are summed in slot order (k = 0
     first), so results do not depend on how tokens are grouped by expert.
     """
-    return _impl(MOE_EXPERTS, x)(x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale,
-                                 swiglu_limit)
+    return _impl(MOE_EXPERTS, x)(
+        x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, swiglu_limit
+    )
 
 
 # -- graph-safe decode metadata (issue 12) ---------------------------------------------------------
@@ -294,8 +388,9 @@ class DecodeLayout:
     null_page: int = -1
 
 
-def decode_metadata(seq_lens: torch.Tensor, tables: dict[str, torch.Tensor],
-                    layout: DecodeLayout) -> dict[str, torch.Tensor]:
+def decode_metadata(
+    seq_lens: torch.Tensor, tables: dict[str, torch.Tensor], layout: DecodeLayout
+) -> dict[str, torch.Tensor]:
     """Index metadata of a decode step (one new token per row) with fixed shapes and no host
     synchronization, so that it can be captured in a device graph and replayed.
 

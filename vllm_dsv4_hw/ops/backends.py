@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which backend can run on which device type, and why not (answers are cached per process)."""
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def _triton_available(device_type: str) -> tuple[bool, str]:
 
 def _npu_available(device_type: str) -> tuple[bool, str]:
     if device_type != "npu":
-        return False, (f"the npu backend runs on Ascend NPUs only (torch_npu operators), not on "
-                       f"{device_type!r}")
+        return False, (
+            f"the npu backend runs on Ascend NPUs only (torch_npu operators), not on "
+            f"{device_type!r}"
+        )
     # One sentence naming what is missing (torch_npu, CANN, a visible device) and what to do.
     from vllm_dsv4_hw.platform.npu import probe_torch_npu
 

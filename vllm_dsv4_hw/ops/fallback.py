@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What happens when a backend's kernel cannot run here, found only at run time.
 
 Some failures are only known when a kernel first runs on the device: Triton compiles a kernel for
@@ -40,8 +41,10 @@ class KernelFailedError(RuntimeError):
 def no_fallback_reason(op: str, backend: str) -> tuple[str, str] | None:
     """(variable, why) when a failure of ``backend`` for ``op`` must raise, else None."""
     if envs.op_backends().get(op) == backend:
-        return "VLLM_DSV4_HW_OP_BACKENDS", f"VLLM_DSV4_HW_OP_BACKENDS requests the {backend} " \
-                                           "backend for it"
+        return (
+            "VLLM_DSV4_HW_OP_BACKENDS",
+            f"VLLM_DSV4_HW_OP_BACKENDS requests the {backend} backend for it",
+        )
     if op not in envs.op_backends() and envs.backend() == backend:
         return "VLLM_DSV4_HW_BACKEND", f"VLLM_DSV4_HW_BACKEND requests the {backend} backend for it"
     if envs.KERNEL_FAILURES.get() == "raise":
@@ -66,10 +69,15 @@ def _name_and_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def guard(op: str, backend: str, reference: Callable, failures: tuple[type[BaseException], ...],
-          what: str, error_cls: type[KernelFailedError] = KernelFailedError,
-          describe: Callable[[BaseException], str] = _name_and_message
-          ) -> Callable[[Callable], Callable]:
+def guard(
+    op: str,
+    backend: str,
+    reference: Callable,
+    failures: tuple[type[BaseException], ...],
+    what: str,
+    error_cls: type[KernelFailedError] = KernelFailedError,
+    describe: Callable[[BaseException], str] = _name_and_message,
+) -> Callable[[Callable], Callable]:
     """Decorator: the policy of the module docstring around ``backend``'s implementation of
     ``op``; ``failures`` are the exceptions that mean "cannot run here", ``what`` names the thing
     that failed in messages ("Triton kernel", "vendor operator") and ``describe`` the error."""
@@ -91,17 +99,26 @@ def guard(op: str, backend: str, reference: Callable, failures: tuple[type[BaseE
                     raise error_cls(
                         f"{backend} op {op}: {what} {err}. {why}, so there is no fallback; unset "
                         f"{var} (or choose another backend) to fall back to the reference "
-                        f"implementation.") from exc
+                        f"implementation."
+                    ) from exc
                 with _LOCK:
                     first = key not in _DISABLED
                     _DISABLED.setdefault(key, err)
                 if first:
-                    logger.warning("dsv4-hw: %s op %s: %s %s; op %s now uses the reference "
-                                   "implementation for the rest of this process",
-                                   backend, op, what, err, op)
+                    logger.warning(
+                        "dsv4-hw: %s op %s: %s %s; op %s now uses the reference "
+                        "implementation for the rest of this process",
+                        backend,
+                        op,
+                        what,
+                        err,
+                        op,
+                    )
                 return reference(*args, **kwargs)
 
-        wrapper.unguarded = fn  # marks the op as guarded; the raw implementation, without the policy
+        wrapper.unguarded = (
+            fn  # marks the op as guarded; the raw implementation, without the policy
+        )
         return wrapper
 
     return deco

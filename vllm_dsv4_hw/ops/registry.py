@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The backend dispatch layer: one registry from op name to implementations per backend.
 
 An implementation is registered with ``@register_op("rms_norm", "triton")``. Call sites never pick a
@@ -111,8 +112,9 @@ class OpRegistry:
             self._cache[key] = res
         return res
 
-    def _resolve_uncached(self, op: str, device_type: str, warn: bool = True,
-                          present: bool = False) -> Resolution:
+    def _resolve_uncached(
+        self, op: str, device_type: str, warn: bool = True, present: bool = False
+    ) -> Resolution:
         impls = self.implementations(op)
         per_op = envs.op_backends()
         unknown = sorted(set(per_op) - set(self._impls))
@@ -167,11 +169,15 @@ class OpRegistry:
         self._warned.add(key)
         logger.warning(
             "dsv4-hw: op %s on %s falls back to the %s backend (%s)",
-            op, device_type, chosen, "; ".join(skipped),
+            op,
+            device_type,
+            chosen,
+            "; ".join(skipped),
         )
 
-    def explain(self, device: torch.device | str, present: bool = False
-                ) -> list[tuple[str, str, str]]:
+    def explain(
+        self, device: torch.device | str, present: bool = False
+    ) -> list[tuple[str, str, str]]:
         """(op, backend, reason) for every registered op on ``device``; errors become reasons.
         A report, not a dispatch: fallbacks are said in the reasons, not also as warnings.
         ``present``: as if the device were here (a report for a target this machine lacks: only
@@ -179,8 +185,9 @@ class OpRegistry:
         rows = []
         for op in self.ops():
             try:
-                res = self._resolve_uncached(op, device_type_of(device), warn=False,
-                                             present=present)
+                res = self._resolve_uncached(
+                    op, device_type_of(device), warn=False, present=present
+                )
                 rows.append((op, res.impl.backend, res.reason))
             except (BackendUnavailableError, UnknownOpError) as exc:
                 rows.append((op, "-", f"error: {exc}"))
@@ -190,7 +197,9 @@ class OpRegistry:
 REGISTRY = OpRegistry()
 
 
-def register_op(op: str, backend: str, requires: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+def register_op(
+    op: str, backend: str, requires: tuple[str, ...] = ()
+) -> Callable[[Callable], Callable]:
     """Decorator: ``@register_op("rms_norm", "reference")``."""
 
     def deco(fn: Callable) -> Callable:

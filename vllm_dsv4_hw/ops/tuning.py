@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Launch choices as data: one frozen config per op family, the product's values as defaults.
 
 Kernels read the config in force (:func:`current`) when they launch; a benchmark or a test that
@@ -35,8 +36,9 @@ class IndexerTuning:
 
     def radix(self, rows: int, n: int) -> bool:
         """Whether ``rows`` score rows of ``n`` entries take the radix select."""
-        return self.select == "radix" or (self.select == "auto"
-                                          and rows * n <= self.radix_max_scores)
+        return self.select == "radix" or (
+            self.select == "auto" and rows * n <= self.radix_max_scores
+        )
 
 
 @dataclass(frozen=True)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a device can do, declared once per device type (read by dispatch and cache-format choice)."""
 
 from __future__ import annotations
@@ -47,15 +48,29 @@ class DeviceCapabilities:
         return bool(getattr(self, name))
 
 
-CPU = DeviceCapabilities("cpu", fp8=True, fp8_cvt=False, mxfp4=True, bf16=True, fp64=True,
-                         streams=False, graphs=False, max_grid=2**31 - 1)
+CPU = DeviceCapabilities(
+    "cpu",
+    fp8=True,
+    fp8_cvt=False,
+    mxfp4=True,
+    bf16=True,
+    fp64=True,
+    streams=False,
+    graphs=False,
+    max_grid=2**31 - 1,
+)
 
 
 KIB = 1024
 # Opt-in shared memory per block by compute capability (CUDA programming guide, "Technical
 # specifications per compute capability"); the launch plans pick larger tiles only where they fit.
-_CUDA_SHARED = {(8, 0): 163 * KIB, (8, 7): 163 * KIB, (9, 0): 227 * KIB, (10, 0): 227 * KIB,
-                (10, 3): 227 * KIB}
+_CUDA_SHARED = {
+    (8, 0): 163 * KIB,
+    (8, 7): 163 * KIB,
+    (9, 0): 227 * KIB,
+    (10, 0): 227 * KIB,
+    (10, 3): 227 * KIB,
+}
 _CUDA_SHARED_BY_MAJOR = {8: 99 * KIB, 9: 227 * KIB, 10: 227 * KIB, 11: 99 * KIB, 12: 99 * KIB}
 HIP_SHARED = 64 * KIB  # LDS per workgroup on MI200 / MI300 (gfx90a, gfx942)
 
@@ -64,15 +79,36 @@ def cuda_capabilities(major: int, minor: int, hip: bool = False) -> DeviceCapabi
     # e4m3 conversion instructions exist from sm_89 (Ada, Hopper, Blackwell); on sm_80 / sm_86 the
     # Triton kernels encode and decode e4m3 with integer bit operations (ops/triton/common/quant.py), so
     # every CUDA part keeps the fp8 cache formats and FP8 weights as shipped.
-    return DeviceCapabilities("cuda", fp8=True, fp8_cvt=(major, minor) >= (8, 9), mxfp4=True,
-                              bf16=major >= 8, fp64=True, streams=True, graphs=True,
-                              max_grid=2**31 - 1, ptx_inline=not hip and major >= 8,
-                              spin_sync=True, fp8_dot=not hip and (major, minor) >= (8, 9),
-                              pdl=not hip and major >= 9,
-                              shared_mem=HIP_SHARED if hip else _CUDA_SHARED.get(
-                                  (major, minor), _CUDA_SHARED_BY_MAJOR.get(major, 48 * KIB)))
+    return DeviceCapabilities(
+        "cuda",
+        fp8=True,
+        fp8_cvt=(major, minor) >= (8, 9),
+        mxfp4=True,
+        bf16=major >= 8,
+        fp64=True,
+        streams=True,
+        graphs=True,
+        max_grid=2**31 - 1,
+        ptx_inline=not hip and major >= 8,
+        spin_sync=True,
+        fp8_dot=not hip and (major, minor) >= (8, 9),
+        pdl=not hip and major >= 9,
+        shared_mem=HIP_SHARED
+        if hip
+        else _CUDA_SHARED.get((major, minor), _CUDA_SHARED_BY_MAJOR.get(major, 48 * KIB)),
+    )
 
 
 # Ascend A2/A3: no fp8 storage, no fp64; grid bound to the physical core count (see ENVIRONMENT.md).
-NPU_A2_A3 = DeviceCapabilities("npu", fp8=False, fp8_cvt=False, mxfp4=False, bf16=True, fp64=False,
-                               streams=True, graphs=True, max_grid=65535, grid_cores=True)
+NPU_A2_A3 = DeviceCapabilities(
+    "npu",
+    fp8=False,
+    fp8_cvt=False,
+    mxfp4=False,
+    bf16=True,
+    fp64=False,
+    streams=True,
+    graphs=True,
+    max_grid=65535,
+    grid_cores=True,
+)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Device detection and the device adaptor: the one place that knows how device types differ.
 
 ``DeviceAdaptor`` is chosen once per device type (like vllm-ascend's ``DeviceOperator``): it holds the
@@ -61,8 +62,9 @@ def adaptor_for(device_type: str) -> DeviceAdaptor:
             name = f"{name}, declared sm_{declared[0]}{declared[1]} by VLLM_DSV4_HW_CUDA_CAPABILITY"
             major, minor = declared
         hip = getattr(torch.version, "hip", None) is not None  # ROCm builds answer to "cuda"
-        return DeviceAdaptor("cuda", name, cuda_capabilities(major, minor, hip=hip),
-                             ("triton", "reference"))
+        return DeviceAdaptor(
+            "cuda", name, cuda_capabilities(major, minor, hip=hip), ("triton", "reference")
+        )
     if device_type == "npu":
         return DeviceAdaptor("npu", "Ascend NPU", NPU_A2_A3, ("npu", "triton", "reference"))
     if device_type == "cpu":

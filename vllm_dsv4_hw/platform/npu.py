@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ascend NPU: the torch_npu / CANN probe, vllm-ascend detection, and which vLLM platform is active.
 
 Nothing here imports ``torch_npu`` at module import; :func:`probe_torch_npu` imports it on first
@@ -73,16 +74,20 @@ def probe_torch_npu() -> tuple[bool, str]:
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        return False, ("torch_npu is not installed (on an Ascend host: pip install torch-npu "
-                       f"matching torch {torch.__version__.split('+')[0]}, with the CANN toolkit)")
+        return False, (
+            "torch_npu is not installed (on an Ascend host: pip install torch-npu "
+            f"matching torch {torch.__version__.split('+')[0]}, with the CANN toolkit)"
+        )
     try:
         mod = importlib.import_module("torch_npu")
     except Exception as exc:  # CANN libraries missing, version mismatch, ...
         msg = _one_line(exc)
         if ".so" in msg or "CANN" in msg or "ascend" in msg.lower():
-            hint = ("the CANN runtime is missing or not on the library path; run "
-                    "'source /usr/local/Ascend/ascend-toolkit/set_env.sh' (or your CANN "
-                    "install's set_env.sh) before starting")
+            hint = (
+                "the CANN runtime is missing or not on the library path; run "
+                "'source /usr/local/Ascend/ascend-toolkit/set_env.sh' (or your CANN "
+                "install's set_env.sh) before starting"
+            )
         else:
             hint = f"check that torch_npu matches torch {torch.__version__}"
         return False, f"torch_npu is installed but does not import ({msg}): {hint}"
@@ -93,8 +98,10 @@ def probe_torch_npu() -> tuple[bool, str]:
     except Exception as exc:
         return False, f"torch_npu imports but the NPU runtime fails ({_one_line(exc)})"
     if not ok or count == 0:
-        return False, ("torch_npu imports but no NPU is visible (check 'npu-smi info' and "
-                       "ASCEND_RT_VISIBLE_DEVICES)")
+        return False, (
+            "torch_npu imports but no NPU is visible (check 'npu-smi info' and "
+            "ASCEND_RT_VISIBLE_DEVICES)"
+        )
     version = getattr(mod, "__version__", "?")
     return True, f"torch_npu {version} with {count} NPU(s)"
 
@@ -134,8 +141,14 @@ def vllm_ascend_plugin() -> tuple[bool, bool, str]:
     if allowed_raw is not None:
         allowed = [p.strip() for p in allowed_raw.split(",") if p.strip()]
         if VLLM_ASCEND_PLUGIN_NAME not in allowed:
-            return True, False, (f"vllm-ascend is installed but VLLM_PLUGINS={allowed_raw!r} does "
-                                 f"not enable its '{VLLM_ASCEND_PLUGIN_NAME}' platform plugin")
+            return (
+                True,
+                False,
+                (
+                    f"vllm-ascend is installed but VLLM_PLUGINS={allowed_raw!r} does "
+                    f"not enable its '{VLLM_ASCEND_PLUGIN_NAME}' platform plugin"
+                ),
+            )
     return True, True, f"vllm-ascend platform plugin '{ep.name}' -> {ep.value}"
 
 
@@ -165,24 +178,36 @@ class PlatformChoice:
     reason: str
 
 
-def choose_npu_platform(npu_usable: tuple[bool, str] | None = None,
-                        ascend_plugin: tuple[bool, bool, str] | None = None) -> PlatformChoice:
+def choose_npu_platform(
+    npu_usable: tuple[bool, str] | None = None, ascend_plugin: tuple[bool, bool, str] | None = None
+) -> PlatformChoice:
     """Which platform class should be active on this host, and why (see the module docstring).
 
     Arguments default to :func:`probe_torch_npu` and :func:`vllm_ascend_plugin` (tests pass them).
     """
     ok, why = npu_usable if npu_usable is not None else probe_torch_npu()
     if not ok:
-        return PlatformChoice(None, "none", f"no usable Ascend NPU ({why}); this plugin activates "
-                                            f"no platform")
+        return PlatformChoice(
+            None, "none", f"no usable Ascend NPU ({why}); this plugin activates no platform"
+        )
     plugin = ascend_plugin if ascend_plugin is not None else vllm_ascend_plugin()
     installed, allowed, detail = plugin
     if installed and allowed:
-        return PlatformChoice(None, "cooperate", (
-            f"{why}; {detail}: vllm-ascend's NPUPlatform is the active platform (only one "
-            f"out-of-tree platform may activate), this plugin adds its ops and model through "
-            f"vllm.general_plugins"))
-    return PlatformChoice(None, "unsupported", (
-        f"{why}; {detail}: DeepSeek V4 on an Ascend NPU runs under vllm-ascend's platform "
-        f"(this plugin adds ops and the model to it); install vllm-ascend or enable its "
-        f"'{VLLM_ASCEND_PLUGIN_NAME}' platform plugin"))
+        return PlatformChoice(
+            None,
+            "cooperate",
+            (
+                f"{why}; {detail}: vllm-ascend's NPUPlatform is the active platform (only one "
+                f"out-of-tree platform may activate), this plugin adds its ops and model through "
+                f"vllm.general_plugins"
+            ),
+        )
+    return PlatformChoice(
+        None,
+        "unsupported",
+        (
+            f"{why}; {detail}: DeepSeek V4 on an Ascend NPU runs under vllm-ascend's platform "
+            f"(this plugin adds ops and the model to it); install vllm-ascend or enable its "
+            f"'{VLLM_ASCEND_PLUGIN_NAME}' platform plugin"
+        ),
+    )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Device-agnostic auxiliary streams: run independent branches beside the main stream, then join.
 
 Same call shape on every device::
@@ -41,8 +42,13 @@ def stream_module(device_type: str):
 
 
 class AuxStreams:
-    def __init__(self, device: torch.device | str, num_branches: int = 2,
-                 enabled: bool | None = None, module: Any = None) -> None:
+    def __init__(
+        self,
+        device: torch.device | str,
+        num_branches: int = 2,
+        enabled: bool | None = None,
+        module: Any = None,
+    ) -> None:
         self.device = torch.device(device)
         self.num_branches = num_branches
         mod = module if module is not None else stream_module(self.device.type)
@@ -63,14 +69,16 @@ class AuxStreams:
         return self._mod is not None
 
     @contextlib.contextmanager
-    def branch(self, index: int, keep_alive: tuple = (), after: tuple[int, ...] = ()
-               ) -> Iterator[None]:
+    def branch(
+        self, index: int, keep_alive: tuple = (), after: tuple[int, ...] = ()
+    ) -> Iterator[None]:
         """Run the block on branch ``index``'s stream, after the work queued so far on the
         current stream and after what the branches in ``after`` queued since the last join."""
         for i in (index, *after):
             if not 0 <= i < self.num_branches:
-                raise IndexError(f"branch {i} out of range (this AuxStreams has "
-                                 f"{self.num_branches})")
+                raise IndexError(
+                    f"branch {i} out of range (this AuxStreams has {self.num_branches})"
+                )
         self._alive.extend(keep_alive)
         if self._mod is None:
             yield

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM's quantization extension point for DeepSeek V4 checkpoints as shipped: ``dsv4_hw_fp8``.
 
 Registered by the plugin (``engine.plugin.register``) with vLLM's ``register_quantization_config``.
@@ -26,8 +27,7 @@ QUANT_METHOD = "dsv4_hw_fp8"
 
 
 class DSV4HwQuantConfig(QuantizationConfig):
-    def __init__(self, scheme: WeightScheme = DENSE,
-                 out_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, scheme: WeightScheme = DENSE, out_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.scheme = scheme
         self.out_dtype = out_dtype
@@ -59,8 +59,10 @@ class DSV4HwQuantConfig(QuantizationConfig):
 
     @classmethod
     def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None) -> str | None:
-        if not isinstance(hf_quant_cfg, dict) or hf_quant_cfg.get("quant_method") not in \
-                QUANT_METHODS:
+        if (
+            not isinstance(hf_quant_cfg, dict)
+            or hf_quant_cfg.get("quant_method") not in QUANT_METHODS
+        ):
             return None
         if user_quant == QUANT_METHOD or getattr(hf_config, "model_type", None) == "deepseek_v4":
             return QUANT_METHOD
@@ -86,8 +88,9 @@ def model_quant_config(vllm_quant_config, scheme: WeightScheme) -> DSV4HwQuantCo
     if isinstance(vllm_quant_config, DSV4HwQuantConfig):
         got = vllm_quant_config.scheme
         if (got.linear, got.block) != (scheme.linear, scheme.block):
-            raise ValueError(f"quantization config {got} disagrees with the checkpoint's "
-                             f"config.json {scheme}")
+            raise ValueError(
+                f"quantization config {got} disagrees with the checkpoint's config.json {scheme}"
+            )
         return vllm_quant_config
     if vllm_quant_config is None:
         if scheme.fp8_linears:
@@ -96,4 +99,5 @@ def model_quant_config(vllm_quant_config, scheme: WeightScheme) -> DSV4HwQuantCo
     raise ValueError(
         f"DeepSeek V4 on vllm-dsv4-hw keeps the checkpoint's weights as shipped and does not "
         f"support --quantization {vllm_quant_config.get_name()}; drop the flag (FP8 checkpoints "
-        f"are served through {QUANT_METHOD} automatically)")
+        f"are served through {QUANT_METHOD} automatically)"
+    )

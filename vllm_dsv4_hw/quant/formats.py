@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Weight formats of the official DeepSeek V4 checkpoints: block FP8 linears and MXFP4 experts.
 
 * **FP8 linear** (``name.weight`` + ``name.scale``): the weight ``[N, K]`` is ``float8_e4m3fn``; the
@@ -56,8 +57,9 @@ def _pad_to(w: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return out
 
 
-def quantize_fp8_block(w: torch.Tensor,
-                       block: int = FP8_WEIGHT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_block(
+    w: torch.Tensor, block: int = FP8_WEIGHT_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``w [N, K]`` -> (``float8_e4m3fn [N, K]``, ``float8_e8m0fnu [ceil(N/b), ceil(K/b)]``)."""
     w = _check_matrix(w, "fp8 block quantization")
     n, k = w.shape
@@ -71,24 +73,28 @@ def quantize_fp8_block(w: torch.Tensor,
     return q, e8m0_from_exponent(e)
 
 
-def dequantize_fp8_block(q: torch.Tensor, scale: torch.Tensor,
-                         block: int = FP8_WEIGHT_BLOCK) -> torch.Tensor:
+def dequantize_fp8_block(
+    q: torch.Tensor, scale: torch.Tensor, block: int = FP8_WEIGHT_BLOCK
+) -> torch.Tensor:
     """Inverse of ``quantize_fp8_block``: float32 ``[N, K]``."""
     if q.dtype != torch.float8_e4m3fn or q.dim() != 2:
-        raise ValueError(f"fp8 weight must be a 2-D float8_e4m3fn tensor, got {q.dtype} "
-                         f"{tuple(q.shape)}")
+        raise ValueError(
+            f"fp8 weight must be a 2-D float8_e4m3fn tensor, got {q.dtype} {tuple(q.shape)}"
+        )
     n, k = q.shape
     want = (-(-n // block), -(-k // block))
     if tuple(scale.shape) != want:
-        raise ValueError(f"fp8 scale must be {want} for a {(n, k)} weight, "
-                         f"got {tuple(scale.shape)}")
+        raise ValueError(
+            f"fp8 scale must be {want} for a {(n, k)} weight, got {tuple(scale.shape)}"
+        )
     s = ue8m0_decode(scale)
     s = s.repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
     return q.float() * s
 
 
-def quantize_fp4_experts(w: torch.Tensor,
-                         block: int = FP4_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp4_experts(
+    w: torch.Tensor, block: int = FP4_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``w [N, K]`` (K a multiple of 32) -> (``int8 [N, K/2]``, ``float8_e8m0fnu [N, K/32]``)."""
     w = _check_matrix(w, "fp4 expert quantization")
     n, k = w.shape
@@ -101,17 +107,20 @@ def quantize_fp4_experts(w: torch.Tensor,
     return pack_nibbles(codes).view(torch.int8), e8m0_from_exponent(e)
 
 
-def dequantize_fp4_experts(packed: torch.Tensor, scale: torch.Tensor,
-                           block: int = FP4_BLOCK) -> torch.Tensor:
+def dequantize_fp4_experts(
+    packed: torch.Tensor, scale: torch.Tensor, block: int = FP4_BLOCK
+) -> torch.Tensor:
     """Inverse of ``quantize_fp4_experts``: float32 ``[N, K]``."""
     if packed.dim() != 2 or packed.dtype not in (torch.int8, torch.uint8):
-        raise ValueError(f"fp4 weight must be a 2-D int8/uint8 tensor, got {packed.dtype} "
-                         f"{tuple(packed.shape)}")
+        raise ValueError(
+            f"fp4 weight must be a 2-D int8/uint8 tensor, got {packed.dtype} {tuple(packed.shape)}"
+        )
     n, half = packed.shape
     k = 2 * half
     if tuple(scale.shape) != (n, k // block):
-        raise ValueError(f"fp4 scale must be {(n, k // block)} for a {(n, k)} weight, "
-                         f"got {tuple(scale.shape)}")
+        raise ValueError(
+            f"fp4 scale must be {(n, k // block)} for a {(n, k)} weight, got {tuple(scale.shape)}"
+        )
     vals = e2m1_decode(unpack_nibbles(packed.view(torch.uint8))).reshape(n, k // block, block)
     return (vals * ue8m0_decode(scale).unsqueeze(-1)).reshape(n, k)
 

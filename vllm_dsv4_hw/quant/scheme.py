@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which weight formats a checkpoint ships, read once from its config.json (no vLLM here).
 
 * ``quantization_config`` with ``quant_method`` ``fp8`` (the official V4 config; also vLLM's
@@ -23,9 +24,9 @@ class WeightSchemeError(ValueError):
 
 @dataclass(frozen=True)
 class WeightScheme:
-    linear: str = "dense"                 # "fp8" | "dense"
-    block: tuple[int, int] = (128, 128)   # FP8 scale block (rows, cols) of a linear weight
-    experts: str = "dense"                # "fp4" | "dense"
+    linear: str = "dense"  # "fp8" | "dense"
+    block: tuple[int, int] = (128, 128)  # FP8 scale block (rows, cols) of a linear weight
+    experts: str = "dense"  # "fp4" | "dense"
 
     @property
     def fp8_linears(self) -> bool:
@@ -44,37 +45,48 @@ class WeightScheme:
                 raise WeightSchemeError(
                     f"{name}: expert_dtype={expert_dtype!r} without a quantization_config; an FP4 "
                     f"checkpoint declares both (quantization_config.quant_method 'fp8' and "
-                    f"expert_dtype 'fp4'), a bf16 one neither")
+                    f"expert_dtype 'fp4'), a bf16 one neither"
+                )
             return cls()
         if not isinstance(q, dict):
-            raise WeightSchemeError(f"{name}: quantization_config must be an object, got "
-                                    f"{type(q).__name__}")
+            raise WeightSchemeError(
+                f"{name}: quantization_config must be an object, got {type(q).__name__}"
+            )
         method = q.get("quant_method")
         if method not in QUANT_METHODS:
             raise WeightSchemeError(
                 f"{name}: quantization_config.quant_method={method!r} is not supported for "
                 f"DeepSeek V4 by vllm-dsv4-hw; supported: {', '.join(QUANT_METHODS)} (FP8 "
-                f"block weights as the official checkpoints ship them) or no quantization_config")
+                f"block weights as the official checkpoints ship them) or no quantization_config"
+            )
         fmt = q.get("fmt", "e4m3")
         if fmt != "e4m3":
-            raise WeightSchemeError(f"{name}: quantization_config.fmt={fmt!r}; only 'e4m3' FP8 "
-                                    f"weights are supported")
+            raise WeightSchemeError(
+                f"{name}: quantization_config.fmt={fmt!r}; only 'e4m3' FP8 weights are supported"
+            )
         scale_fmt = q.get("scale_fmt", "ue8m0")
         if scale_fmt != "ue8m0":
-            raise WeightSchemeError(f"{name}: quantization_config.scale_fmt={scale_fmt!r}; only "
-                                    f"'ue8m0' (power-of-two) block scales are supported")
+            raise WeightSchemeError(
+                f"{name}: quantization_config.scale_fmt={scale_fmt!r}; only "
+                f"'ue8m0' (power-of-two) block scales are supported"
+            )
         block = q.get("weight_block_size", [128, 128])
-        if (not isinstance(block, (list, tuple)) or len(block) != 2
-                or tuple(int(b) for b in block) not in SUPPORTED_BLOCKS):
+        if (
+            not isinstance(block, (list, tuple))
+            or len(block) != 2
+            or tuple(int(b) for b in block) not in SUPPORTED_BLOCKS
+        ):
             raise WeightSchemeError(
                 f"{name}: quantization_config.weight_block_size={block!r} is not supported; "
-                f"supported: {', '.join(f'[{a}, {b}]' for a, b in SUPPORTED_BLOCKS)}")
+                f"supported: {', '.join(f'[{a}, {b}]' for a, b in SUPPORTED_BLOCKS)}"
+            )
         if expert_dtype in (None, "fp4"):
             experts = "fp4"
         else:
             raise WeightSchemeError(
                 f"{name}: expert_dtype={expert_dtype!r} is not supported by vllm-dsv4-hw; "
-                f"supported: 'fp4' (MXFP4 routed experts, as DeepSeek-V4-Flash / -Pro ship them)")
+                f"supported: 'fp4' (MXFP4 routed experts, as DeepSeek-V4-Flash / -Pro ship them)"
+            )
         return cls(linear="fp8", block=(int(block[0]), int(block[1])), experts=experts)
 
 

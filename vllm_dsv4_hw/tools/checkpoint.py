@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A DeepSeek V4 checkpoint the project makes itself: official layout, tiny sizes, random weights.
 
 ``make_checkpoint(out_dir, preset, dtype, seed)`` writes a directory that loads like the official
@@ -70,14 +71,15 @@ from vllm_dsv4_hw.tools.checkpoint_layout import (  # noqa: F401  (the generator
 
 logger = logging.getLogger(__name__)
 
+
 # -- weights ----------------------------------------------------------------------------------------
 def _generator(seed: int, name: str, device="cpu") -> torch.Generator:
     return torch.Generator(device=device).manual_seed(
-        (seed * 0x9E3779B1 + zlib.crc32(name.encode())) % (1 << 63))
+        (seed * 0x9E3779B1 + zlib.crc32(name.encode())) % (1 << 63)
+    )
 
 
-def _init_tensor(spec: TensorSpec, seed: int, special_ids: list[int],
-                 device="cpu") -> torch.Tensor:
+def _init_tensor(spec: TensorSpec, seed: int, special_ids: list[int], device="cpu") -> torch.Tensor:
     """The fp32 (or int64) master values of one tensor, deterministic in (seed, name, device)."""
     g = _generator(seed, spec.name, device)
     how = spec.init[0]
@@ -102,16 +104,18 @@ def _init_tensor(spec: TensorSpec, seed: int, special_ids: list[int],
     raise AssertionError(f"unknown init {spec.init!r} for {spec.name}")
 
 
-def random_tensors(specs: list[TensorSpec], dtype: str, seed: int,
-                   device="cpu") -> Iterator[tuple[str, torch.Tensor]]:
+def random_tensors(
+    specs: list[TensorSpec], dtype: str, seed: int, device="cpu"
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(official name, stored tensor) of ``specs`` generated and encoded on ``device`` (e.g. the
     layers of a real-size model for a benchmark, loaded through the product's loader)."""
     for spec in specs:
         yield from encode_tensor(spec, _init_tensor(spec, seed, [], device), dtype).items()
 
 
-def master_weights(cfg: dict, seed: int,
-                   include_mtp: bool = True) -> Iterator[tuple[TensorSpec, torch.Tensor]]:
+def master_weights(
+    cfg: dict, seed: int, include_mtp: bool = True
+) -> Iterator[tuple[TensorSpec, torch.Tensor]]:
     """(spec, fp32 master values) for every logical tensor, before any quantization."""
     special = tokenizer_gen.special_token_ids(cfg["vocab_size"])
     for spec in tensor_specs(cfg, include_mtp):
@@ -138,8 +142,9 @@ def encode_tensor(spec: TensorSpec, master: torch.Tensor, dtype: str) -> dict[st
     return {spec.name: master.to(torch.int64)}
 
 
-def checkpoint_tensors(cfg: dict, dtype: str, seed: int,
-                       include_mtp: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_tensors(
+    cfg: dict, dtype: str, seed: int, include_mtp: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(official name, on-disk tensor) of a checkpoint, in order."""
     for spec, master in master_weights(cfg, seed, include_mtp):
         yield from encode_tensor(spec, master, dtype).items()
@@ -152,19 +157,26 @@ class CheckpointSummary:
     preset: str
     dtype: str
     seed: int
-    num_params: int        # logical parameters (elements), including the MTP layer
-    num_params_main: int   # without the MTP layer
-    num_tensors: int       # on-disk tensors (weights + scales)
-    size_bytes: int        # bytes of all files written
+    num_params: int  # logical parameters (elements), including the MTP layer
+    num_params_main: int  # without the MTP layer
+    num_tensors: int  # on-disk tensors (weights + scales)
+    size_bytes: int  # bytes of all files written
     files: list[str]
     seconds: float
 
     def as_dict(self) -> dict:
-        return {"path": str(self.path), "preset": self.preset, "dtype": self.dtype,
-                "seed": self.seed, "num_params": self.num_params,
-                "num_params_main": self.num_params_main, "num_tensors": self.num_tensors,
-                "size_bytes": self.size_bytes, "files": self.files,
-                "seconds": round(self.seconds, 3)}
+        return {
+            "path": str(self.path),
+            "preset": self.preset,
+            "dtype": self.dtype,
+            "seed": self.seed,
+            "num_params": self.num_params,
+            "num_params_main": self.num_params_main,
+            "num_tensors": self.num_tensors,
+            "size_bytes": self.size_bytes,
+            "files": self.files,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def _check_seed(seed) -> int:
@@ -189,10 +201,16 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
         raise CheckpointError(f"{parent} is not writable")
 
 
-def make_checkpoint(out_dir: str | os.PathLike, preset: str = "tiny-flash", dtype: str = "fp8",
-                    seed: int = 0, *, overwrite: bool = False,
-                    shard_bytes: int = DEFAULT_SHARD_BYTES,
-                    progress: Callable[[str], None] | None = None) -> CheckpointSummary:
+def make_checkpoint(
+    out_dir: str | os.PathLike,
+    preset: str = "tiny-flash",
+    dtype: str = "fp8",
+    seed: int = 0,
+    *,
+    overwrite: bool = False,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: Callable[[str], None] | None = None,
+) -> CheckpointSummary:
     """Write a checkpoint directory (see the module docstring); returns what was written.
 
     The directory is built next to ``out_dir`` and renamed into place at the end, so an
@@ -225,25 +243,39 @@ def make_checkpoint(out_dir: str | os.PathLike, preset: str = "tiny-flash", dtyp
         torch.set_num_threads(threads)
     summary.path = out
     summary.seconds = time.monotonic() - t0
-    say(f"wrote {out} ({summary.size_bytes / 2**20:.1f} MiB, {summary.num_params / 1e6:.2f}M params, "
-        f"{summary.seconds:.1f} s)")
+    say(
+        f"wrote {out} ({summary.size_bytes / 2**20:.1f} MiB, {summary.num_params / 1e6:.2f}M params, "
+        f"{summary.seconds:.1f} s)"
+    )
     return summary
 
 
-def _write(tmp: Path, cfg: dict, preset: str, dtype: str, seed: int, shard_bytes: int,
-           say: Callable[[str], None]) -> CheckpointSummary:
+def _write(
+    tmp: Path,
+    cfg: dict,
+    preset: str,
+    dtype: str,
+    seed: int,
+    shard_bytes: int,
+    say: Callable[[str], None],
+) -> CheckpointSummary:
     from safetensors.torch import save_file
 
-    say(f"{preset} ({dtype}, seed {seed}): {cfg['num_hidden_layers']} layers, ratios "
-        f"{cfg['compress_ratios']}, hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']}")
+    say(
+        f"{preset} ({dtype}, seed {seed}): {cfg['num_hidden_layers']} layers, ratios "
+        f"{cfg['compress_ratios']}, hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']}"
+    )
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     say("training the tokenizer")
     files = ["config.json"]
     files += tokenizer_gen.write_tokenizer(tmp, cfg["vocab_size"], cfg["max_position_embeddings"])
     # No sampling defaults: vLLM would apply them to every request that does not set its own.
-    (tmp / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]},
-        indent=2) + "\n")
+    (tmp / "generation_config.json").write_text(
+        json.dumps(
+            {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}, indent=2
+        )
+        + "\n"
+    )
     files.append("generation_config.json")
 
     # Generate and group into shards of about shard_bytes, in checkpoint order.
@@ -279,22 +311,40 @@ def _write(tmp: Path, cfg: dict, preset: str, dtype: str, seed: int, shard_bytes
         for name, t in shard.items():
             weight_map[name] = fname
             total += t.numel() * t.element_size()
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    (tmp / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+    )
     files.append("model.safetensors.index.json")
     from vllm_dsv4_hw import __version__
-    info = {"generator": GENERATOR, "generator_version": __version__,
-            "format_version": FORMAT_VERSION,
-            "preset": preset, "dtype": dtype, "seed": seed, "num_params": num_params,
-            "num_params_main": num_params_main, "num_tensors": len(weight_map),
-            "mtp_included": True,
-            "note": "random weights; the bf16 and fp8 checkpoints of one seed hold the same values"}
+
+    info = {
+        "generator": GENERATOR,
+        "generator_version": __version__,
+        "format_version": FORMAT_VERSION,
+        "preset": preset,
+        "dtype": dtype,
+        "seed": seed,
+        "num_params": num_params,
+        "num_params_main": num_params_main,
+        "num_tensors": len(weight_map),
+        "mtp_included": True,
+        "note": "random weights; the bf16 and fp8 checkpoints of one seed hold the same values",
+    }
     (tmp / "checkpoint_info.json").write_text(json.dumps(info, indent=2) + "\n")
     files.append("checkpoint_info.json")
     size_bytes = sum((tmp / f).stat().st_size for f in files)
-    return CheckpointSummary(path=tmp, preset=preset, dtype=dtype, seed=seed, num_params=num_params,
-                             num_params_main=num_params_main, num_tensors=len(weight_map),
-                             size_bytes=size_bytes, files=files, seconds=0.0)
+    return CheckpointSummary(
+        path=tmp,
+        preset=preset,
+        dtype=dtype,
+        seed=seed,
+        num_params=num_params,
+        num_params_main=num_params_main,
+        num_tensors=len(weight_map),
+        size_bytes=size_bytes,
+        files=files,
+        seconds=0.0,
+    )
 
 
 def read_checkpoint_info(path: str | os.PathLike) -> dict | None:

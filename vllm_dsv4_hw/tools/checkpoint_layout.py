@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The generated tiny checkpoints: presets and their config.json (official field names). The
 tensor layout itself is the model's (``model/layout.py``, re-exported here for the generator)."""
 
@@ -150,7 +151,8 @@ def _check_geometry(cfg: dict) -> None:
     for key in ("hidden_size", "q_lora_rank", "moe_intermediate_size", "o_lora_rank"):
         if cfg[key] % FP8_WEIGHT_BLOCK:
             raise CheckpointError(
-                f"{key}={cfg[key]} must be a multiple of {FP8_WEIGHT_BLOCK} (fp8 blocks)")
+                f"{key}={cfg[key]} must be a multiple of {FP8_WEIGHT_BLOCK} (fp8 blocks)"
+            )
 
 
 # -- the official tensor layout ---------------------------------------------------------------------

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The README's settings tables, generated from ``envs.py`` (one source for every setting).
 
     python -m vllm_dsv4_hw.tools.settings_table --write README.md
@@ -26,9 +27,18 @@ def _rows(variables) -> list[str]:
 
 def tables() -> str:
     """The user settings, then the developer-only switches, as markdown."""
-    return "\n".join(["What a user sets:", "", *_rows(envs.USER_VARS), "",
-                      "Developer-only switches (A/B and debugging levers whose defaults are what "
-                      "a user wants):", "", *_rows(envs.DEVELOPER_VARS)])
+    return "\n".join(
+        [
+            "What a user sets:",
+            "",
+            *_rows(envs.USER_VARS),
+            "",
+            "Developer-only switches (A/B and debugging levers whose defaults are what "
+            "a user wants):",
+            "",
+            *_rows(envs.DEVELOPER_VARS),
+        ]
+    )
 
 
 def rewrite(text: str) -> str:

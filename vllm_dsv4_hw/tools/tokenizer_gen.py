@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An offline tokenizer for the generated checkpoints: byte-level BPE trained on built-in text.
 
 No tokenizer can be downloaded here, so the checkpoint generator trains one with the ``tokenizers``
@@ -180,8 +181,10 @@ def build_tokenizer(vocab_size: int):
 
     target = _bpe_vocab_target(vocab_size)
     if target < len(SPECIAL_TOKENS) + 256 + 1:
-        raise ValueError(f"vocab_size {vocab_size} is too small for a byte-level BPE tokenizer "
-                         f"(need at least {len(SPECIAL_TOKENS) + 257 + N_PLACEHOLDERS})")
+        raise ValueError(
+            f"vocab_size {vocab_size} is too small for a byte-level BPE tokenizer "
+            f"(need at least {len(SPECIAL_TOKENS) + 257 + N_PLACEHOLDERS})"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -197,14 +200,18 @@ def build_tokenizer(vocab_size: int):
     tok.train_from_iterator(lines * 3, trainer=trainer)
     learned = tok.get_vocab_size()
     if learned != target:
-        raise RuntimeError(f"the built-in text yields {learned} BPE tokens, not the {target} that "
-                           f"vocab_size {vocab_size} needs; use a smaller vocab_size")
-    tok.add_special_tokens([AddedToken(placeholder_token(i), special=True, normalized=False)
-                            for i in range(N_PLACEHOLDERS)])
+        raise RuntimeError(
+            f"the built-in text yields {learned} BPE tokens, not the {target} that "
+            f"vocab_size {vocab_size} needs; use a smaller vocab_size"
+        )
+    tok.add_special_tokens(
+        [
+            AddedToken(placeholder_token(i), special=True, normalized=False)
+            for i in range(N_PLACEHOLDERS)
+        ]
+    )
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A",
-        pair=f"{BOS} $A {BOS} $B",
-        special_tokens=[(BOS, BOS_ID)],
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, BOS_ID)]
     )
     if tok.get_vocab_size() != vocab_size:
         raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, expected {vocab_size}")
@@ -229,8 +236,14 @@ def special_token_ids(vocab_size: int) -> list[int]:
 def tokenizer_config(model_max_length: int) -> dict:
     added = {}
     for i, t in enumerate(SPECIAL_TOKENS):
-        added[str(i)] = {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                         "single_word": False, "special": t not in VISIBLE_ADDED}
+        added[str(i)] = {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": t not in VISIBLE_ADDED,
+        }
     return {
         "add_bos_token": True,
         "add_eos_token": False,
@@ -253,7 +266,12 @@ def write_tokenizer(out_dir: str | Path, vocab_size: int, model_max_length: int)
     tok = build_tokenizer(vocab_size)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config(model_max_length), indent=2, ensure_ascii=False) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2, ensure_ascii=False) + "\n")
+        json.dumps(tokenizer_config(model_max_length), indent=2, ensure_ascii=False) + "\n"
+    )
+    (out / "special_tokens_map.json").write_text(
+        json.dumps(
+            {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2, ensure_ascii=False
+        )
+        + "\n"
+    )
     return ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]

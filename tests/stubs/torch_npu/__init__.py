@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A CPU stand-in for ``torch_npu``, for tests only.
 
 Importable only while ``tests/stubs`` is on ``sys.path`` (``tests/conftest.py`` puts it there for

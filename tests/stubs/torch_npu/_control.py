@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Test controls of the stub: device visibility, call counts, failure injection.
 
 Not part of torch_npu's API: tests reach it as ``torch_npu._control`` (``tests/npu/conftest.py``
@@ -22,8 +23,9 @@ calls: collections.Counter = collections.Counter()
 _failures: dict[str, list] = {}
 
 
-def fail(name: str, exc: BaseException | Callable[[], BaseException],
-         times: int | None = None) -> None:
+def fail(
+    name: str, exc: BaseException | Callable[[], BaseException], times: int | None = None
+) -> None:
     """Make operator ``name`` raise ``exc`` on its next ``times`` calls (None: every call)."""
     _failures[name] = [exc, times]
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A CPU stand-in for the vllm-ascend custom operators the npu backend may call, for tests only.
 
 vllm-ascend compiles its operators into ``torch.ops._C_ascend``; the npu backend looks them up only
@@ -38,8 +39,10 @@ _LOCK = threading.Lock()
 # name -> (schema, implementation); the schemas state vllm-ascend's signatures in our spelling
 OPERATORS = {
     "npu_sparse_attn_sharedkv": (_sas.SCHEMA, _sas.npu_sparse_attn_sharedkv),
-    "npu_sparse_attn_sharedkv_metadata": (_sas.METADATA_SCHEMA,
-                                          _sas.npu_sparse_attn_sharedkv_metadata),
+    "npu_sparse_attn_sharedkv_metadata": (
+        _sas.METADATA_SCHEMA,
+        _sas.npu_sparse_attn_sharedkv_metadata,
+    ),
     "npu_scatter_nd_update_v2": (_scatter.SCHEMA, _scatter.npu_scatter_nd_update_v2),
     "inplace_partial_rotary_mul": (_rotary.SCHEMA, _rotary.inplace_partial_rotary_mul),
 }

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared helpers of the vllm-ascend operator stubs: constraint checks and call counting."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``torch.ops._C_ascend.inplace_partial_rotary_mul(x, r1, r2, rotary_mode, partial_slice)``.
 
 Read from vllm-ascend ``csrc/torch_binding.cpp`` (``inplace_partial_rotary_mul_npu``) and its call
@@ -18,8 +19,9 @@ SCHEMA = "(Tensor(a!) x, Tensor r1, Tensor r2, str rotary_mode, int[] partial_sl
 _MODES = ("half", "interleave", "quarter", "interleave-half")
 
 
-def inplace_partial_rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
-                               rotary_mode: str, partial_slice: list[int]) -> None:
+def inplace_partial_rotary_mul(
+    x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_mode: str, partial_slice: list[int]
+) -> None:
     op = "inplace_partial_rotary_mul"
     called(op)
     if rotary_mode not in _MODES:
@@ -29,8 +31,11 @@ def inplace_partial_rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tens
     need(len(partial_slice) == 2, op, "partial_slice must be [lo, hi]")
     lo, hi = int(partial_slice[0]), int(partial_slice[1])
     need(0 <= lo < hi <= x.shape[-1], op, f"partial_slice {partial_slice} outside [0, D]")
-    need(r1.shape == r2.shape and r1.shape[-1] == hi - lo and r1.dim() == 4, op,
-         f"r1 / r2 must be 4-D [..., {hi - lo}], got {tuple(r1.shape)} / {tuple(r2.shape)}")
+    need(
+        r1.shape == r2.shape and r1.shape[-1] == hi - lo and r1.dim() == 4,
+        op,
+        f"r1 / r2 must be 4-D [..., {hi - lo}], got {tuple(r1.shape)} / {tuple(r2.shape)}",
+    )
     part = x[..., lo:hi].float()
     if rotary_mode == "interleave":
         rot = torch.stack((-part[..., 1::2], part[..., ::2]), dim=-1).flatten(-2)

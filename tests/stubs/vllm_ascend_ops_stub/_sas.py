@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``torch.ops._C_ascend.npu_sparse_attn_sharedkv`` and its ``_metadata`` companion, in PyTorch.
 
 Read from vllm-ascend ``csrc/attention/sparse_attn_sharedkv/README.md`` (parameters, constraints),
@@ -36,7 +37,8 @@ SCHEMA = (
     "Tensor? seqused_q=None, Tensor? seqused_kv=None, Tensor? sinks=None, Tensor? metadata=None, "
     "float softmax_scale=0, int cmp_ratio=0, int ori_mask_mode=4, int cmp_mask_mode=3, "
     "int ori_win_left=128, int ori_win_right=0, str layout_q=\"BSND\", str layout_kv=\"PA_ND\", "
-    "bool return_softmax_lse=False) -> (Tensor out, Tensor softmax_lse)")
+    "bool return_softmax_lse=False) -> (Tensor out, Tensor softmax_lse)"
+)
 
 METADATA_SCHEMA = (
     "(int num_heads_q, int num_heads_kv, int head_dim, Tensor? cu_seqlens_q=None, "
@@ -44,7 +46,8 @@ METADATA_SCHEMA = (
     "Tensor? seqused_kv=None, int batch_size=0, int max_seqlen_q=0, int max_seqlen_kv=0, "
     "int ori_topk=0, int cmp_topk=0, int cmp_ratio=4, int ori_mask_mode=4, int cmp_mask_mode=3, "
     "int ori_win_left=128, int ori_win_right=0, str layout_q=\"BSND\", str layout_kv=\"PA_ND\", "
-    "bool has_ori_kv=True, bool has_cmp_kv=True, str device=\"npu\") -> Tensor metadata")
+    "bool has_ori_kv=True, bool has_cmp_kv=True, str device=\"npu\") -> Tensor metadata"
+)
 
 N1 = 64
 K2 = 512
@@ -53,14 +56,31 @@ _MAGIC = 0x5A5
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def npu_sparse_attn_sharedkv_metadata(num_heads_q, num_heads_kv, head_dim, cu_seqlens_q=None,
-                                      cu_seqlens_ori_kv=None, cu_seqlens_cmp_kv=None,
-                                      seqused_q=None, seqused_kv=None, batch_size=0,
-                                      max_seqlen_q=0, max_seqlen_kv=0, ori_topk=0, cmp_topk=0,
-                                      cmp_ratio=4, ori_mask_mode=4, cmp_mask_mode=3,
-                                      ori_win_left=128, ori_win_right=0, layout_q="BSND",
-                                      layout_kv="PA_ND", has_ori_kv=True, has_cmp_kv=True,
-                                      device="npu"):
+def npu_sparse_attn_sharedkv_metadata(
+    num_heads_q,
+    num_heads_kv,
+    head_dim,
+    cu_seqlens_q=None,
+    cu_seqlens_ori_kv=None,
+    cu_seqlens_cmp_kv=None,
+    seqused_q=None,
+    seqused_kv=None,
+    batch_size=0,
+    max_seqlen_q=0,
+    max_seqlen_kv=0,
+    ori_topk=0,
+    cmp_topk=0,
+    cmp_ratio=4,
+    ori_mask_mode=4,
+    cmp_mask_mode=3,
+    ori_win_left=128,
+    ori_win_right=0,
+    layout_q="BSND",
+    layout_kv="PA_ND",
+    has_ori_kv=True,
+    has_cmp_kv=True,
+    device="npu",
+):
     """The split plan [1024] int32 the attention op needs. The real one is an AI-CPU operator whose
     content is private to the kernel; the stub records the parameters it was built for, so that
     the attention op can refuse a plan built for another call."""
@@ -68,9 +88,21 @@ def npu_sparse_attn_sharedkv_metadata(num_heads_q, num_heads_kv, head_dim, cu_se
     called(op)
     need(has_ori_kv, op, "has_ori_kv must be True (ori_kv is required)")
     out = torch.zeros(METADATA_SIZE, dtype=torch.int32)
-    out[:10] = torch.tensor([_MAGIC, num_heads_q, num_heads_kv, head_dim, batch_size, cmp_topk,
-                             cmp_ratio if has_cmp_kv else 0, int(has_cmp_kv), ori_win_left,
-                             max_seqlen_kv], dtype=torch.int32)
+    out[:10] = torch.tensor(
+        [
+            _MAGIC,
+            num_heads_q,
+            num_heads_kv,
+            head_dim,
+            batch_size,
+            cmp_topk,
+            cmp_ratio if has_cmp_kv else 0,
+            int(has_cmp_kv),
+            ori_win_left,
+            max_seqlen_kv,
+        ],
+        dtype=torch.int32,
+    )
     return out
 
 
@@ -78,38 +110,68 @@ def _paged(kv, bt, b, idx, bs, op, name):
     blocks = idx // bs
     need(bool((blocks < bt.shape[1]).all()), op, f"{name}_block_table has too few columns")
     pages = bt[b, blocks].long()
-    need(bool(((pages >= 0) & (pages < kv.shape[0])).all()), op,
-         f"{name}_block_table points outside {name}_kv")
+    need(
+        bool(((pages >= 0) & (pages < kv.shape[0])).all()),
+        op,
+        f"{name}_block_table points outside {name}_kv",
+    )
     return kv[pages, idx % bs, 0].float()
 
 
 def _check_kv(kv, q, op, name):
-    need(kv.dim() == 4, op, f"{name}_kv must be PA_ND [blocks, block_size, 1, D], got "
-                            f"{tuple(kv.shape)}")
+    need(
+        kv.dim() == 4,
+        op,
+        f"{name}_kv must be PA_ND [blocks, block_size, 1, D], got {tuple(kv.shape)}",
+    )
     need(kv.dtype == q.dtype, op, f"{name}_kv dtype {kv.dtype} != q dtype {q.dtype}")
     need(kv.shape[2] == 1, op, f"{name}_kv KV_N must be 1, got {kv.shape[2]}")
     need(kv.shape[3] == q.shape[2], op, f"{name}_kv D {kv.shape[3]} != q D {q.shape[2]}")
     bs = kv.shape[1]
-    need(bs % 16 == 0 and 0 < bs <= 1024, op,
-         f"{name} block_size must be a multiple of 16 up to 1024, got {bs}")
+    need(
+        bs % 16 == 0 and 0 < bs <= 1024,
+        op,
+        f"{name} block_size must be a multiple of 16 up to 1024, got {bs}",
+    )
     need(kv.numel() > 0, op, f"{name}_kv must not be empty")
     return bs
 
 
 def _check_int32(t, op, name, dim):
     need(t is not None, op, f"{name} is required here")
-    need(t.dtype == torch.int32 and t.dim() == dim, op,
-         f"{name} must be int32 with {dim} dims, got {t.dtype} {tuple(t.shape)}")
+    need(
+        t.dtype == torch.int32 and t.dim() == dim,
+        op,
+        f"{name} must be int32 with {dim} dims, got {t.dtype} {tuple(t.shape)}",
+    )
     need(t.numel() > 0, op, f"{name} must not be empty")
 
 
-def npu_sparse_attn_sharedkv(q, ori_kv=None, cmp_kv=None, ori_sparse_indices=None,
-                             cmp_sparse_indices=None, ori_block_table=None, cmp_block_table=None,
-                             cu_seqlens_q=None, cu_seqlens_ori_kv=None, cu_seqlens_cmp_kv=None,
-                             seqused_q=None, seqused_kv=None, sinks=None, metadata=None,
-                             softmax_scale=0.0, cmp_ratio=0, ori_mask_mode=4, cmp_mask_mode=3,
-                             ori_win_left=128, ori_win_right=0, layout_q="BSND",
-                             layout_kv="PA_ND", return_softmax_lse=False):
+def npu_sparse_attn_sharedkv(
+    q,
+    ori_kv=None,
+    cmp_kv=None,
+    ori_sparse_indices=None,
+    cmp_sparse_indices=None,
+    ori_block_table=None,
+    cmp_block_table=None,
+    cu_seqlens_q=None,
+    cu_seqlens_ori_kv=None,
+    cu_seqlens_cmp_kv=None,
+    seqused_q=None,
+    seqused_kv=None,
+    sinks=None,
+    metadata=None,
+    softmax_scale=0.0,
+    cmp_ratio=0,
+    ori_mask_mode=4,
+    cmp_mask_mode=3,
+    ori_win_left=128,
+    ori_win_right=0,
+    layout_q="BSND",
+    layout_kv="PA_ND",
+    return_softmax_lse=False,
+):
     op = "npu_sparse_attn_sharedkv"
     called(op)
     need(layout_q == "TND", op, f"the stub models layout_q TND only, got {layout_q!r}")
@@ -118,11 +180,17 @@ def npu_sparse_attn_sharedkv(q, ori_kv=None, cmp_kv=None, ori_sparse_indices=Non
     need(q.dim() == 3 and q.shape[1] == N1, op, f"q must be TND [T, 64, D], got {tuple(q.shape)}")
     need(q.numel() > 0, op, "q must not be empty")
     need(ori_kv is not None, op, "ori_kv is required")
-    need(ori_sparse_indices is None, op, "ori_sparse_indices is documented as ineffective; the "
-                                         "stub refuses it")
+    need(
+        ori_sparse_indices is None,
+        op,
+        "ori_sparse_indices is documented as ineffective; the stub refuses it",
+    )
     need(ori_mask_mode == 4 and cmp_mask_mode == 3, op, "ori_mask_mode must be 4, cmp_mask_mode 3")
-    need(ori_win_left == 127 and ori_win_right == 0, op,
-         f"ori_win_left must be 127 and ori_win_right 0, got {ori_win_left} / {ori_win_right}")
+    need(
+        ori_win_left == 127 and ori_win_right == 0,
+        op,
+        f"ori_win_left must be 127 and ori_win_right 0, got {ori_win_left} / {ori_win_right}",
+    )
     need(not return_softmax_lse, op, "return_softmax_lse supports False only")
     obs = _check_kv(ori_kv, q, op, "ori")
     _check_int32(ori_block_table, op, "ori_block_table", 2)
@@ -130,15 +198,27 @@ def npu_sparse_attn_sharedkv(q, ori_kv=None, cmp_kv=None, ori_sparse_indices=Non
     _check_int32(seqused_kv, op, "seqused_kv", 1)
     cu = cu_seqlens_q.long()
     nb = cu.numel() - 1
-    need(int(cu[0]) == 0 and bool((cu[1:] >= cu[:-1]).all()) and int(cu[-1]) == q.shape[0], op,
-         "cu_seqlens_q must be prefix sums from 0 to T")
-    need(seqused_kv.numel() == nb and ori_block_table.shape[0] == nb, op,
-         "seqused_kv and ori_block_table need one row per batch")
-    need(sinks is not None and sinks.dtype == torch.float32 and tuple(sinks.shape) == (N1,), op,
-         "sinks (float32 [N1]) must be provided")
+    need(
+        int(cu[0]) == 0 and bool((cu[1:] >= cu[:-1]).all()) and int(cu[-1]) == q.shape[0],
+        op,
+        "cu_seqlens_q must be prefix sums from 0 to T",
+    )
+    need(
+        seqused_kv.numel() == nb and ori_block_table.shape[0] == nb,
+        op,
+        "seqused_kv and ori_block_table need one row per batch",
+    )
+    need(
+        sinks is not None and sinks.dtype == torch.float32 and tuple(sinks.shape) == (N1,),
+        op,
+        "sinks (float32 [N1]) must be provided",
+    )
     has_cmp = cmp_kv is not None
-    need(cmp_sparse_indices is None or has_cmp, op,
-         "when cmp_sparse_indices is given, cmp_kv cannot be None")
+    need(
+        cmp_sparse_indices is None or has_cmp,
+        op,
+        "when cmp_sparse_indices is given, cmp_kv cannot be None",
+    )
     cbs = 0
     if has_cmp:
         need(cmp_ratio in (4, 128), op, f"cmp_ratio supports 4 or 128, got {cmp_ratio}")
@@ -147,17 +227,30 @@ def npu_sparse_attn_sharedkv(q, ori_kv=None, cmp_kv=None, ori_sparse_indices=Non
         need(cmp_block_table.shape[0] == nb, op, "cmp_block_table needs one row per batch")
         if cmp_sparse_indices is not None:
             _check_int32(cmp_sparse_indices, op, "cmp_sparse_indices", 3)
-            need(tuple(cmp_sparse_indices.shape) == (q.shape[0], 1, K2), op,
-                 f"cmp_sparse_indices must be [T, 1, {K2}], got {tuple(cmp_sparse_indices.shape)}")
-    need(metadata is not None and metadata.dtype == torch.int32
-         and tuple(metadata.shape) == (METADATA_SIZE,), op,
-         "metadata (int32 [1024], from npu_sparse_attn_sharedkv_metadata) must be provided")
+            need(
+                tuple(cmp_sparse_indices.shape) == (q.shape[0], 1, K2),
+                op,
+                f"cmp_sparse_indices must be [T, 1, {K2}], got {tuple(cmp_sparse_indices.shape)}",
+            )
+    need(
+        metadata is not None
+        and metadata.dtype == torch.int32
+        and tuple(metadata.shape) == (METADATA_SIZE,),
+        op,
+        "metadata (int32 [1024], from npu_sparse_attn_sharedkv_metadata) must be provided",
+    )
     topk = K2 if cmp_sparse_indices is not None else 0
     plan = [_MAGIC, N1, 1, q.shape[2], nb, topk, cmp_ratio if has_cmp else 0, int(has_cmp), 127]
-    need(metadata[:9].tolist() == plan, op, f"metadata was built for another call "
-                                           f"({metadata[:9].tolist()} vs {plan})")
-    need(int(seqused_kv.max()) <= int(metadata[9]), op, "seqused_kv exceeds the metadata's "
-                                                        "max_seqlen_kv")
+    need(
+        metadata[:9].tolist() == plan,
+        op,
+        f"metadata was built for another call ({metadata[:9].tolist()} vs {plan})",
+    )
+    need(
+        int(seqused_kv.max()) <= int(metadata[9]),
+        op,
+        "seqused_kv exceeds the metadata's max_seqlen_kv",
+    )
 
     out = torch.zeros(q.shape, dtype=torch.float32)
     sink = sinks.float()

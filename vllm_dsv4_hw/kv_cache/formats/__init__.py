@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cache entry formats: fp8_ds_mla and bf16 main entries; mxfp4, fp8 and bf16 indexer keys.
 
 ``make_format(name, kind, entries_per_page)`` builds one from its user-facing name:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The entry-format contract shared by every cache kind.
 
 A paged cache is a uint8 tensor ``[num_pages, page_bytes]``. Inside a page of E entries the data
@@ -28,7 +29,9 @@ class EntryFormat:
             what = "> 0" if dim_multiple == 1 else f"a positive multiple of {dim_multiple}"
             raise ValueError(f"{self.name}: dim must be {what}, got {self.dim}")
         if self.entries_per_page <= 0:
-            raise ValueError(f"{self.name}: entries_per_page must be > 0, got {self.entries_per_page}")
+            raise ValueError(
+                f"{self.name}: entries_per_page must be > 0, got {self.entries_per_page}"
+            )
         object.__setattr__(self, "data_bytes", data_bytes)
 
     @property
@@ -54,11 +57,12 @@ class EntryFormat:
         return torch.cat([data, scales], dim=-1)
 
     def decode(self, entry: torch.Tensor) -> torch.Tensor:
-        return self.dequantize(entry[..., : self.data_bytes], entry[..., self.data_bytes:])
+        return self.dequantize(entry[..., : self.data_bytes], entry[..., self.data_bytes :])
 
     # -- paged layout ---------------------------------------------------------------------------
-    def new_cache(self, num_pages: int, device: torch.device | str = "cpu",
-                  page_bytes: int | None = None) -> torch.Tensor:
+    def new_cache(
+        self, num_pages: int, device: torch.device | str = "cpu", page_bytes: int | None = None
+    ) -> torch.Tensor:
         page_bytes = self.min_page_bytes if page_bytes is None else page_bytes
         if page_bytes < self.min_page_bytes:
             raise ValueError(
@@ -70,14 +74,18 @@ class EntryFormat:
     def page_views(self, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(data [P, E, data_bytes], scales [P, E, scale_bytes]) views into ``cache``."""
         if cache.dtype != torch.uint8 or cache.dim() != 2:
-            raise ValueError(f"{self.name}: cache must be uint8 [num_pages, page_bytes], got "
-                             f"{cache.dtype} {tuple(cache.shape)}")
+            raise ValueError(
+                f"{self.name}: cache must be uint8 [num_pages, page_bytes], got "
+                f"{cache.dtype} {tuple(cache.shape)}"
+            )
         if cache.shape[1] < self.min_page_bytes:
             raise ValueError(f"{self.name}: page of {cache.shape[1]} B < {self.min_page_bytes} B")
         e = self.entries_per_page
         data = cache[:, : e * self.data_bytes].view(cache.shape[0], e, self.data_bytes)
         start = e * self.data_bytes
-        scales = cache[:, start: start + e * self.scale_bytes].view(cache.shape[0], e, self.scale_bytes)
+        scales = cache[:, start : start + e * self.scale_bytes].view(
+            cache.shape[0], e, self.scale_bytes
+        )
         return data, scales
 
 
@@ -103,9 +111,7 @@ def check_parts(fmt: EntryFormat, data: torch.Tensor, scales: torch.Tensor) -> N
             got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{fmt.name}: {what} must be a uint8 tensor, got {got}")
         if t.dim() < 1 or t.shape[-1] != width:
-            raise ValueError(
-                f"{fmt.name}: {what} must be [N, {width}], got shape {tuple(t.shape)}"
-            )
+            raise ValueError(f"{fmt.name}: {what} must be [N, {width}], got shape {tuple(t.shape)}")
     if data.shape[:-1] != scales.shape[:-1]:
         raise ValueError(
             f"{fmt.name}: data {tuple(data.shape)} and scales {tuple(scales.shape)} disagree on rows"

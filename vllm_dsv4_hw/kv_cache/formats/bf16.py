@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bf16 entries: main KV (dim 512, 1024 B) and indexer keys (dim 128, 256 B). No scale part.
 
 Entry bytes: the ``dim`` values as little-endian bf16 (round to nearest even from wider inputs).
@@ -34,4 +35,3 @@ class BF16Format(EntryFormat):
     def dequantize(self, data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         check_parts(self, data, scales)
         return bf16_from_bytes(data)
-

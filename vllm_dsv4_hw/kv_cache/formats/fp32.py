@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """fp32: an exact float32 entry format (4 * dim bytes, no scale part).
 
 Not a vLLM or DeepSeek cache format: it exists only for oracle tests and debugging, where the cache
@@ -33,4 +34,3 @@ class FP32Format(EntryFormat):
     def dequantize(self, data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         check_parts(self, data, scales)
         return data.contiguous().view(torch.float32)
-

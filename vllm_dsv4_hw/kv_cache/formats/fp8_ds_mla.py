@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``fp8_ds_mla``: the fp8 main-KV entry (584 B).
 
 Entry layout (spec section 5; byte offsets within an entry-contiguous ``encode`` row):
@@ -56,16 +57,21 @@ class FP8DSMLAFormat(EntryFormat):
 
     def __post_init__(self) -> None:
         if self.entries_per_page <= 0:
-            raise ValueError(f"{self.name}: entries_per_page must be > 0, got {self.entries_per_page}")
+            raise ValueError(
+                f"{self.name}: entries_per_page must be > 0, got {self.entries_per_page}"
+            )
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xf = round_to_bf16(check_rows(self, x))
         lead = xf.shape[:-1]
         nope = xf[..., : self.NOPE_DIM].reshape(*lead, self.NUM_BLOCKS, self.BLOCK)
         codes, e = fp8_block_quantize(nope)
-        data = torch.cat([codes.reshape(*lead, self.NOPE_DIM), bf16_bytes(xf[..., self.NOPE_DIM:])],
-                         dim=-1)
-        scales = torch.cat([ue8m0_encode(e), torch.zeros_like(e[..., :1], dtype=torch.uint8)], dim=-1)
+        data = torch.cat(
+            [codes.reshape(*lead, self.NOPE_DIM), bf16_bytes(xf[..., self.NOPE_DIM :])], dim=-1
+        )
+        scales = torch.cat(
+            [ue8m0_encode(e), torch.zeros_like(e[..., :1], dtype=torch.uint8)], dim=-1
+        )
         return data, scales
 
     def dequantize(self, data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -73,5 +79,5 @@ class FP8DSMLAFormat(EntryFormat):
         lead = data.shape[:-1]
         vals = e4m3_decode(data[..., : self.NOPE_DIM]).reshape(*lead, self.NUM_BLOCKS, self.BLOCK)
         nope = vals * ue8m0_decode(scales[..., : self.NUM_BLOCKS]).unsqueeze(-1)
-        rope = bf16_from_bytes(data[..., self.NOPE_DIM:])
+        rope = bf16_from_bytes(data[..., self.NOPE_DIM :])
         return torch.cat([nope.reshape(*lead, self.NOPE_DIM), rope], dim=-1)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FP8 indexer key entry: ``dim`` (128) e4m3 values + one float32 scale (132 B).
 
 Entry bytes: ``[0, dim)`` e4m3 codes (OCP ``float8_e4m3fn``), ``[dim, dim + 4)`` the scale as a
@@ -16,12 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm_dsv4_hw.kv_cache.formats.base import EntryFormat, check_parts, check_rows
-from vllm_dsv4_hw.numerics import (
-    e4m3_decode,
-    fp8_block_quantize,
-    pow2,
-    round_to_bf16,
-)
+from vllm_dsv4_hw.numerics import e4m3_decode, fp8_block_quantize, pow2, round_to_bf16
 
 
 @dataclass(frozen=True)

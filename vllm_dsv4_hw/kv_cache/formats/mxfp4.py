@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """MXFP4 indexer key entry: ``dim`` (128) e2m1 values packed two per byte + one ue8m0 scale per
 32-element block (64 + 4 = 68 B for dim 128).
 

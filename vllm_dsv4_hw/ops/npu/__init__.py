@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ``npu`` backend: DeepSeek V4 ops on Huawei Ascend through torch_npu operators (issue 5).
 
 Importing this package registers the implementations; it never imports ``torch_npu`` (each op does

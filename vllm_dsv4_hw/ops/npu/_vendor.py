@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Calling torch_npu (and vllm-ascend) operators: lazy import, run-time failure policy, logging.
 
 * ``torch_npu`` is imported on the first call of an npu op, never at package import
@@ -38,8 +39,9 @@ class VendorOpError(RuntimeError):
     def __init__(self, operator: str, cause: BaseException) -> None:
         self.operator = operator
         self.cause = cause
-        super().__init__(f"{operator} failed: {type(cause).__name__}: "
-                         f"{' '.join(str(cause).split())}")
+        super().__init__(
+            f"{operator} failed: {type(cause).__name__}: {' '.join(str(cause).split())}"
+        )
 
 
 class NpuOpFailedError(fallback.KernelFailedError):
@@ -62,8 +64,12 @@ def call(operator: str, *args, **kwargs):
     mod = torch_npu()
     fn = getattr(mod, operator, None)
     if fn is None:
-        raise VendorOpError(operator, AttributeError(
-            f"this torch_npu ({getattr(mod, '__version__', '?')}) has no operator {operator}"))
+        raise VendorOpError(
+            operator,
+            AttributeError(
+                f"this torch_npu ({getattr(mod, '__version__', '?')}) has no operator {operator}"
+            ),
+        )
     try:
         return fn(*args, **kwargs)
     except Exception as exc:
@@ -94,11 +100,15 @@ def vllm_ascend_op(name: str):
         _ASCEND_LOGGED = True
     if first:
         if found:
-            logger.info("dsv4-hw: npu backend uses vllm-ascend ops: %s", ", ".join(
-                f"{n} ({npu_platform.VLLM_ASCEND_OPS[n]})" for n in sorted(found)))
+            logger.info(
+                "dsv4-hw: npu backend uses vllm-ascend ops: %s",
+                ", ".join(f"{n} ({npu_platform.VLLM_ASCEND_OPS[n]})" for n in sorted(found)),
+            )
         else:
-            logger.info("dsv4-hw: npu backend uses torch_npu operators only (no vllm-ascend ops "
-                        "loaded in this process)")
+            logger.info(
+                "dsv4-hw: npu backend uses torch_npu operators only (no vllm-ascend ops "
+                "loaded in this process)"
+            )
     return found.get(name)
 
 
@@ -119,5 +129,12 @@ def reset_fallbacks() -> None:
 def npu_op(op: str, reference: Callable) -> Callable[[Callable], Callable]:
     """Decorator: the run-time failure policy of ``ops/fallback.py`` around an npu op; a vendor
     operator's error (:class:`VendorOpError`) is what counts as "cannot run here"."""
-    return fallback.guard(op, "npu", reference, (VendorOpError,), "vendor operator",
-                          error_cls=NpuOpFailedError, describe=str)
+    return fallback.guard(
+        op,
+        "npu",
+        reference,
+        (VendorOpError,),
+        "vendor operator",
+        error_cls=NpuOpFailedError,
+        describe=str,
+    )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """npu ``compressor_store``: the dispatched ``compressor_pool`` (triton-ascend where it runs, else
 the reference: no torch_npu operator pools), then the npu rms_norm, rope and kv_insert."""
 
@@ -14,9 +15,23 @@ from vllm_dsv4_hw.ops.registry import register_op
 
 
 @register_op(COMPRESSOR_STORE, "npu")
-def compressor_store(kv, score, positions, ape, state, state_slots, group_rows, ratio,
-                     norm_weight, eps, cos_sin, group_entry_index, cache, cache_slots,
-                     fmt) -> None:
+def compressor_store(
+    kv,
+    score,
+    positions,
+    ape,
+    state,
+    state_slots,
+    group_rows,
+    ratio,
+    norm_weight,
+    eps,
+    cos_sin,
+    group_entry_index,
+    cache,
+    cache_slots,
+    fmt,
+) -> None:
     entries = api.compressor_pool(kv, score, positions, ape, state, state_slots, group_rows, ratio)
     if entries.shape[0] == 0:
         return

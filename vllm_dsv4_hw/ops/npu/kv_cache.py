@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """npu ``kv_insert``, ``kv_gather``: paged caches.
 
 Insert = the entry format's codec (plain tensor ops, which run on the NPU: no torch_npu quantizer
@@ -40,11 +41,16 @@ def kv_insert(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt) ->
     v2 = vllm_ascend_op(SCATTER_V2)
     for var, rows_part in parts:
         if v2 is not None:  # writes through var's strides: no contiguous round trip of the view
-            call_fn(SCATTER_V2, v2, var.view(torch.int8), index,
-                    rows_part.contiguous().view(torch.int8))
+            call_fn(
+                SCATTER_V2, v2, var.view(torch.int8), index, rows_part.contiguous().view(torch.int8)
+            )
         else:
-            call("npu_scatter_nd_update_", var.view(torch.int8), index,
-                 rows_part.contiguous().view(torch.int8))
+            call(
+                "npu_scatter_nd_update_",
+                var.view(torch.int8),
+                index,
+                rows_part.contiguous().view(torch.int8),
+            )
 
 
 @register_op(KV_GATHER, "npu")

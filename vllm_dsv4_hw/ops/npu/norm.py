@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """npu ``rms_norm`` and ``qkv_rms_norm`` through ``torch_npu.npu_rms_norm``.
 
 ``npu_rms_norm(x, gamma, epsilon) -> (y, rstd)`` normalizes over gamma's dims with fp32 statistics
@@ -31,8 +32,9 @@ def _ones(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 @npu_op(RMS_NORM, ref_norm.rms_norm)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     if weight is not None and weight.shape != x.shape[-1:]:
-        raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} != last dim "
-                         f"{x.shape[-1]} of x")
+        raise ValueError(
+            f"rms_norm: weight shape {tuple(weight.shape)} != last dim {x.shape[-1]} of x"
+        )
     if x.dtype not in _VENDOR_DTYPES:
         return ref_norm.rms_norm(x, weight, eps)
     if x.numel() == 0:
@@ -52,8 +54,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 @register_op(QKV_RMS_NORM, "npu")
-def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def qkv_rms_norm(
+    q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two npu_rms_norm launches (each under rms_norm's failure policy)."""
     if q_r.dim() != 2 or kv.dim() != 2 or q_r.shape[0] != kv.shape[0]:
         # same message as the contract's reference

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """npu ``rope`` and ``inv_rope_fp8_quant``.
 
 RoPE goes through ``torch_npu.npu_rotary_mul(x, cos, sin, rotary_mode="interleave")``: output =
@@ -27,12 +28,14 @@ from vllm_dsv4_hw.ops.registry import register_op
 _VENDOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def cos_sin_pairs(cos_sin: torch.Tensor, positions: torch.Tensor, device: torch.device,
-                  inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def cos_sin_pairs(
+    cos_sin: torch.Tensor, positions: torch.Tensor, device: torch.device, inverse: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos / sin of every token as [T, 1, 1, R] float32, each angle repeated for its pair."""
     half = cos_sin.shape[-1] // 2
-    cs = cos_sin[positions.to(device=cos_sin.device, dtype=torch.long)].to(device=device,
-                                                                          dtype=torch.float32)
+    cs = cos_sin[positions.to(device=cos_sin.device, dtype=torch.long)].to(
+        device=device, dtype=torch.float32
+    )
     cos = cs[:, :half].repeat_interleave(2, dim=-1)
     sin = cs[:, half:].repeat_interleave(2, dim=-1)
     if inverse:
@@ -42,8 +45,9 @@ def cos_sin_pairs(cos_sin: torch.Tensor, positions: torch.Tensor, device: torch.
 
 @register_op(ROPE, "npu")
 @npu_op(ROPE, ref_rope.rope)
-def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-         inverse: bool = False) -> torch.Tensor:
+def rope(
+    x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
     check_rope_args(x, positions, cos_sin)
     if x.dtype not in _VENDOR_DTYPES:
         return ref_rope.rope(x, positions, cos_sin, inverse)
@@ -54,19 +58,27 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
     partial = vllm_ascend_op("inplace_partial_rotary_mul") if x.dtype != torch.float32 else None
     if partial is not None:
         out = x.contiguous().clone()
-        call_fn("inplace_partial_rotary_mul", partial, out.reshape(t, 1, -1, d), cos, sin,
-                rotary_mode="interleave", partial_slice=[d - r, d])
+        call_fn(
+            "inplace_partial_rotary_mul",
+            partial,
+            out.reshape(t, 1, -1, d),
+            cos,
+            sin,
+            rotary_mode="interleave",
+            partial_slice=[d - r, d],
+        )
         return out
-    part = x[..., d - r:].reshape(t, 1, -1, r).float().contiguous()  # [T, 1, N, R]
+    part = x[..., d - r :].reshape(t, 1, -1, r).float().contiguous()  # [T, 1, N, R]
     rotated = call("npu_rotary_mul", part, cos, sin, rotary_mode="interleave")
     out = x.clone()
-    out[..., d - r:] = rotated.reshape(x.shape[:-1] + (r,)).to(x.dtype)
+    out[..., d - r :] = rotated.reshape(x.shape[:-1] + (r,)).to(x.dtype)
     return out
 
 
 @register_op(INV_ROPE_FP8_QUANT, "npu", requires=("fp8",))
-def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-                       inverse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def inv_rope_fp8_quant(
+    o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, inverse: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse RoPE through npu_rotary_mul (fp32), then the power-of-two FP8 group quantization.
 
     Needs fp8 tensors, so the dispatcher skips it on Ascend A2/A3 (capability ``fp8``): no

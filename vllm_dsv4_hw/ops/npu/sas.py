@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """npu ``sparse_attention`` through vllm-ascend's ``npu_sparse_attn_sharedkv`` (where it is loaded).
 
 The operator (docs/npu-ops.md, "vllm-ascend operators") computes DeepSeek V4's attention: one
@@ -50,8 +51,12 @@ def operators():
 
 
 def fits(q: torch.Tensor) -> bool:
-    return (q.dtype in (torch.float16, torch.bfloat16) and q.dim() == 3
-            and q.shape[1] % SAS_HEADS == 0 and q.shape[2] == SAS_DIM)
+    return (
+        q.dtype in (torch.float16, torch.bfloat16)
+        and q.dim() == 3
+        and q.shape[1] % SAS_HEADS == 0
+        and q.shape[2] == SAS_DIM
+    )
 
 
 def seq_lengths(n_w: torch.Tensor, n_c: torch.Tensor | None) -> torch.Tensor | None:
@@ -80,8 +85,9 @@ def _compact(cache, slots, fmt, d, dev, width, dtype):
     return page.unsqueeze(2)
 
 
-def sparse_attention(ops, q, window_cache, window_slots, comp_cache, comp_slots, fmt, comp_fmt,
-                     sink, scale, use_comp) -> torch.Tensor | None:
+def sparse_attention(
+    ops, q, window_cache, window_slots, comp_cache, comp_slots, fmt, comp_fmt, sink, scale, use_comp
+) -> torch.Tensor | None:
     """The contract's result through the operator, or None where the call does not fit it."""
     fn, meta_fn = ops
     t, h, d = q.shape
@@ -102,38 +108,72 @@ def sparse_attention(ops, q, window_cache, window_slots, comp_cache, comp_slots,
             continue
         c = live.numel()
         lengths = lengths_all[s:e][live].to(device=dev, dtype=torch.int32)
-        ori_kv = _compact(window_cache, window_slots[s:e][live], fmt, d, dev, SAS_WINDOW,
-                          q.dtype)
+        ori_kv = _compact(window_cache, window_slots[s:e][live], fmt, d, dev, SAS_WINDOW, q.dtype)
         max_len = int(lengths.max())
         cols = max(1, -(-max_len // SAS_WINDOW))
         own = torch.arange(c, device=dev, dtype=torch.int32)[:, None]
-        kwargs = dict(ori_kv=ori_kv, ori_block_table=own.expand(c, cols).contiguous(),
-                      cu_seqlens_q=torch.arange(c + 1, device=dev, dtype=torch.int32),
-                      seqused_kv=lengths, softmax_scale=float(scale), cmp_ratio=1,
-                      ori_mask_mode=4, ori_win_left=SAS_WINDOW - 1, ori_win_right=0,
-                      layout_q="TND", layout_kv="PA_ND")
+        kwargs = dict(
+            ori_kv=ori_kv,
+            ori_block_table=own.expand(c, cols).contiguous(),
+            cu_seqlens_q=torch.arange(c + 1, device=dev, dtype=torch.int32),
+            seqused_kv=lengths,
+            softmax_scale=float(scale),
+            cmp_ratio=1,
+            ori_mask_mode=4,
+            ori_win_left=SAS_WINDOW - 1,
+            ori_win_right=0,
+            layout_q="TND",
+            layout_kv="PA_ND",
+        )
         if use_comp:
             n_c = n_c_all[s:e][live].to(dev)
             ar = torch.arange(SAS_TOPK, device=dev)
             kwargs.update(
-                cmp_kv=_compact(comp_cache, comp_slots[s:e][live], comp_fmt, d, dev, SAS_TOPK,
-                                q.dtype),
-                cmp_block_table=own.contiguous(), cmp_ratio=SAS_RATIO, cmp_mask_mode=3,
+                cmp_kv=_compact(
+                    comp_cache, comp_slots[s:e][live], comp_fmt, d, dev, SAS_TOPK, q.dtype
+                ),
+                cmp_block_table=own.contiguous(),
+                cmp_ratio=SAS_RATIO,
+                cmp_mask_mode=3,
                 cmp_sparse_indices=torch.where(ar[None, :] < n_c[:, None], ar[None, :], -1)
-                .to(torch.int32).unsqueeze(1).contiguous())
-        metadata = call_fn(METADATA, meta_fn, num_heads_q=SAS_HEADS, num_heads_kv=1, head_dim=d,
-                           cu_seqlens_q=kwargs["cu_seqlens_q"], seqused_kv=lengths,
-                           batch_size=c, max_seqlen_q=1, max_seqlen_kv=max_len,
-                           cmp_topk=SAS_TOPK if use_comp else 0,
-                           cmp_ratio=SAS_RATIO if use_comp else 1, ori_mask_mode=4,
-                           cmp_mask_mode=3, ori_win_left=SAS_WINDOW - 1, ori_win_right=0,
-                           layout_q="TND", layout_kv="PA_ND", has_ori_kv=True,
-                           has_cmp_kv=bool(use_comp), device=str(dev))
+                .to(torch.int32)
+                .unsqueeze(1)
+                .contiguous(),
+            )
+        metadata = call_fn(
+            METADATA,
+            meta_fn,
+            num_heads_q=SAS_HEADS,
+            num_heads_kv=1,
+            head_dim=d,
+            cu_seqlens_q=kwargs["cu_seqlens_q"],
+            seqused_kv=lengths,
+            batch_size=c,
+            max_seqlen_q=1,
+            max_seqlen_kv=max_len,
+            cmp_topk=SAS_TOPK if use_comp else 0,
+            cmp_ratio=SAS_RATIO if use_comp else 1,
+            ori_mask_mode=4,
+            cmp_mask_mode=3,
+            ori_win_left=SAS_WINDOW - 1,
+            ori_win_right=0,
+            layout_q="TND",
+            layout_kv="PA_ND",
+            has_ori_kv=True,
+            has_cmp_kv=bool(use_comp),
+            device=str(dev),
+        )
         parts = []
         for h0 in range(0, h, SAS_HEADS):
-            o, _ = call_fn(OPERATOR, fn, q[s:e][live, h0:h0 + SAS_HEADS].contiguous(),
-                           sinks=sinkf[h0:h0 + SAS_HEADS].contiguous(), metadata=metadata,
-                           return_softmax_lse=False, **kwargs)
+            o, _ = call_fn(
+                OPERATOR,
+                fn,
+                q[s:e][live, h0 : h0 + SAS_HEADS].contiguous(),
+                sinks=sinkf[h0 : h0 + SAS_HEADS].contiguous(),
+                metadata=metadata,
+                return_softmax_lse=False,
+                **kwargs,
+            )
             parts.append(o.reshape(c, SAS_HEADS, d))
         out[s + live] = torch.cat(parts, dim=1).to(q.dtype)
     return out

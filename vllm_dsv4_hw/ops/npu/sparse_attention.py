@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """npu ``sparse_attention``: vllm-ascend's npu_sparse_attn_sharedkv where it is loaded, else
 npu_fused_infer_attention_score.
 
@@ -37,29 +38,63 @@ _CHUNK_ELEMS = 1 << 24
 
 
 def _fits_fia(q: torch.Tensor, n_cand: int) -> bool:
-    return q.dtype in _ATTN_DTYPES and q.dim() == 3 and 0 < q.shape[-1] <= FIA_MAX_D \
-        and q.shape[-1] % 16 == 0 and 0 < n_cand <= FIA_MAX_KV
+    return (
+        q.dtype in _ATTN_DTYPES
+        and q.dim() == 3
+        and 0 < q.shape[-1] <= FIA_MAX_D
+        and q.shape[-1] % 16 == 0
+        and 0 < n_cand <= FIA_MAX_KV
+    )
 
 
 @register_op(SPARSE_ATTENTION, "npu")
 @npu_op(SPARSE_ATTENTION, ref_sa.sparse_attention)
-def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
-                     comp_cache: torch.Tensor | None, comp_slots: torch.Tensor | None,
-                     fmt, sink: torch.Tensor, scale: float, comp_fmt=None) -> torch.Tensor:
+def sparse_attention(
+    q: torch.Tensor,
+    window_cache: torch.Tensor,
+    window_slots: torch.Tensor,
+    comp_cache: torch.Tensor | None,
+    comp_slots: torch.Tensor | None,
+    fmt,
+    sink: torch.Tensor,
+    scale: float,
+    comp_fmt=None,
+) -> torch.Tensor:
     comp_fmt = fmt if comp_fmt is None else comp_fmt
-    t, h, d, use_comp = check_sparse_attention_args(q, window_slots, comp_cache, comp_slots, fmt,
-                                                    sink, comp_fmt)
+    t, h, d, use_comp = check_sparse_attention_args(
+        q, window_slots, comp_cache, comp_slots, fmt, sink, comp_fmt
+    )
     n_cand = window_slots.shape[1] + (comp_slots.shape[1] if use_comp else 0)
     if t > 0 and sas.fits(q):
         ops = sas.operators()  # vllm-ascend's own DeepSeek V4 attention, where it is loaded
         if ops is not None:
-            out = sas.sparse_attention(ops, q, window_cache, window_slots, comp_cache, comp_slots,
-                                       fmt, comp_fmt, sink, scale, use_comp)
+            out = sas.sparse_attention(
+                ops,
+                q,
+                window_cache,
+                window_slots,
+                comp_cache,
+                comp_slots,
+                fmt,
+                comp_fmt,
+                sink,
+                scale,
+                use_comp,
+            )
             if out is not None:
                 return out
     if not _fits_fia(q, n_cand) or t == 0:  # dtypes / sizes the operator does not take
-        return ref_sa.sparse_attention(q, window_cache, window_slots, comp_cache, comp_slots, fmt,
-                                       sink, scale, comp_fmt=comp_fmt)
+        return ref_sa.sparse_attention(
+            q,
+            window_cache,
+            window_slots,
+            comp_cache,
+            comp_slots,
+            fmt,
+            sink,
+            scale,
+            comp_fmt=comp_fmt,
+        )
     dev = q.device
     out = torch.empty(t, h, d, dtype=q.dtype, device=dev)
     sinkf = sink.to(device=dev, dtype=torch.float32)
@@ -88,9 +123,18 @@ def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: 
         for h0 in range(0, h, FIA_MAX_GROUP):
             h1 = min(h, h0 + FIA_MAX_GROUP)
             query = q[s:e, h0:h1].unsqueeze(1).contiguous()  # [B, Q_S=1, N, D]
-            o, lse = call("npu_fused_infer_attention_score", query, key, key,
-                          actual_seq_lengths_kv=seq_kv, num_heads=h1 - h0, num_key_value_heads=1,
-                          scale=float(scale), input_layout="BSND", softmax_lse_flag=True)
+            o, lse = call(
+                "npu_fused_infer_attention_score",
+                query,
+                key,
+                key,
+                actual_seq_lengths_kv=seq_kv,
+                num_heads=h1 - h0,
+                num_key_value_heads=1,
+                scale=float(scale),
+                input_layout="BSND",
+                softmax_lse_flag=True,
+            )
             o_parts.append(o.reshape(e - s, h1 - h0, d))
             lse_parts.append(lse.reshape(e - s, h1 - h0))
         o = torch.cat(o_parts, dim=1).float()

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Vectorized PyTorch reference implementations: every op, every device, any float dtype. One module
 per op family; each registers its ops."""
 

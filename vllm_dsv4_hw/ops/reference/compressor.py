@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reference compressor ops: ``compressor_pool`` and ``compressor_store`` (spec section 3).
 
 State rows are fp32 ``[kv (coff*d) | score (coff*d)]`` per position in a paged sliding-window cache
@@ -21,9 +22,15 @@ from vllm_dsv4_hw.ops import api
 from vllm_dsv4_hw.ops.registry import register_op
 
 
-def write_state_rows(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor,
-                     ape: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor,
-                     ratio: int) -> None:
+def write_state_rows(
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    positions: torch.Tensor,
+    ape: torch.Tensor,
+    state: torch.Tensor,
+    state_slots: torch.Tensor,
+    ratio: int,
+) -> None:
     """state[slot] = [kv | score + ape[pos % ratio]] (fp32) for every token with slot >= 0."""
     width = kv.shape[-1]
     if state.shape[-1] != 2 * width:
@@ -47,31 +54,40 @@ def pool_groups(state: torch.Tensor, group_rows: torch.Tensor, ratio: int, d: in
     coff, width = kind.coff, kind.group_width
     g = group_rows.shape[0]
     if group_rows.dim() != 2 or group_rows.shape[1] != width:
-        raise ValueError(f"group_rows must be [G, {width}] for ratio {ratio}, got "
-                         f"{tuple(group_rows.shape)}")
+        raise ValueError(
+            f"group_rows must be [G, {width}] for ratio {ratio}, got {tuple(group_rows.shape)}"
+        )
     if g == 0:
         return torch.zeros(0, d, dtype=torch.float32, device=state.device)
     slots = group_rows.to(device=state.device, dtype=torch.int64)
-    present = (slots >= 0)[..., None]                           # [G, W, 1]
-    rows = state[slots.clamp(min=0)].to(torch.float32)          # [G, W, 2*coff*d]
+    present = (slots >= 0)[..., None]  # [G, W, 1]
+    rows = state[slots.clamp(min=0)].to(torch.float32)  # [G, W, 2*coff*d]
     kv_rows = rows[..., : coff * d].reshape(g, width, coff, d)
-    sc_rows = rows[..., coff * d:].reshape(g, width, coff, d)
+    sc_rows = rows[..., coff * d :].reshape(g, width, coff, d)
     # member row j takes channel block j // ratio (coff 2: previous group -> [0,d), own -> [d,2d))
-    block = torch.arange(width, device=state.device) // ratio   # [W] in [0, coff)
+    block = torch.arange(width, device=state.device) // ratio  # [W] in [0, coff)
     idx = block.view(1, width, 1, 1).expand(g, width, 1, d)
-    kv_sel = kv_rows.gather(2, idx).squeeze(2)                  # [G, W, d]
+    kv_sel = kv_rows.gather(2, idx).squeeze(2)  # [G, W, d]
     sc_sel = sc_rows.gather(2, idx).squeeze(2)
     kv_sel = torch.where(present, kv_sel, torch.zeros((), dtype=torch.float32, device=state.device))
-    sc_sel = torch.where(present, sc_sel,
-                         torch.full((), float("-inf"), dtype=torch.float32, device=state.device))
+    sc_sel = torch.where(
+        present, sc_sel, torch.full((), float("-inf"), dtype=torch.float32, device=state.device)
+    )
     weights = torch.softmax(sc_sel, dim=1)
     return (weights * kv_sel).sum(dim=1)
 
 
 @register_op(api.COMPRESSOR_POOL, "reference")
-def compressor_pool(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor,
-                    ape: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor,
-                    group_rows: torch.Tensor, ratio: int) -> torch.Tensor:
+def compressor_pool(
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    positions: torch.Tensor,
+    ape: torch.Tensor,
+    state: torch.Tensor,
+    state_slots: torch.Tensor,
+    group_rows: torch.Tensor,
+    ratio: int,
+) -> torch.Tensor:
     coff = kind_of(ratio).coff
     if kv.shape[-1] % coff:
         raise ValueError(f"kv width {kv.shape[-1]} is not a multiple of coff={coff}")
@@ -89,9 +105,23 @@ def _insert(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt) -> N
 
 
 @register_op(api.COMPRESSOR_STORE, "reference")
-def compressor_store(kv, score, positions, ape, state, state_slots, group_rows, ratio,
-                     norm_weight, eps, cos_sin, group_entry_index, cache, cache_slots,
-                     fmt) -> None:
+def compressor_store(
+    kv,
+    score,
+    positions,
+    ape,
+    state,
+    state_slots,
+    group_rows,
+    ratio,
+    norm_weight,
+    eps,
+    cos_sin,
+    group_entry_index,
+    cache,
+    cache_slots,
+    fmt,
+) -> None:
     entries = compressor_pool(kv, score, positions, ape, state, state_slots, group_rows, ratio)
     if entries.shape[0] == 0:
         return

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reference ``qnorm_rope_kv_insert`` (the layer's query prologue and window-KV insert): the plain
 composition of the reference ops its contract (``ops.api``) names, with fp32 intermediates.
 Accelerated backends fuse it."""
@@ -19,9 +20,16 @@ def _math_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @register_op(QNORM_ROPE_KV_INSERT, "reference")
-def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
-                         cos_sin: torch.Tensor, eps: float, window_cache: torch.Tensor,
-                         window_slots: torch.Tensor, fmt) -> torch.Tensor:
+def qnorm_rope_kv_insert(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    eps: float,
+    window_cache: torch.Tensor,
+    window_slots: torch.Tensor,
+    fmt,
+) -> torch.Tensor:
     check_qnorm_rope_kv_insert_args(q, kv, fmt)
     md = _math_dtype(q.dtype)
     q_out = rope(rms_norm(q.to(md), None, eps), positions, cos_sin).to(q.dtype)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reference lightning-indexer top-k (spec section 4).
 
 Score(t, s) = sum_h w[t, h] * relu(q[t, h] . k[s]) over the entries s visible to token t
@@ -22,13 +23,15 @@ _MAX_BLOCK_ELEMS = 1 << 25
 def indexer_head_weights(w_proj_out: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
     """Head weights of the indexer: ``(W_w x) * head_dim^-0.5 * n_heads^-0.5`` as fp32 [T, Hi]."""
     if w_proj_out.shape[-1] != n_heads:
-        raise ValueError(f"weights_proj output has {w_proj_out.shape[-1]} heads, "
-                         f"expected {n_heads}")
-    return w_proj_out.to(torch.float32) * (head_dim ** -0.5 * n_heads ** -0.5)
+        raise ValueError(
+            f"weights_proj output has {w_proj_out.shape[-1]} heads, expected {n_heads}"
+        )
+    return w_proj_out.to(torch.float32) * (head_dim**-0.5 * n_heads**-0.5)
 
 
-def gather_keys(key_cache: torch.Tensor, key_fmt, block_table: torch.Tensor, req: int,
-                num_entries: int) -> torch.Tensor:
+def gather_keys(
+    key_cache: torch.Tensor, key_fmt, block_table: torch.Tensor, req: int, num_entries: int
+) -> torch.Tensor:
     """Dequantized keys of entries 0..num_entries-1 of request ``req`` -> [num_entries, dim]."""
     s = torch.arange(num_entries, device=key_cache.device, dtype=torch.int64)
     r = torch.full_like(s, req)
@@ -44,9 +47,11 @@ def query_values(q: torch.Tensor, q_scales: torch.Tensor | None) -> torch.Tensor
     if q_scales is None:
         return q
     if q.dtype != torch.float8_e4m3fn or q_scales.shape != q.shape[:2]:
-        raise ValueError(f"indexer_topk: q_scales {tuple(q_scales.shape)} needs q as e4m3 codes "
-                         f"[T, Hi, Di] with q_scales [T, Hi]; got q {q.dtype} "
-                         f"{tuple(q.shape)} (rope_fp8_quant gives both)")
+        raise ValueError(
+            f"indexer_topk: q_scales {tuple(q_scales.shape)} needs q as e4m3 codes "
+            f"[T, Hi, Di] with q_scales [T, Hi]; got q {q.dtype} "
+            f"{tuple(q.shape)} (rope_fp8_quant gives both)"
+        )
     return q.to(torch.float32) * q_scales.to(device=q.device, dtype=torch.float32)[..., None]
 
 
@@ -57,9 +62,18 @@ def score_entries(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) ->
 
 
 @register_op(api.INDEXER_TOPK, "reference")
-def indexer_topk(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor, key_fmt,
-                 block_table: torch.Tensor, token_req: torch.Tensor, token_pos: torch.Tensor,
-                 topk: int, ratio: int = 4, q_scales: torch.Tensor | None = None) -> torch.Tensor:
+def indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    key_cache: torch.Tensor,
+    key_fmt,
+    block_table: torch.Tensor,
+    token_req: torch.Tensor,
+    token_pos: torch.Tensor,
+    topk: int,
+    ratio: int = 4,
+    q_scales: torch.Tensor | None = None,
+) -> torch.Tensor:
     q = query_values(q, q_scales)
     device = q.device
     num_tokens, num_heads, _ = q.shape
@@ -75,12 +89,12 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor
     for r in torch.unique(token_req[valid]).tolist():
         toks = torch.nonzero(valid & (token_req == r)).squeeze(1)
         n = int(visible[toks].max().item())
-        keys = gather_keys(key_cache, key_fmt, block_table, r, n)          # [n, D]
+        keys = gather_keys(key_cache, key_fmt, block_table, r, n)  # [n, D]
         entry_idx = torch.arange(n, device=device, dtype=torch.int64)
         chunk = max(1, _MAX_BLOCK_ELEMS // max(1, num_heads * n))
         for c0 in range(0, toks.numel(), chunk):
-            tk = toks[c0: c0 + chunk]
-            scores = score_entries(q[tk], weights[tk], keys)               # [t, n]
+            tk = toks[c0 : c0 + chunk]
+            scores = score_entries(q[tk], weights[tk], keys)  # [t, n]
             hidden = entry_idx[None, :] >= visible[tk][:, None]
             scores = scores.masked_fill(hidden, float("-inf"))
             k = min(topk, n)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reference ``kv_insert`` / ``kv_gather``: quantize rows into, and dequantize rows out of, a paged
 cache through its entry format (``kv_cache.paged``); ``entry_slots``: logical entry indices to
 slots. Runs on every device (integer bit codecs, torch indexing)."""
@@ -22,13 +23,15 @@ def kv_gather(cache: torch.Tensor, slots: torch.Tensor, fmt) -> torch.Tensor:
 
 
 @register_op(api.ENTRY_SLOTS, "reference")
-def entry_slots(block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.Tensor,
-                per_page: int) -> torch.Tensor:
+def entry_slots(
+    block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.Tensor, per_page: int
+) -> torch.Tensor:
     idx = idx.to(torch.int64)
     col = idx // per_page
     valid = (idx >= 0) & (col < block_table.shape[1])
     safe = torch.where(valid, idx, torch.zeros_like(idx))
     pages = block_table.to(device=idx.device, dtype=torch.int64)[
-        token_req.to(device=idx.device, dtype=torch.int64)[:, None], safe // per_page]
+        token_req.to(device=idx.device, dtype=torch.int64)[:, None], safe // per_page
+    ]
     slots = pages * per_page + safe % per_page
     return torch.where(valid & (pages >= 0), slots, torch.full_like(slots, -1))

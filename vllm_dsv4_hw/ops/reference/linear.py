@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The reference linear family.
 
 ``fp8_block_linear``: ``y = x @ dequant(weight)^T`` for an FP8 block-quantized weight
@@ -45,6 +46,7 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 class Fp8LinearArgs(NamedTuple):
     """Validated arguments, always in grouped form (plain: G = 1)."""
+
     grouped: bool
     m: int
     g: int
@@ -52,9 +54,9 @@ class Fp8LinearArgs(NamedTuple):
     k: int
     bn: int
     bk: int
-    x: torch.Tensor       # [M, G, K] (a view of x)
-    w: torch.Tensor       # uint8 [G, N, K] e4m3 bytes (a view of weight)
-    s: torch.Tensor       # uint8 [G, ceil(N/bn), ceil(K/bk)] ue8m0 bytes (a view of scale)
+    x: torch.Tensor  # [M, G, K] (a view of x)
+    w: torch.Tensor  # uint8 [G, N, K] e4m3 bytes (a view of weight)
+    s: torch.Tensor  # uint8 [G, ceil(N/bn), ceil(K/bk)] ue8m0 bytes (a view of scale)
     out_dtype: torch.dtype
 
 
@@ -62,14 +64,20 @@ def _bytes(t: torch.Tensor, name: str, fp8: torch.dtype) -> torch.Tensor:
     if t.dtype == fp8:
         return t.view(torch.uint8)
     if t.dtype != torch.uint8:
-        raise ValueError(f"fp8_block_linear: {name} must be {fp8} or its uint8 bytes, "
-                         f"got {t.dtype}")
+        raise ValueError(
+            f"fp8_block_linear: {name} must be {fp8} or its uint8 bytes, got {t.dtype}"
+        )
     return t
 
 
-def check_fp8_block_linear_args(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                                block, out_dtype: torch.dtype | None,
-                                x_dtype: torch.dtype | None = None) -> Fp8LinearArgs:
+def check_fp8_block_linear_args(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block,
+    out_dtype: torch.dtype | None,
+    x_dtype: torch.dtype | None = None,
+) -> Fp8LinearArgs:
     """Validate ``fp8_block_linear`` inputs (one ValueError naming the tensor, the expected and the
     got shape); returns them as :class:`Fp8LinearArgs` (uint8 views, grouped form).
     ``x_dtype``: the dtype x's values take when x holds e4m3 codes (checked in its place)."""
@@ -84,8 +92,9 @@ def check_fp8_block_linear_args(x: torch.Tensor, weight: torch.Tensor, scale: to
         raise ValueError(f"fp8_block_linear: x must be one of {FLOAT_DTYPES}, got {x_dtype}")
     out_dtype = x_dtype if out_dtype is None else out_dtype
     if out_dtype not in FLOAT_DTYPES:
-        raise ValueError(f"fp8_block_linear: out_dtype must be one of {FLOAT_DTYPES}, "
-                         f"got {out_dtype}")
+        raise ValueError(
+            f"fp8_block_linear: out_dtype must be one of {FLOAT_DTYPES}, got {out_dtype}"
+        )
     w = _bytes(weight, "weight", torch.float8_e4m3fn)
     s = _bytes(scale, "scale", torch.float8_e8m0fnu)
     if x.dim() == 2:
@@ -93,41 +102,52 @@ def check_fp8_block_linear_args(x: torch.Tensor, weight: torch.Tensor, scale: to
         m, k = x.shape
         g = 1
         if w.dim() != 2 or w.shape[1] != k:
-            raise ValueError(f"fp8_block_linear: weight must be [N, K={k}] for x {tuple(x.shape)}, "
-                             f"got {tuple(w.shape)}")
+            raise ValueError(
+                f"fp8_block_linear: weight must be [N, K={k}] for x {tuple(x.shape)}, "
+                f"got {tuple(w.shape)}"
+            )
         n = w.shape[0]
         want = (-(-n // bn), -(-k // bk))
     elif x.dim() == 3:
         grouped = True
         m, g, k = x.shape
         if w.dim() != 3 or w.shape[0] != g or w.shape[2] != k:
-            raise ValueError(f"fp8_block_linear: weight must be [G={g}, N, K={k}] for grouped x "
-                             f"{tuple(x.shape)}, got {tuple(w.shape)}")
+            raise ValueError(
+                f"fp8_block_linear: weight must be [G={g}, N, K={k}] for grouped x "
+                f"{tuple(x.shape)}, got {tuple(w.shape)}"
+            )
         n = w.shape[1]
         want = (g, -(-n // bn), -(-k // bk))
     else:
         raise ValueError(f"fp8_block_linear: x must be [M, K] or [M, G, K], got {tuple(x.shape)}")
     if tuple(s.shape) != want:
-        raise ValueError(f"fp8_block_linear: scale must be {list(want)} for weight "
-                         f"{tuple(w.shape)} and block {(bn, bk)}, got {tuple(s.shape)}")
+        raise ValueError(
+            f"fp8_block_linear: scale must be {list(want)} for weight "
+            f"{tuple(w.shape)} and block {(bn, bk)}, got {tuple(s.shape)}"
+        )
     if not grouped:
         x, w, s = x.unsqueeze(1), w.unsqueeze(0), s.unsqueeze(0)
     return Fp8LinearArgs(grouped, m, g, n, k, bn, bk, x, w, s, out_dtype)
 
 
-def check_prequantized_x(x: torch.Tensor, x_scales: torch.Tensor, bk: int,
-                         out_dtype: torch.dtype | None) -> torch.dtype:
+def check_prequantized_x(
+    x: torch.Tensor, x_scales: torch.Tensor, bk: int, out_dtype: torch.dtype | None
+) -> torch.dtype:
     """``fp8_block_linear`` with ``x_scales``: x holds e4m3 codes and ``x_scales`` their fp32
     scales per row and ``bk`` block of K (checked here; one ValueError). Returns the output
     dtype, bf16 unless given."""
     if x.dtype not in (torch.float8_e4m3fn, torch.uint8):
-        raise ValueError(f"fp8_block_linear: with x_scales, x must be e4m3 codes "
-                         f"(torch.float8_e4m3fn or its uint8 bytes), got {x.dtype}")
+        raise ValueError(
+            f"fp8_block_linear: with x_scales, x must be e4m3 codes "
+            f"(torch.float8_e4m3fn or its uint8 bytes), got {x.dtype}"
+        )
     want = (*x.shape[:-1], -(-x.shape[-1] // bk))
     if x_scales.dtype != torch.float32 or tuple(x_scales.shape) != want:
-        raise ValueError(f"fp8_block_linear: x_scales must be float32 {list(want)} (one scale per "
-                         f"row and {bk}-column block of x), got {x_scales.dtype} "
-                         f"{tuple(x_scales.shape)}")
+        raise ValueError(
+            f"fp8_block_linear: x_scales must be float32 {list(want)} (one scale per "
+            f"row and {bk}-column block of x), got {x_scales.dtype} "
+            f"{tuple(x_scales.shape)}"
+        )
     return torch.bfloat16 if out_dtype is None else out_dtype
 
 
@@ -135,7 +155,7 @@ def prequantized_values(x: torch.Tensor, x_scales: torch.Tensor, bk: int) -> tor
     """The fp32 values of checked e4m3 codes x and scales (exact: an e4m3 value times a power
     of two)."""
     codes = x.view(torch.float8_e4m3fn) if x.dtype == torch.uint8 else x
-    return codes.float() * x_scales.repeat_interleave(bk, -1)[..., :x.shape[-1]]
+    return codes.float() * x_scales.repeat_interleave(bk, -1)[..., : x.shape[-1]]
 
 
 def _pow2(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -168,10 +188,15 @@ def quantize_activations(x: torch.Tensor, bk: int) -> torch.Tensor:
 
 
 @register_op(FP8_BLOCK_LINEAR, "reference")
-def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                     block: tuple[int, int], out_dtype: torch.dtype | None = None,
-                     quantize_x: bool = False,
-                     x_scales: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_block_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int],
+    out_dtype: torch.dtype | None = None,
+    quantize_x: bool = False,
+    x_scales: torch.Tensor | None = None,
+) -> torch.Tensor:
     if x_scales is not None:  # the activations' own quantization given: its values, exact
         out_dtype = check_prequantized_x(x, x_scales, int(block[1]), out_dtype)
         x = prequantized_values(x, x_scales, int(block[1]))
@@ -189,19 +214,28 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
             xg = (quantize_activations(a.x[:, gi], bk) if quantize_x else a.x[:, gi]).to(md)
             for n0 in range(0, n, rows):
                 n1 = min(n, n0 + rows)
-                out[:, gi, n0:n1] = _row_tile(xg, a.w[gi, n0:n1], a.s[gi, n0 // bn:-(-n1 // bn)],
-                                              bn, bk, cols, band, md).to(a.out_dtype)
+                out[:, gi, n0:n1] = _row_tile(
+                    xg, a.w[gi, n0:n1], a.s[gi, n0 // bn : -(-n1 // bn)], bn, bk, cols, band, md
+                ).to(a.out_dtype)
     return out if a.grouped else out[:, 0]
 
 
-def _row_tile(xg: torch.Tensor, wb: torch.Tensor, sb: torch.Tensor, bn: int, bk: int, cols: int,
-              band: int, md: torch.dtype) -> torch.Tensor:
+def _row_tile(
+    xg: torch.Tensor,
+    wb: torch.Tensor,
+    sb: torch.Tensor,
+    bn: int,
+    bk: int,
+    cols: int,
+    band: int,
+    md: torch.dtype,
+) -> torch.Tensor:
     """x [M, K] (math dtype) @ dequant(wb [Nt, K] bytes, sb [R, KB] bytes)^T -> [M, Nt] (math)."""
     nt, k = wb.shape
     r = sb.shape[0]
     sbi = sb.to(torch.int32)
-    cmax = sbi.amax(1)                                  # [R] largest scale byte per row block
-    d = cmax[:, None] - sbi                             # [R, KB] binades below c, >= 0
+    cmax = sbi.amax(1)  # [R] largest scale byte per row block
+    d = cmax[:, None] - sbi  # [R, KB] binades below c, >= 0
     n_bands = int(d.max()) // band + 1 if d.numel() else 1
     wq = wb.view(torch.float8_e4m3fn)
     acc = None
@@ -211,8 +245,11 @@ def _row_tile(xg: torch.Tensor, wb: torch.Tensor, sb: torch.Tensor, bn: int, bk:
         if n_bands == 1:
             ratio = _pow2(-dj, md)
         else:
-            ratio = torch.where((dj >= 0) & (dj < band), _pow2(-dj.clamp(0, band - 1), md),
-                                torch.zeros((), dtype=md))
+            ratio = torch.where(
+                (dj >= 0) & (dj < band),
+                _pow2(-dj.clamp(0, band - 1), md),
+                torch.zeros((), dtype=md),
+            )
         c = _pow2(cmax - 127 - j * band, md).repeat_interleave(bn)[:nt]  # [Nt] per output column
         for k0 in range(0, k, cols):
             k1 = min(k, k0 + cols)
@@ -221,19 +258,20 @@ def _row_tile(xg: torch.Tensor, wb: torch.Tensor, sb: torch.Tensor, bn: int, bk:
             shape = (r * bn, (kb1 - kb0) * bk)
             ragged = shape != (nt, k1 - k0)
             buf = (torch.zeros if ragged else torch.empty)(shape, dtype=md, device=xg.device)
-            buf[:nt, :k1 - k0].copy_(wq[:, k0:k1])
+            buf[:nt, : k1 - k0].copy_(wq[:, k0:k1])
             buf.view(r, bn, kb1 - kb0, bk).mul_(ratio[:, None, kb0:kb1, None])
-            part = (xg[:, k0:k1] @ buf[:nt, :k1 - k0].t()).mul_(c)
+            part = (xg[:, k0:k1] @ buf[:nt, : k1 - k0].t()).mul_(c)
             acc = part if acc is None else acc.add_(part)
     return acc
 
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
-_MM_OUT_DTYPE: dict[str, bool] = {}   # per device type: does torch.mm take out_dtype=fp32
+_MM_OUT_DTYPE: dict[str, bool] = {}  # per device type: does torch.mm take out_dtype=fp32
 
 
-def check_dense_linear_args(x: torch.Tensor, weight: torch.Tensor,
-                            out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.dtype]:
+def check_dense_linear_args(
+    x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.dtype]:
     """Validate (one ValueError naming the tensor, expected and got); returns (x in weight's
     dtype, the output dtype)."""
     for name, t in (("x", x), ("weight", weight)):
@@ -243,8 +281,10 @@ def check_dense_linear_args(x: torch.Tensor, weight: torch.Tensor,
     if out_dtype not in FLOAT_DTYPES:
         raise ValueError(f"dense_linear: out_dtype must be one of {FLOAT_DTYPES}, got {out_dtype}")
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
-        raise ValueError(f"dense_linear: x must be [M, K] and weight [N, K], got x "
-                         f"{tuple(x.shape)} and weight {tuple(weight.shape)}")
+        raise ValueError(
+            f"dense_linear: x must be [M, K] and weight [N, K], got x "
+            f"{tuple(x.shape)} and weight {tuple(weight.shape)}"
+        )
     if x.dtype == torch.float64 or weight.dtype == torch.float64:
         return x.double(), out_dtype
     return x.to(weight.dtype), out_dtype
@@ -266,8 +306,9 @@ def linear_acc(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @register_op(DENSE_LINEAR, "reference")
-def dense_linear(x: torch.Tensor, weight: torch.Tensor,
-                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def dense_linear(
+    x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     x, out_dtype = check_dense_linear_args(x, weight, out_dtype)
     if out_dtype == x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16):
         return F.linear(x, weight)  # fp32 accumulation inside, one rounding, one launch

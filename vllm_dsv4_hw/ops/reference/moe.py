@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reference routed experts (``moe_experts``) with the weights as shipped: FP4 e2m1 + ue8m0, or
 dense.
 
@@ -44,28 +45,36 @@ def validate_moe_args(x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale):
     if x.dim() != 2 or not x.is_floating_point():
         raise _shape_error("x", x, "a float [T, D] tensor")
     t, d = x.shape
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != t or topk_ids.is_floating_point() \
-            or topk_ids.dtype == torch.bool:
+    if (
+        topk_ids.dim() != 2
+        or topk_ids.shape[0] != t
+        or topk_ids.is_floating_point()
+        or topk_ids.dtype == torch.bool
+    ):
         raise _shape_error("topk_ids", topk_ids, f"an integer [T={t}, k] tensor")
     k = topk_ids.shape[1]
     if tuple(topk_weights.shape) != (t, k) or not topk_weights.is_floating_point():
         raise _shape_error("topk_weights", topk_weights, f"a float [T={t}, k={k}] tensor")
     if (w13_scale is None) != (w2_scale is None):
-        raise ValueError("moe_experts: w13_scale and w2_scale must both be given (FP4) or both "
-                         "be None (dense)")
+        raise ValueError(
+            "moe_experts: w13_scale and w2_scale must both be given (FP4) or both be None (dense)"
+        )
     fp4 = w13_scale is not None
     if w13.dim() != 3 or w13.shape[1] % 2:
         raise _shape_error("w13", w13, "[E, 2I, D/2] (FP4) or [E, 2I, D] (dense)")
     e, i = w13.shape[0], w13.shape[1] // 2
     if fp4:
         if d % FP4_BLOCK or i % FP4_BLOCK:
-            raise ValueError(f"moe_experts: FP4 experts need D and I multiples of {FP4_BLOCK}, "
-                             f"got D={d}, I={i}")
+            raise ValueError(
+                f"moe_experts: FP4 experts need D and I multiples of {FP4_BLOCK}, got D={d}, I={i}"
+            )
         for name, w, want in (("w13", w13, (e, 2 * i, d // 2)), ("w2", w2, (e, d, i // 2))):
             if tuple(w.shape) != want or w.dtype not in _FP4_DTYPES:
                 raise _shape_error(name, w, f"int8/uint8 {list(want)}")
-        for name, s, want in (("w13_scale", w13_scale, (e, 2 * i, d // FP4_BLOCK)),
-                              ("w2_scale", w2_scale, (e, d, i // FP4_BLOCK))):
+        for name, s, want in (
+            ("w13_scale", w13_scale, (e, 2 * i, d // FP4_BLOCK)),
+            ("w2_scale", w2_scale, (e, d, i // FP4_BLOCK)),
+        ):
             if tuple(s.shape) != want or s.dtype not in _SCALE_DTYPES:
                 raise _shape_error(name, s, f"ue8m0 (float8_e8m0fnu or uint8) {list(want)}")
     else:
@@ -79,7 +88,7 @@ def _row_factored_tile(packed: torch.Tensor, scale: torch.Tensor, md: torch.dtyp
     """FP4 rows [n, K/2] + scales [n, K/32] -> (e2m1 * s / c [n, K] in ``md``, c [n] in ``md``)."""
     n = packed.shape[0]
     vals = e2m1_decode(unpack_nibbles(packed.view(torch.uint8))).to(md)
-    s = ue8m0_decode(scale).to(md)                      # exact: 2^-127 .. 2^127 fit fp32
+    s = ue8m0_decode(scale).to(md)  # exact: 2^-127 .. 2^127 fit fp32
     c = s.amax(dim=1)
     rel = (s / c[:, None]).repeat_interleave(FP4_BLOCK, dim=1)  # powers of two <= 1 (exact)
     return (vals * rel).reshape(n, -1), c
@@ -93,8 +102,9 @@ def _rowwise_mm(xr: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
     return torch.bmm(xr.unsqueeze(1), wt.t().unsqueeze(0).expand(n, -1, -1)).squeeze(1)
 
 
-def expert_linear(xr: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None,
-                  md: torch.dtype) -> torch.Tensor:
+def expert_linear(
+    xr: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, md: torch.dtype
+) -> torch.Tensor:
     """``xr [n, K] (md) @ W^T`` for one expert's weight W [N, K] (FP4 rows + scales, or dense),
     dequantized in row tiles of at most ``TILE_ELEMENTS`` -> [n, N] in ``md``."""
     rows, k = w.shape[0], xr.shape[1]
@@ -127,9 +137,16 @@ def sum_slots(buf: torch.Tensor) -> torch.Tensor:
 
 
 @register_op(MOE_EXPERTS, "reference")
-def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                w13: torch.Tensor, w13_scale: torch.Tensor | None, w2: torch.Tensor,
-                w2_scale: torch.Tensor | None, swiglu_limit: float | None) -> torch.Tensor:
+def moe_experts(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor | None,
+    swiglu_limit: float | None,
+) -> torch.Tensor:
     """See ``ops.api.moe_experts``. Math in fp32 (float64 for float64 x)."""
     n_exp, inter, fp4 = validate_moe_args(x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale)
     md = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -141,18 +158,17 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
     flat = topk_ids.reshape(-1).to(torch.int64)
     bad = (flat < -1) | (flat >= n_exp)
     if bool(bad.any()):
-        raise ValueError(f"moe_experts: topk_ids must be in [-1, {n_exp}), got "
-                         f"{int(flat[bad][0])}")
-    order = torch.argsort(flat, stable=True)            # -1 slots first, then expert 0, 1, ...
+        raise ValueError(f"moe_experts: topk_ids must be in [-1, {n_exp}), got {int(flat[bad][0])}")
+    order = torch.argsort(flat, stable=True)  # -1 slots first, then expert 0, 1, ...
     counts = torch.bincount(flat + 1, minlength=n_exp + 1).tolist()
     w_flat = topk_weights.reshape(-1).to(md)
     buf_flat = buf.view(t * k, d)
-    start = counts[0]                                   # skip the -1 slots
+    start = counts[0]  # skip the -1 slots
     for e in range(n_exp):
         n = counts[e + 1]
         if n == 0:
             continue
-        pairs = order[start:start + n]
+        pairs = order[start : start + n]
         start += n
         xr = x[pairs // k].to(md)
         h = expert_linear(xr, w13[e], None if not fp4 else w13_scale[e], md)

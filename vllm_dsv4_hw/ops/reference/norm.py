@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reference RMSNorm: weighted (``RMSNorm_w``) and weightless (the per-head query norm)."""
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     y = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps)
     if weight is not None:
         if weight.shape != x.shape[-1:]:
-            raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} != last dim "
-                             f"{x.shape[-1]} of x")
+            raise ValueError(
+                f"rms_norm: weight shape {tuple(weight.shape)} != last dim {x.shape[-1]} of x"
+            )
         y = y * weight.to(md)
     return y.to(x.dtype)
 
 
 @register_op(QKV_RMS_NORM, "reference")
-def qkv_rms_norm(q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def qkv_rms_norm(
+    q_r: torch.Tensor, q_w: torch.Tensor, kv: torch.Tensor, kv_w: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     check_qkv_rms_norm_args(q_r, kv)
     return rms_norm(q_r, q_w, eps), rms_norm(kv, kv_w, eps)

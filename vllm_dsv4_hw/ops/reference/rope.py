@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reference RoPE: the cos/sin tables (plain and YaRN), the GPT-J interleaved rotation and the
 attention output's epilogue ``inv_rope_fp8_quant`` (inverse rotation, then e4m3 in 128-dim groups).
 
@@ -40,8 +41,11 @@ def rope_inv_freq(theta: float, rope_dim: int, yarn: YarnParams | None = None) -
         return freqs
 
     def correction_dim(num_rotations: float) -> float:
-        return dim * math.log(yarn.original_max_position_embeddings / (num_rotations * 2 * math.pi)) \
+        return (
+            dim
+            * math.log(yarn.original_max_position_embeddings / (num_rotations * 2 * math.pi))
             / (2 * math.log(theta))
+        )
 
     low = max(math.floor(correction_dim(yarn.beta_fast)), 0)
     high = min(math.ceil(correction_dim(yarn.beta_slow)), dim - 1)
@@ -51,8 +55,13 @@ def rope_inv_freq(theta: float, rope_dim: int, yarn: YarnParams | None = None) -
     return freqs / yarn.factor * ramp + freqs * (1.0 - ramp)
 
 
-def rope_cos_sin(theta: float, rope_dim: int, max_positions: int, yarn: YarnParams | None = None,
-                 device: torch.device | str = "cpu") -> torch.Tensor:
+def rope_cos_sin(
+    theta: float,
+    rope_dim: int,
+    max_positions: int,
+    yarn: YarnParams | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
     """[max_positions, rope_dim] float32 table: cos of the R/2 angles, then their sin."""
     if max_positions <= 0:
         raise ValueError(f"max_positions must be positive, got {max_positions}")
@@ -69,8 +78,12 @@ def rope_cos_sin(theta: float, rope_dim: int, max_positions: int, yarn: YarnPara
     return table.to(device)
 
 
-def rope_tables_for(cfg: DSV4Config, ratio: int, max_positions: int | None = None,
-                    device: torch.device | str = "cpu") -> torch.Tensor:
+def rope_tables_for(
+    cfg: DSV4Config,
+    ratio: int,
+    max_positions: int | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
     """The table of a layer with compress ratio ``ratio``: 0 -> ``rope_theta`` without YaRN;
     4 / 128 -> ``compress_rope_theta`` with YaRN (shared by queries, window keys, compressed
     entries and the indexer of that layer). ``max_positions`` defaults to the model's maximum."""
@@ -82,30 +95,34 @@ def rope_tables_for(cfg: DSV4Config, ratio: int, max_positions: int | None = Non
 
 
 @register_op(ROPE, "reference")
-def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-         inverse: bool = False) -> torch.Tensor:
+def rope(
+    x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
     """Rotate pairs (2j, 2j+1) of the last R dims of x [T, ..., D] by angle_j(positions[t])."""
     check_rope_args(x, positions, cos_sin)
     r = cos_sin.shape[-1]
     half = r // 2
     md = torch.float64 if x.dtype == torch.float64 else torch.float32
-    cs = cos_sin[positions.to(device=cos_sin.device, dtype=torch.long)].to(device=x.device, dtype=md)
+    cs = cos_sin[positions.to(device=cos_sin.device, dtype=torch.long)].to(
+        device=x.device, dtype=md
+    )
     bshape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
     cos = cs[:, :half].reshape(bshape)
     sin = cs[:, half:].reshape(bshape)
     if inverse:
         sin = -sin
-    pairs = x[..., x.shape[-1] - r:].to(md).unflatten(-1, (half, 2))
+    pairs = x[..., x.shape[-1] - r :].to(md).unflatten(-1, (half, 2))
     a, b = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
     out = x.clone()
-    out[..., x.shape[-1] - r:] = rotated.to(x.dtype)
+    out[..., x.shape[-1] - r :] = rotated.to(x.dtype)
     return out
 
 
 @register_op(INV_ROPE_FP8_QUANT, "reference")
-def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-                       inverse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def inv_rope_fp8_quant(
+    o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, inverse: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     check_inv_rope_fp8_quant_args(o, O_QUANT_GROUP)
     t, h, d = o.shape
     x = rope(o.float(), positions, cos_sin, inverse=inverse)

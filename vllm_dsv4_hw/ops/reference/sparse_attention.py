@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reference sparse attention: one softmax over window + compressed candidates, with a per-head sink.
 
 For token t and head h with candidate keys k_s (window candidates first, then compressed ones,
@@ -22,25 +23,37 @@ from vllm_dsv4_hw.ops.registry import register_op
 _CHUNK_ELEMS = 1 << 24
 
 
-def _unique_keys(cache: torch.Tensor | None, slots: torch.Tensor, fmt, dim: int,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _unique_keys(
+    cache: torch.Tensor | None, slots: torch.Tensor, fmt, dim: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Dequantize each distinct slot once: (rows [U, dim] fp32, index [*slots.shape] into rows).
     Slot -1 maps to a zero row (it is masked out anyway)."""
     if slots.numel() == 0 or cache is None:
         rows = torch.zeros(1, dim, dtype=torch.float32, device=device)
         return rows, torch.zeros(slots.shape, dtype=torch.long, device=device)
-    uniq, inverse = torch.unique(slots.to(device=cache.device, dtype=torch.long), return_inverse=True)
+    uniq, inverse = torch.unique(
+        slots.to(device=cache.device, dtype=torch.long), return_inverse=True
+    )
     rows = gather_rows(cache, uniq, fmt)
     return rows.to(device), inverse.to(device)
 
 
 @register_op(SPARSE_ATTENTION, "reference")
-def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
-                     comp_cache: torch.Tensor | None, comp_slots: torch.Tensor | None,
-                     fmt, sink: torch.Tensor, scale: float, comp_fmt=None) -> torch.Tensor:
+def sparse_attention(
+    q: torch.Tensor,
+    window_cache: torch.Tensor,
+    window_slots: torch.Tensor,
+    comp_cache: torch.Tensor | None,
+    comp_slots: torch.Tensor | None,
+    fmt,
+    sink: torch.Tensor,
+    scale: float,
+    comp_fmt=None,
+) -> torch.Tensor:
     comp_fmt = fmt if comp_fmt is None else comp_fmt
-    t, h, d, use_comp = check_sparse_attention_args(q, window_slots, comp_cache, comp_slots, fmt,
-                                                     sink, comp_fmt)
+    t, h, d, use_comp = check_sparse_attention_args(
+        q, window_slots, comp_cache, comp_slots, fmt, sink, comp_fmt
+    )
 
     md = torch.float64 if q.dtype == torch.float64 else torch.float32
     dev = q.device

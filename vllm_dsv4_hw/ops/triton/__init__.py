@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton kernels: the `triton` backend of the dispatch layer (NVIDIA GPUs; triton-ascend; the
 Triton interpreter on CPU with TRITON_INTERPRET=1 for tests).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton compressor: ``compressor_store`` (and ``compressor_pool``) of ``ops.api`` (spec section 3).
 
 Two launches, because rows written by this step are read by groups of the same step (the op gets
@@ -43,25 +44,41 @@ _OUT_POOLED = 1  # compressor_pool: write the pooled fp32 vector
 
 
 @triton.jit
-def _write_rows_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, state_ptr, slot_ptr, n_tokens,
-                       n_blocks, stride_kv, stride_score, stride_ape, stride_state,
-                       WIDTH: tl.constexpr, RATIO: tl.constexpr, BLOCK: tl.constexpr,
-                       BT: tl.constexpr, PDL: tl.constexpr = False):
+def _write_rows_kernel(
+    kv_ptr,
+    score_ptr,
+    pos_ptr,
+    ape_ptr,
+    state_ptr,
+    slot_ptr,
+    n_tokens,
+    n_blocks,
+    stride_kv,
+    stride_score,
+    stride_ape,
+    stride_state,
+    WIDTH: tl.constexpr,
+    RATIO: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BT: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """BT tokens per program: state[slot, :WIDTH] = kv, state[slot, WIDTH:] = score + ape[pos % R]
     (slot -1 skipped)."""
     pdl_start(PDL)
     for blk_t in range(tl.program_id(0), n_blocks, tl.num_programs(0)):  # grid-stride
-        t = blk_t * BT + tl.arange(0, BT)          # [BT]
+        t = blk_t * BT + tl.arange(0, BT)  # [BT]
         tv = t < n_tokens
         slot = tl.load(slot_ptr + t, mask=tv, other=-1).to(tl.int64)
         pos = tl.load(pos_ptr + t, mask=tv, other=0).to(tl.int64)
         c = tl.arange(0, BLOCK)
-        m = (c[None, :] < WIDTH) & (slot >= 0)[:, None]        # [BT, BLOCK]
+        m = (c[None, :] < WIDTH) & (slot >= 0)[:, None]  # [BT, BLOCK]
         t64 = t.to(tl.int64)[:, None]
         kv = tl.load(kv_ptr + t64 * stride_kv + c[None, :], mask=m, other=0.0).to(tl.float32)
         sc = tl.load(score_ptr + t64 * stride_score + c[None, :], mask=m, other=0.0).to(tl.float32)
-        ape = tl.load(ape_ptr + (pos % RATIO)[:, None] * stride_ape + c[None, :], mask=m,
-                      other=0.0).to(tl.float32)
+        ape = tl.load(
+            ape_ptr + (pos % RATIO)[:, None] * stride_ape + c[None, :], mask=m, other=0.0
+        ).to(tl.float32)
         row = state_ptr + slot[:, None] * stride_state + c[None, :]
         tl.store(row, kv, mask=m)
         tl.store(row + WIDTH, sc + ape, mask=m)
@@ -76,17 +93,41 @@ def _f32_pair(u):
 
 
 @triton.jit
-def _pool_kernel(state_ptr, rows_ptr, n_groups, n_gblocks, stride_state_pairs, stride_rows,
-                 # compressor_store only:
-                 w_ptr, eps, cos_sin_ptr, stride_cs, entry_ptr, cache_ptr, cache_slot_ptr,
-                 page_stride,
-                 # compressor_pool only:
-                 out_ptr, stride_out,
-                 D: tl.constexpr, RATIO: tl.constexpr, COFF: tl.constexpr,
-                 NB: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr, BLOCK_R: tl.constexpr,
-                 E: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
-                 FMT: tl.constexpr, OUT: tl.constexpr, ROPE: tl.constexpr,
-                 SKIP_EMPTY: tl.constexpr, PDL: tl.constexpr = False):
+def _pool_kernel(
+    state_ptr,
+    rows_ptr,
+    n_groups,
+    n_gblocks,
+    stride_state_pairs,
+    stride_rows,
+    # compressor_store only:
+    w_ptr,
+    eps,
+    cos_sin_ptr,
+    stride_cs,
+    entry_ptr,
+    cache_ptr,
+    cache_slot_ptr,
+    page_stride,
+    # compressor_pool only:
+    out_ptr,
+    stride_out,
+    D: tl.constexpr,
+    RATIO: tl.constexpr,
+    COFF: tl.constexpr,
+    NB: tl.constexpr,
+    BP: tl.constexpr,
+    GB: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    E: tl.constexpr,
+    DATA_BYTES: tl.constexpr,
+    SCALE_BYTES: tl.constexpr,
+    FMT: tl.constexpr,
+    OUT: tl.constexpr,
+    ROPE: tl.constexpr,
+    SKIP_EMPTY: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """GB groups per program (1 on GPUs; more under the interpreter, where per-op overhead
     dominates). Tile rows q = (group, block): QR = GB * NB rows of BP pairs; W = COFF * RATIO
     member rows per group."""
@@ -100,13 +141,13 @@ def _pool_kernel(state_ptr, rows_ptr, n_groups, n_gblocks, stride_state_pairs, s
         else:
             n_rows = COFF * RATIO
         q = tl.arange(0, GB * NB)
-        gi = gblk * GB + q // NB                  # [QR] group of each tile row
+        gi = gblk * GB + q // NB  # [QR] group of each tile row
         gv = gi < n_groups
         g64 = tl.minimum(gi, n_groups - 1).to(tl.int64)
-        blk = q % NB                                          # [QR] block of the row in its entry
+        blk = q % NB  # [QR] block of the row in its entry
         p = tl.arange(0, BP)
-        pidx = blk[:, None] * BP + p[None, :]                 # [QR, BP] pair index within the entry
-        pidx3 = pidx[None, :, :]                              # [1, QR, BP]
+        pidx = blk[:, None] * BP + p[None, :]  # [QR, BP] pair index within the entry
+        pidx3 = pidx[None, :, :]  # [1, QR, BP]
 
         m_e = tl.full([GB * NB, BP], float("-inf"), tl.float32)
         m_o = tl.full([GB * NB, BP], float("-inf"), tl.float32)
@@ -115,14 +156,18 @@ def _pool_kernel(state_ptr, rows_ptr, n_groups, n_gblocks, stride_state_pairs, s
         a_e = tl.zeros([GB * NB, BP], tl.float32)
         a_o = tl.zeros([GB * NB, BP], tl.float32)
         for r0 in range(0, n_rows, BLOCK_R):
-            r = r0 + tl.arange(0, BLOCK_R)                    # [BLOCK_R] member rows, oldest first
-            slot = tl.load(rows_ptr + g64[None, :] * stride_rows + r[:, None],
-                           mask=(r[:, None] < COFF * RATIO) & gv[None, :],
-                           other=-1)                      # [BLOCK_R, QR]
+            r = r0 + tl.arange(0, BLOCK_R)  # [BLOCK_R] member rows, oldest first
+            slot = tl.load(
+                rows_ptr + g64[None, :] * stride_rows + r[:, None],
+                mask=(r[:, None] < COFF * RATIO) & gv[None, :],
+                other=-1,
+            )  # [BLOCK_R, QR]
             present = (slot >= 0)[:, :, None]
             # (even, odd) channel pairs as one 8-byte load each: offsets in pairs of fp32
-            row = (state_ptr.to(tl.pointer_type(tl.uint64))
-                   + slot.to(tl.int64)[:, :, None] * stride_state_pairs)
+            row = (
+                state_ptr.to(tl.pointer_type(tl.uint64))
+                + slot.to(tl.int64)[:, :, None] * stride_state_pairs
+            )
             # member row j reads channel block j // RATIO (c4a: previous group -> [0, D),
             # own -> [D, 2D)); col: [BLOCK_R, QR, BP] offsets in fp32 pairs
             col = ((r // RATIO) * (D // 2))[:, None, None] + pidx3
@@ -155,15 +200,15 @@ def _pool_kernel(state_ptr, rows_ptr, n_groups, n_gblocks, stride_state_pairs, s
             tl.store(orow + 1, xo, mask=om)
         else:
             # RMSNorm with weight (fp32): sum of squares per row, then per group (rows of one group)
-            ss_row = tl.sum(xe * xe + xo * xo, axis=1)                          # [QR]
-            ss_g = tl.sum(tl.reshape(ss_row, [GB, NB]), axis=1)                 # [GB]
+            ss_row = tl.sum(xe * xe + xo * xo, axis=1)  # [QR]
+            ss_g = tl.sum(tl.reshape(ss_row, [GB, NB]), axis=1)  # [GB]
             ss = tl.reshape(tl.broadcast_to(ss_g[:, None], [GB, NB]), [GB * NB])  # [QR]
             rstd = (1.0 / tl.sqrt(ss / D + eps))[:, None]
             xe = xe * rstd * tl.load(w_ptr + 2 * pidx).to(tl.float32)
             xo = xo * rstd * tl.load(w_ptr + 2 * pidx + 1).to(tl.float32)
             # GPT-J RoPE on the last ROPE dims at position RATIO * entry_index: pair j of the
             # rope part rotates by angle j (cos_sin row: ROPE/2 cos, then ROPE/2 sin)
-            rpos = tl.load(entry_ptr + g64).to(tl.int64) * RATIO                # [QR]
+            rpos = tl.load(entry_ptr + g64).to(tl.int64) * RATIO  # [QR]
             j = pidx - (D - ROPE) // 2
             in_rope = (j >= 0) & gv[:, None]
             cs_row = cos_sin_ptr + rpos[:, None] * stride_cs
@@ -174,12 +219,12 @@ def _pool_kernel(state_ptr, rows_ptr, n_groups, n_gblocks, stride_state_pairs, s
             xe = tl.where(in_rope, re, xe)
             xo = tl.where(in_rope, ro, xo)
             # quantize + insert (one entry per group; its rows carry their own offsets)
-            cslot = tl.load(cache_slot_ptr + g64).to(tl.int64)                 # [QR]
+            cslot = tl.load(cache_slot_ptr + g64).to(tl.int64)  # [QR]
             ok = (cslot >= 0) & gv
-            data_off, scale_off = entry_offsets(tl.maximum(cslot, 0), E, page_stride,
-                                                DATA_BYTES, SCALE_BYTES)
-            store_entry_pairs(cache_ptr, data_off[:, None], scale_off, xe, xo, pidx, blk, ok,
-                              FMT)
+            data_off, scale_off = entry_offsets(
+                tl.maximum(cslot, 0), E, page_stride, DATA_BYTES, SCALE_BYTES
+            )
+            store_entry_pairs(cache_ptr, data_off[:, None], scale_off, xe, xo, pidx, blk, ok, FMT)
 
 
 def _layout(fmt_code: int, d: int) -> tuple[int, int]:
@@ -209,14 +254,17 @@ def _check_inputs(kv, score, positions, ape, state, state_slots, group_rows, rat
         raise ValueError(f"ape must be [{ratio}, {coff * d}], got {tuple(ape.shape)}")
     width = kind.state_width(d)
     if state.dtype != torch.float32 or state.dim() != 2 or state.shape[-1] != width:
-        raise ValueError(f"state must be fp32 [S, {width}], got {state.dtype} "
-                         f"{tuple(state.shape)}")
+        raise ValueError(f"state must be fp32 [S, {width}], got {state.dtype} {tuple(state.shape)}")
     if state.stride(-1) != 1 or state.stride(0) % 2 or state.data_ptr() % 8:
-        raise ValueError("triton compressor: state rows must be contiguous, 8-byte aligned, with an "
-                         "even row stride")
+        raise ValueError(
+            "triton compressor: state rows must be contiguous, 8-byte aligned, with an "
+            "even row stride"
+        )
     if group_rows.dim() != 2 or group_rows.shape[1] != kind.group_width:
-        raise ValueError(f"group_rows must be [G, {kind.group_width}] for ratio {ratio}, got "
-                         f"{tuple(group_rows.shape)}")
+        raise ValueError(
+            f"group_rows must be [G, {kind.group_width}] for ratio {ratio}, got "
+            f"{tuple(group_rows.shape)}"
+        )
     return coff, d
 
 
@@ -236,10 +284,25 @@ def _write_rows(kv, score, positions, ape, state, state_slots, ratio, coff, d):
     bt = _INTERP_TOKENS if _interpreted(dev) else 1
     nblk = cdiv(n, bt)
     _write_rows_kernel[(_grid(nblk, dev),)](
-        kv, score, pos, ape, state, slots, n, nblk,
-        kv.stride(0), score.stride(0), ape.stride(0), state.stride(0),
-        WIDTH=width, RATIO=ratio, BLOCK=next_pow2(width), BT=bt, num_warps=4,
-        **pdl_launch(dev))
+        kv,
+        score,
+        pos,
+        ape,
+        state,
+        slots,
+        n,
+        nblk,
+        kv.stride(0),
+        score.stride(0),
+        ape.stride(0),
+        state.stride(0),
+        WIDTH=width,
+        RATIO=ratio,
+        BLOCK=next_pow2(width),
+        BT=bt,
+        num_warps=4,
+        **pdl_launch(dev),
+    )
 
 
 def _grid(n: int, device: torch.device) -> int:
@@ -272,9 +335,24 @@ def _block_r(ratio: int, d: int, gb: int) -> int:
 POOL_CONFIG = {"row_budget": 1024, "warps_large": 8, "warps_small": 4}
 
 
-def _launch_pool(state, group_rows, ratio, coff, d, fmt_code, out_mode, *, norm_weight=None,
-                 eps=0.0, cos_sin=None, entry_index=None, cache=None, cache_slots=None, fmt=None,
-                 out=None):
+def _launch_pool(
+    state,
+    group_rows,
+    ratio,
+    coff,
+    d,
+    fmt_code,
+    out_mode,
+    *,
+    norm_weight=None,
+    eps=0.0,
+    cos_sin=None,
+    entry_index=None,
+    cache=None,
+    cache_slots=None,
+    fmt=None,
+    out=None,
+):
     g = group_rows.shape[0]
     dev = state.device
     rows = group_rows.to(device=dev, dtype=torch.int64).contiguous()
@@ -295,13 +373,30 @@ def _launch_pool(state, group_rows, ratio, coff, d, fmt_code, out_mode, *, norm_
     gb = min(_INTERP_GROUPS, next_pow2(g)) if _interpreted(dev) else 1
     ngb = cdiv(g, gb)
     _pool_kernel[(_grid(ngb, dev),)](
-                       state, rows, g, ngb, state.stride(0) // 2, rows.stride(0), *args,
-                       D=d, RATIO=ratio, COFF=coff, NB=nb, BP=bp, GB=gb,
-                       BLOCK_R=_block_r(ratio, d, gb),
-                       E=e, DATA_BYTES=data_bytes, SCALE_BYTES=scale_bytes, FMT=fmt_code,
-                       OUT=out_mode, ROPE=rope_dim, SKIP_EMPTY=out_mode == _OUT_CACHE and gb == 1,
-                       num_warps=POOL_CONFIG["warps_large" if d >= 512 else "warps_small"],
-                       **pdl_launch(dev))
+        state,
+        rows,
+        g,
+        ngb,
+        state.stride(0) // 2,
+        rows.stride(0),
+        *args,
+        D=d,
+        RATIO=ratio,
+        COFF=coff,
+        NB=nb,
+        BP=bp,
+        GB=gb,
+        BLOCK_R=_block_r(ratio, d, gb),
+        E=e,
+        DATA_BYTES=data_bytes,
+        SCALE_BYTES=scale_bytes,
+        FMT=fmt_code,
+        OUT=out_mode,
+        ROPE=rope_dim,
+        SKIP_EMPTY=out_mode == _OUT_CACHE and gb == 1,
+        num_warps=POOL_CONFIG["warps_large" if d >= 512 else "warps_small"],
+        **pdl_launch(dev),
+    )
 
 
 @register_op(api.COMPRESSOR_POOL, "triton")
@@ -317,8 +412,23 @@ def compressor_pool(kv, score, positions, ape, state, state_slots, group_rows, r
 
 
 @register_op(api.COMPRESSOR_STORE, "triton")
-def compressor_store(kv, score, positions, ape, state, state_slots, group_rows, ratio,
-                     norm_weight, eps, cos_sin, group_entry_index, cache, cache_slots, fmt) -> None:
+def compressor_store(
+    kv,
+    score,
+    positions,
+    ape,
+    state,
+    state_slots,
+    group_rows,
+    ratio,
+    norm_weight,
+    eps,
+    cos_sin,
+    group_entry_index,
+    cache,
+    cache_slots,
+    fmt,
+) -> None:
     """Triton ``compressor_store``: write rows (launch 1); then one fused program per completed group:
     pool + RMSNorm_w + RoPE + quantize + paged insert with ``fmt`` (launch 2)."""
     coff, d = _check_inputs(kv, score, positions, ape, state, state_slots, group_rows, ratio)
@@ -326,14 +436,28 @@ def compressor_store(kv, score, positions, ape, state, state_slots, group_rows, 
     if fmt.dim != d:
         raise ValueError(f"format {fmt.name} holds dim {fmt.dim} entries, compressor d is {d}")
     if cos_sin.dim() != 2 or cos_sin.shape[-1] % 2 or cos_sin.shape[-1] > d:
-        raise ValueError(f"cos_sin must be [P, R] with R even and <= {d}, got "
-                         f"{tuple(cos_sin.shape)}")
+        raise ValueError(
+            f"cos_sin must be [P, R] with R even and <= {d}, got {tuple(cos_sin.shape)}"
+        )
     if norm_weight.shape != (d,):
         raise ValueError(f"norm_weight must be [{d}], got {tuple(norm_weight.shape)}")
     quant.check_cache(cache, fmt)
     _write_rows(kv, score, positions, ape, state, state_slots, ratio, coff, d)
     if group_rows.shape[0] == 0:
         return
-    _launch_pool(state, group_rows, ratio, coff, d, fmt_code, _OUT_CACHE, norm_weight=norm_weight,
-                 eps=eps, cos_sin=cos_sin, entry_index=group_entry_index, cache=cache,
-                 cache_slots=cache_slots, fmt=fmt)
+    _launch_pool(
+        state,
+        group_rows,
+        ratio,
+        coff,
+        d,
+        fmt_code,
+        _OUT_CACHE,
+        norm_weight=norm_weight,
+        eps=eps,
+        cos_sin=cos_sin,
+        entry_index=group_entry_index,
+        cache=cache,
+        cache_slots=cache_slots,
+        fmt=fmt,
+    )

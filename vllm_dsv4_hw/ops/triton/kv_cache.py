@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton ``kv_insert`` / ``kv_gather``: quantize rows into, and dequantize rows out of, a paged cache,
 one program per row.
 
@@ -82,18 +83,26 @@ def _check_slot_values(slots: torch.Tensor, cache: torch.Tensor, fmt) -> None:
         capacity = cache.shape[0] * fmt.entries_per_page
         bad = (slots < -1) | (slots >= capacity)
         if bool(bad.any()):
-            raise ValueError(f"{fmt.name}: slots must be -1 or in [0, {capacity}) ({cache.shape[0]} "
-                             f"pages x {fmt.entries_per_page}); got e.g. {int(slots[bad][0])}")
+            raise ValueError(
+                f"{fmt.name}: slots must be -1 or in [0, {capacity}) ({cache.shape[0]} "
+                f"pages x {fmt.entries_per_page}); got e.g. {int(slots[bad][0])}"
+            )
 
 
 def _check_cache_and_slots(cache: torch.Tensor, slots, fmt) -> torch.Tensor:
     fmt.page_views(cache)  # layout checks (uint8, 2-D, page size)
     if cache.shape[0] and cache.stride(1) != 1:
         raise ValueError(f"{fmt.name}: cache pages must be contiguous (stride {cache.stride()})")
-    if not isinstance(slots, torch.Tensor) or slots.is_floating_point() or slots.is_complex() \
-            or slots.dtype == torch.bool:
-        raise ValueError(f"{fmt.name}: slots must be an integer tensor, got "
-                         f"{getattr(slots, 'dtype', type(slots).__name__)}")
+    if (
+        not isinstance(slots, torch.Tensor)
+        or slots.is_floating_point()
+        or slots.is_complex()
+        or slots.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"{fmt.name}: slots must be an integer tensor, got "
+            f"{getattr(slots, 'dtype', type(slots).__name__)}"
+        )
     return slots.to(cache.device)
 
 
@@ -101,7 +110,9 @@ def check_insert_args(cache: torch.Tensor, slots, n: int, fmt) -> torch.Tensor:
     """Validate cache / slots for ``n`` rows; return the slots on the cache's device."""
     slots = _check_cache_and_slots(cache, slots, fmt)
     if slots.dim() != 1 or slots.shape[0] != n:
-        raise ValueError(f"{fmt.name}: slots must be [N] with N = {n} rows, got {tuple(slots.shape)}")
+        raise ValueError(
+            f"{fmt.name}: slots must be [N] with N = {n} rows, got {tuple(slots.shape)}"
+        )
     _check_slot_values(slots, cache, fmt)
     return slots
 
@@ -139,8 +150,9 @@ def _load_bf16(cache_ptr, off, mask, ALIGNED: tl.constexpr):
 
 
 @triton.jit
-def store_entry(cache_ptr, data_off, scale_off, xe, xo, pidx, blk, ok, FMT: tl.constexpr,
-                ALIGNED: tl.constexpr):
+def store_entry(
+    cache_ptr, data_off, scale_off, xe, xo, pidx, blk, ok, FMT: tl.constexpr, ALIGNED: tl.constexpr
+):
     """Quantize one entry held as fp32 pairs and write its data and scale parts.
 
     ``xe`` / ``xo`` [NB, BP] are dims 2j / 2j+1, j = ``pidx`` = blk * BP + p; a tile row is one
@@ -154,8 +166,9 @@ def store_entry(cache_ptr, data_off, scale_off, xe, xo, pidx, blk, ok, FMT: tl.c
     if FMT == _FP32:
         if ALIGNED:
             tl.store((cache_ptr + data_off + 4 * de).to(tl.pointer_type(tl.float32)), xe, mask=mask)
-            tl.store((cache_ptr + data_off + 4 * de + 4).to(tl.pointer_type(tl.float32)), xo,
-                     mask=mask)
+            tl.store(
+                (cache_ptr + data_off + 4 * de + 4).to(tl.pointer_type(tl.float32)), xo, mask=mask
+            )
         else:
             store_bytes_u32(cache_ptr, data_off + 4 * de, xe.to(tl.uint32, bitcast=True), mask)
             store_bytes_u32(cache_ptr, data_off + 4 * de + 4, xo.to(tl.uint32, bitcast=True), mask)
@@ -172,13 +185,15 @@ def store_entry(cache_ptr, data_off, scale_off, xe, xo, pidx, blk, ok, FMT: tl.c
         _store_bf16(cache_ptr, rope_off, xe_b, mask & rope, ALIGNED)
         _store_bf16(cache_ptr, rope_off + 2, xo_b, mask & rope, ALIGNED)
         # 7 ue8m0 bytes; row 7 is the bf16 rope block: its byte is the zero pad
-        tl.store(cache_ptr + scale_off + blk, tl.where(blk < 7, ex + 127, 0).to(tl.uint8),
-                 mask=bmask)
+        tl.store(
+            cache_ptr + scale_off + blk, tl.where(blk < 7, ex + 127, 0).to(tl.uint8), mask=bmask
+        )
     elif FMT == _FP8_INDEXER:
         xe = round_to_bf16(xe)
         xo = round_to_bf16(xo)
-        amax = tl.maximum(tl.max(tl.max(tl.abs(xe), axis=1), axis=0),
-                          tl.max(tl.max(tl.abs(xo), axis=1), axis=0))
+        amax = tl.maximum(
+            tl.max(tl.max(tl.abs(xe), axis=1), axis=0), tl.max(tl.max(tl.abs(xo), axis=1), axis=0)
+        )
         ex = ceil_log2_div(tl.maximum(amax, 1e-4), 0x600000, 8)
         inv = pow2_f32(-ex)
         tl.store(cache_ptr + data_off + de, f32_to_e4m3_bits(xe * inv), mask=mask)
@@ -195,8 +210,9 @@ def load_entry(cache_ptr, data_off, scale_off, d, mask, FMT: tl.constexpr, ALIGN
     """Dims ``d`` of the entries at ``data_off`` / ``scale_off`` -> fp32 (masked lanes: 0)."""
     if FMT == _FP32:
         if ALIGNED:
-            v = tl.load((cache_ptr + data_off + 4 * d).to(tl.pointer_type(tl.float32)), mask=mask,
-                        other=0.0)
+            v = tl.load(
+                (cache_ptr + data_off + 4 * d).to(tl.pointer_type(tl.float32)), mask=mask, other=0.0
+            )
         else:
             v = load_f32_bytewise(cache_ptr, data_off + 4 * d, mask)
     elif FMT == _BF16:
@@ -216,21 +232,47 @@ def load_entry(cache_ptr, data_off, scale_off, d, mask, FMT: tl.constexpr, ALIGN
 
 
 @triton.jit
-def insert_entry(cache_ptr, slot, capacity, E, page_stride, xe, xo, pidx, blk,
-                 DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, FMT: tl.constexpr,
-                 ALIGNED: tl.constexpr):
+def insert_entry(
+    cache_ptr,
+    slot,
+    capacity,
+    E,
+    page_stride,
+    xe,
+    xo,
+    pidx,
+    blk,
+    DATA_BYTES: tl.constexpr,
+    SCALE_BYTES: tl.constexpr,
+    FMT: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
     """Write one entry held as fp32 pairs [NB, BP] at ``slot`` (skipped unless 0 <= slot < cap)."""
     valid = (slot >= 0) & (slot < capacity)
-    data_off, scale_off = entry_offsets(tl.where(valid, slot, 0), E, page_stride, DATA_BYTES,
-                                        SCALE_BYTES)
+    data_off, scale_off = entry_offsets(
+        tl.where(valid, slot, 0), E, page_stride, DATA_BYTES, SCALE_BYTES
+    )
     store_entry(cache_ptr, data_off, scale_off, xe, xo, pidx, blk, valid, FMT, ALIGNED)
 
 
 @triton.jit
-def _kv_insert_kernel(cache_ptr, slots_ptr, x_ptr, n_rows, x_stride, page_stride, capacity, E,
-                      DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, NB: tl.constexpr,
-                      BP: tl.constexpr, FMT: tl.constexpr, ALIGNED: tl.constexpr,
-                      PDL: tl.constexpr = False):
+def _kv_insert_kernel(
+    cache_ptr,
+    slots_ptr,
+    x_ptr,
+    n_rows,
+    x_stride,
+    page_stride,
+    capacity,
+    E,
+    DATA_BYTES: tl.constexpr,
+    SCALE_BYTES: tl.constexpr,
+    NB: tl.constexpr,
+    BP: tl.constexpr,
+    FMT: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     pdl_start(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -243,15 +285,40 @@ def _kv_insert_kernel(cache_ptr, slots_ptr, x_ptr, n_rows, x_stride, page_stride
             src = x_ptr + r * x_stride
             xe = tl.load(src + 2 * pidx).to(tl.float32)
             xo = tl.load(src + 2 * pidx + 1).to(tl.float32)
-            insert_entry(cache_ptr, slot, capacity, E, page_stride, xe, xo, pidx, blk,
-                         DATA_BYTES, SCALE_BYTES, FMT, ALIGNED)
+            insert_entry(
+                cache_ptr,
+                slot,
+                capacity,
+                E,
+                page_stride,
+                xe,
+                xo,
+                pidx,
+                blk,
+                DATA_BYTES,
+                SCALE_BYTES,
+                FMT,
+                ALIGNED,
+            )
 
 
 @triton.jit
-def _kv_gather_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, page_stride, capacity, E,
-                      DIM: tl.constexpr, BLOCK_D: tl.constexpr, DATA_BYTES: tl.constexpr,
-                      SCALE_BYTES: tl.constexpr, FMT: tl.constexpr, ALIGNED: tl.constexpr,
-                      PDL: tl.constexpr = False):
+def _kv_gather_kernel(
+    cache_ptr,
+    slots_ptr,
+    out_ptr,
+    n_rows,
+    page_stride,
+    capacity,
+    E,
+    DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DATA_BYTES: tl.constexpr,
+    SCALE_BYTES: tl.constexpr,
+    FMT: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     pdl_start(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -261,8 +328,9 @@ def _kv_gather_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, page_stride, capaci
         r = tl.cast(row, tl.int64)
         slot = tl.load(slots_ptr + r).to(tl.int64)
         valid = (slot >= 0) & (slot < capacity)
-        data_off, scale_off = entry_offsets(tl.where(valid, slot, 0), E, page_stride, DATA_BYTES,
-                                            SCALE_BYTES)
+        data_off, scale_off = entry_offsets(
+            tl.where(valid, slot, 0), E, page_stride, DATA_BYTES, SCALE_BYTES
+        )
         m = dm & ((d * 0 + valid.to(tl.int32)) != 0)
         v = load_entry(cache_ptr, data_off, scale_off, d, m, FMT, ALIGNED)
         tl.store(out_ptr + r * DIM + d, tl.where(m, v, 0.0), mask=dm)
@@ -272,8 +340,10 @@ def _kv_gather_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, page_stride, capaci
 @register_op(KV_INSERT, "triton")
 def kv_insert(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[-1] != fmt.dim:
-        raise ValueError(f"{fmt.name}: x must be [N, {fmt.dim}], got "
-                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        raise ValueError(
+            f"{fmt.name}: x must be [N, {fmt.dim}], got "
+            f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
+        )
     if not x.is_floating_point():
         raise ValueError(f"{fmt.name}: x must be a floating-point tensor, got {x.dtype}")
     code, nb, bp = entry_layout(fmt)
@@ -285,11 +355,23 @@ def kv_insert(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt) ->
     if x.stride(-1) != 1:
         x = x.contiguous()
     _kv_insert_kernel[grid_1d(n, cache.device)](
-        cache, slots, x, n, x.stride(0), cache.stride(0),
-        cache.shape[0] * fmt.entries_per_page, fmt.entries_per_page,
-        DATA_BYTES=fmt.data_bytes, SCALE_BYTES=fmt.scale_bytes, NB=nb, BP=bp, FMT=code,
-        ALIGNED=cache_aligned(cache), num_warps=4 if fmt.dim >= 512 else 2,
-        **pdl_launch(cache.device))
+        cache,
+        slots,
+        x,
+        n,
+        x.stride(0),
+        cache.stride(0),
+        cache.shape[0] * fmt.entries_per_page,
+        fmt.entries_per_page,
+        DATA_BYTES=fmt.data_bytes,
+        SCALE_BYTES=fmt.scale_bytes,
+        NB=nb,
+        BP=bp,
+        FMT=code,
+        ALIGNED=cache_aligned(cache),
+        num_warps=4 if fmt.dim >= 512 else 2,
+        **pdl_launch(cache.device),
+    )
 
 
 @register_op(KV_GATHER, "triton")
@@ -305,18 +387,40 @@ def kv_gather(cache: torch.Tensor, slots: torch.Tensor, fmt) -> torch.Tensor:
         return out.zero_()
     flat = slots.reshape(-1)
     _kv_gather_kernel[grid_1d(n, cache.device)](
-        cache, flat, out, n, cache.stride(0), cache.shape[0] * fmt.entries_per_page,
-        fmt.entries_per_page, DIM=fmt.dim, BLOCK_D=next_pow2(fmt.dim),
-        DATA_BYTES=fmt.data_bytes, SCALE_BYTES=fmt.scale_bytes, FMT=code,
-        ALIGNED=cache_aligned(cache), num_warps=4 if fmt.dim >= 512 else 2,
-        **pdl_launch(cache.device))
+        cache,
+        flat,
+        out,
+        n,
+        cache.stride(0),
+        cache.shape[0] * fmt.entries_per_page,
+        fmt.entries_per_page,
+        DIM=fmt.dim,
+        BLOCK_D=next_pow2(fmt.dim),
+        DATA_BYTES=fmt.data_bytes,
+        SCALE_BYTES=fmt.scale_bytes,
+        FMT=code,
+        ALIGNED=cache_aligned(cache),
+        num_warps=4 if fmt.dim >= 512 else 2,
+        **pdl_launch(cache.device),
+    )
     return out
 
 
 @triton.jit
-def _entry_slots_kernel(bt_ptr, req_ptr, idx_ptr, out_ptr, k, n_cols, stride_bt, stride_idx,
-                        stride_out, PER_PAGE: tl.constexpr, BLOCK: tl.constexpr,
-                        PDL: tl.constexpr = False):
+def _entry_slots_kernel(
+    bt_ptr,
+    req_ptr,
+    idx_ptr,
+    out_ptr,
+    k,
+    n_cols,
+    stride_bt,
+    stride_idx,
+    stride_out,
+    PER_PAGE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -331,8 +435,9 @@ def _entry_slots_kernel(bt_ptr, req_ptr, idx_ptr, out_ptr, k, n_cols, stride_bt,
 
 
 @register_op(api.ENTRY_SLOTS, "triton")
-def entry_slots(block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.Tensor,
-                per_page: int) -> torch.Tensor:
+def entry_slots(
+    block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.Tensor, per_page: int
+) -> torch.Tensor:
     t, k = idx.shape
     dev = idx.device
     out = torch.empty(t, k, dtype=torch.int64, device=dev)
@@ -343,6 +448,18 @@ def entry_slots(block_table: torch.Tensor, token_req: torch.Tensor, idx: torch.T
     req = token_req if token_req.device == dev else token_req.to(dev)
     block = min(1024, next_pow2(k))
     _entry_slots_kernel[(t, cdiv(k, block))](
-        bt, req, idx, out, k, bt.shape[1], bt.stride(0), idx.stride(0), out.stride(0),
-        PER_PAGE=per_page, BLOCK=block, num_warps=4, **pdl_launch(dev))
+        bt,
+        req,
+        idx,
+        out,
+        k,
+        bt.shape[1],
+        bt.stride(0),
+        idx.stride(0),
+        out.stride(0),
+        PER_PAGE=per_page,
+        BLOCK=block,
+        num_warps=4,
+        **pdl_launch(dev),
+    )
     return out

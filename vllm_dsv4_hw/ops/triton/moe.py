@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton routed experts (``moe_experts``): a grouped GEMM over (token, slot) pairs sorted by
 expert, FP4 e2m1 + ue8m0 weights decoded in registers (or dense weights), graph-safe.
 
@@ -77,8 +78,7 @@ def align_pairs(topk_ids: torch.Tensor, n_exp: int, bm: int):
     sorted_ids.scatter_(0, dest, order.to(torch.int32))
     blocks = torch.arange(n_blocks, device=dev)
     block_expert = torch.searchsorted(pad_end // bm, blocks, right=True).clamp(max=n_exp - 1)
-    return (sorted_ids[:dump], block_expert.to(torch.int32), pad_end[-1:].to(torch.int32),
-            n_blocks)
+    return (sorted_ids[:dump], block_expert.to(torch.int32), pad_end[-1:].to(torch.int32), n_blocks)
 
 
 def launch_config(n_pairs: int, n_exp: int) -> dict:
@@ -107,8 +107,10 @@ def _tokens_per_launch(t: int, k: int, n_exp: int, inter: int, d: int, limit: in
     while tokens > 1 and _programs(tokens, k, n_exp, inter, d) > limit:
         tokens = (tokens + 1) // 2
     if _programs(tokens, k, n_exp, inter, d) > limit:
-        raise ValueError(f"moe_experts (triton): one token needs {_programs(1, k, n_exp, inter, d)} "
-                         f"programs, over the device's grid bound {limit}")
+        raise ValueError(
+            f"moe_experts (triton): one token needs {_programs(1, k, n_exp, inter, d)} "
+            f"programs, over the device's grid bound {limit}"
+        )
     return tokens
 
 
@@ -141,17 +143,30 @@ def _load_x(ptrs, mask, BF16_BITS: tl.constexpr):
 
 
 @triton.jit
-def _fp4_group_dot(xrow, w_ptr, s_ptr, rows, rmask, mmask, stride_wn, stride_sn, g,
-                   BM: tl.constexpr, BN: tl.constexpr, DOT_BF16: tl.constexpr,
-                   BF16_BITS: tl.constexpr):
+def _fp4_group_dot(
+    xrow,
+    w_ptr,
+    s_ptr,
+    rows,
+    rmask,
+    mmask,
+    stride_wn,
+    stride_sn,
+    g,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+):
     """Scale group g of an FP4 weight: ``s[rows, g] * (x[:, 32g:32g+32] . w[rows, 32g:32g+32])``
     [BM, BN] fp32, as an even-element and an odd-element K=16 dot (no nibble interleave)."""
     j = tl.arange(0, 16)
     xp = xrow[:, None] + g * 32 + 2 * j[None, :]
     xe = _load_x(xp, mmask[:, None], BF16_BITS)
     xo = _load_x(xp + 1, mmask[:, None], BF16_BITS)
-    b = tl.load(w_ptr + rows[None, :] * stride_wn + g * 16 + j[:, None], mask=rmask[None, :],
-                other=0).to(tl.int32)                                    # [16, BN] transposed
+    b = tl.load(
+        w_ptr + rows[None, :] * stride_wn + g * 16 + j[:, None], mask=rmask[None, :], other=0
+    ).to(tl.int32)  # [16, BN] transposed
     part = _dot(xe, e2m1_to_f32(b & 0xF), tl.zeros((BM, BN), tl.float32), DOT_BF16)
     part = _dot(xo, e2m1_to_f32((b >> 4) & 0xF), part, DOT_BF16)
     sb = tl.load(s_ptr + rows * stride_sn + g, mask=rmask, other=127)
@@ -159,14 +174,28 @@ def _fp4_group_dot(xrow, w_ptr, s_ptr, rows, rmask, mmask, stride_wn, stride_sn,
 
 
 @triton.jit
-def _dense_group_dot(xrow, w_ptr, rows, rmask, mmask, stride_wn, k0, K, acc,
-                     DOT_BF16: tl.constexpr, BF16_BITS: tl.constexpr):
+def _dense_group_dot(
+    xrow,
+    w_ptr,
+    rows,
+    rmask,
+    mmask,
+    stride_wn,
+    k0,
+    K,
+    acc,
+    DOT_BF16: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+):
     """``acc + x[:, k0:k0+32] . w[rows, k0:k0+32]`` for a dense weight (K masked)."""
     kk = k0 + tl.arange(0, 32)
     kv = kk < K
     xv = _load_x(xrow[:, None] + kk[None, :], mmask[:, None] & kv[None, :], BF16_BITS)
-    wv = tl.load(w_ptr + rows[None, :] * stride_wn + kk[:, None],
-                 mask=rmask[None, :] & kv[:, None], other=0.0)
+    wv = tl.load(
+        w_ptr + rows[None, :] * stride_wn + kk[:, None],
+        mask=rmask[None, :] & kv[:, None],
+        other=0.0,
+    )
     return _dot(xv, wv, acc, DOT_BF16)
 
 
@@ -187,12 +216,35 @@ def _block_rows(sorted_ptr, bexp_ptr, pid_m, n_pairs, BM: tl.constexpr):
 
 
 @triton.jit
-def _moe_gate_up_kernel(x_ptr, w_ptr, s_ptr, sorted_ptr, bexp_ptr, npad_ptr, act_ptr, limit,
-                        n_pairs, topk, D, I, n_tiles, stride_xt, stride_we, stride_wn,
-                        stride_se, stride_sn, stride_at,
-                        FP4: tl.constexpr, HAS_LIMIT: tl.constexpr, DOT_BF16: tl.constexpr,
-                        BF16_BITS: tl.constexpr, ACT_BF16: tl.constexpr, BM: tl.constexpr,
-                        BN: tl.constexpr, PDL: tl.constexpr = False):
+def _moe_gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    sorted_ptr,
+    bexp_ptr,
+    npad_ptr,
+    act_ptr,
+    limit,
+    n_pairs,
+    topk,
+    D,
+    I,
+    n_tiles,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_at,
+    FP4: tl.constexpr,
+    HAS_LIMIT: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+    ACT_BF16: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """act[pair, n] = swiglu(h[pair, n], h[pair, I + n]) with h = w13[e] x[pair // topk]."""
     pdl_start(PDL)
     pid = tl.program_id(0)
@@ -210,16 +262,20 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, s_ptr, sorted_ptr, bexp_ptr, npad_ptr, act
     if FP4:
         se = s_ptr + e * stride_se
         for g in range(0, D // 32):
-            acc_g += _fp4_group_dot(xrow, we, se, n, nv, mv, stride_wn, stride_sn, g, BM, BN,
-                                    DOT_BF16, BF16_BITS)
-            acc_u += _fp4_group_dot(xrow, we, se, n + I, nv, mv, stride_wn, stride_sn, g, BM, BN,
-                                    DOT_BF16, BF16_BITS)
+            acc_g += _fp4_group_dot(
+                xrow, we, se, n, nv, mv, stride_wn, stride_sn, g, BM, BN, DOT_BF16, BF16_BITS
+            )
+            acc_u += _fp4_group_dot(
+                xrow, we, se, n + I, nv, mv, stride_wn, stride_sn, g, BM, BN, DOT_BF16, BF16_BITS
+            )
     else:
         for k0 in range(0, D, 32):
-            acc_g = _dense_group_dot(xrow, we, n, nv, mv, stride_wn, k0, D, acc_g, DOT_BF16,
-                                     BF16_BITS)
-            acc_u = _dense_group_dot(xrow, we, n + I, nv, mv, stride_wn, k0, D, acc_u, DOT_BF16,
-                                     BF16_BITS)
+            acc_g = _dense_group_dot(
+                xrow, we, n, nv, mv, stride_wn, k0, D, acc_g, DOT_BF16, BF16_BITS
+            )
+            acc_u = _dense_group_dot(
+                xrow, we, n + I, nv, mv, stride_wn, k0, D, acc_u, DOT_BF16, BF16_BITS
+            )
     if HAS_LIMIT:
         acc_g = tl.minimum(acc_g, limit)
         acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
@@ -233,11 +289,32 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, s_ptr, sorted_ptr, bexp_ptr, npad_ptr, act
 
 
 @triton.jit
-def _moe_down_kernel(a_ptr, w_ptr, s_ptr, sorted_ptr, bexp_ptr, npad_ptr, tw_ptr, out_ptr,
-                     n_pairs, D, I, n_tiles, stride_at, stride_we, stride_wn, stride_se,
-                     stride_sn, stride_out,
-                     FP4: tl.constexpr, DOT_BF16: tl.constexpr, BF16_BITS: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr = False):
+def _moe_down_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    sorted_ptr,
+    bexp_ptr,
+    npad_ptr,
+    tw_ptr,
+    out_ptr,
+    n_pairs,
+    D,
+    I,
+    n_tiles,
+    stride_at,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_out,
+    FP4: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """out[pair, n] = topk_weight[pair] * (w2[e] act[pair])[n] in fp32."""
     pdl_start(PDL)
     pid = tl.program_id(0)
@@ -254,15 +331,18 @@ def _moe_down_kernel(a_ptr, w_ptr, s_ptr, sorted_ptr, bexp_ptr, npad_ptr, tw_ptr
     if FP4:
         se = s_ptr + e * stride_se
         for g in range(0, I // 32):
-            acc += _fp4_group_dot(arow, we, se, n, nv, mv, stride_wn, stride_sn, g, BM, BN,
-                                  DOT_BF16, BF16_BITS)
+            acc += _fp4_group_dot(
+                arow, we, se, n, nv, mv, stride_wn, stride_sn, g, BM, BN, DOT_BF16, BF16_BITS
+            )
     else:
         for k0 in range(0, I, 32):
-            acc = _dense_group_dot(arow, we, n, nv, mv, stride_wn, k0, I, acc, DOT_BF16,
-                                   BF16_BITS)
+            acc = _dense_group_dot(arow, we, n, nv, mv, stride_wn, k0, I, acc, DOT_BF16, BF16_BITS)
     tw = tl.load(tw_ptr + pair, mask=mv, other=0.0)
-    tl.store(out_ptr + pair[:, None] * stride_out + n[None, :], acc * tw[:, None],
-             mask=mv[:, None] & nv[None, :])
+    tl.store(
+        out_ptr + pair[:, None] * stride_out + n[None, :],
+        acc * tw[:, None],
+        mask=mv[:, None] & nv[None, :],
+    )
 
 
 # -- host wrapper ----------------------------------------------------------------------------------
@@ -275,9 +355,16 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 @register_op(MOE_EXPERTS, "triton")
-def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                w13: torch.Tensor, w13_scale: torch.Tensor | None, w2: torch.Tensor,
-                w2_scale: torch.Tensor | None, swiglu_limit: float | None) -> torch.Tensor:
+def moe_experts(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor | None,
+    swiglu_limit: float | None,
+) -> torch.Tensor:
     """See ``ops.api.moe_experts``; x bf16 or fp32 (float64 is the reference's). Ids outside
     [-1, E) are not checked (that would need a host sync): they contribute nothing here."""
     n_exp, inter, fp4 = validate_moe_args(x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale)
@@ -287,9 +374,21 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
     k = topk_ids.shape[1]
     tokens = _tokens_per_launch(t, k, n_exp, inter, d, grid_limit(x.device))
     if tokens < t:  # a grid over the device's bound (Ascend, long prefill): tokens are independent
-        return torch.cat([moe_experts(x[i:i + tokens], topk_weights[i:i + tokens],
-                                      topk_ids[i:i + tokens], w13, w13_scale, w2, w2_scale,
-                                      swiglu_limit) for i in range(0, t, tokens)])
+        return torch.cat(
+            [
+                moe_experts(
+                    x[i : i + tokens],
+                    topk_weights[i : i + tokens],
+                    topk_ids[i : i + tokens],
+                    w13,
+                    w13_scale,
+                    w2,
+                    w2_scale,
+                    swiglu_limit,
+                )
+                for i in range(0, t, tokens)
+            ]
+        )
     p = t * k
     buf = torch.zeros(t, k, d, dtype=torch.float32, device=x.device)
     if p == 0:
@@ -314,18 +413,65 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
     has_limit = swiglu_limit is not None and swiglu_limit > 0
     tiles1 = cdiv(inter, bn)
     _moe_gate_up_kernel[(n_blocks * tiles1,)](
-        x, w13, s13, sorted_ids, block_expert, n_padded, act,
-        float(swiglu_limit) if has_limit else 0.0, p, k, d, inter, tiles1,
-        x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), act.stride(0),
-        FP4=fp4, HAS_LIMIT=has_limit, DOT_BF16=mode13, BF16_BITS=is_bf16 and not dot13,
-        ACT_BF16=is_bf16, BM=bm, BN=bn, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **pdl_launch(x.device))
+        x,
+        w13,
+        s13,
+        sorted_ids,
+        block_expert,
+        n_padded,
+        act,
+        float(swiglu_limit) if has_limit else 0.0,
+        p,
+        k,
+        d,
+        inter,
+        tiles1,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        s13.stride(0),
+        s13.stride(1),
+        act.stride(0),
+        FP4=fp4,
+        HAS_LIMIT=has_limit,
+        DOT_BF16=mode13,
+        BF16_BITS=is_bf16 and not dot13,
+        ACT_BF16=is_bf16,
+        BM=bm,
+        BN=bn,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+        **pdl_launch(x.device),
+    )
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     out = buf.view(p, d)
     tiles2 = cdiv(d, bn)
     _moe_down_kernel[(n_blocks * tiles2,)](
-        act, w2, s2, sorted_ids, block_expert, n_padded, tw, out, p, d, inter, tiles2,
-        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0),
-        FP4=fp4, DOT_BF16=mode2, BF16_BITS=is_bf16 and not dot2, BM=bm, BN=bn,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x.device))
+        act,
+        w2,
+        s2,
+        sorted_ids,
+        block_expert,
+        n_padded,
+        tw,
+        out,
+        p,
+        d,
+        inter,
+        tiles2,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        s2.stride(0),
+        s2.stride(1),
+        out.stride(0),
+        FP4=fp4,
+        DOT_BF16=mode2,
+        BF16_BITS=is_bf16 and not dot2,
+        BM=bm,
+        BN=bn,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+        **pdl_launch(x.device),
+    )
     return sum_slots(buf)

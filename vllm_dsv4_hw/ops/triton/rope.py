@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton GPT-J RoPE (``rope``): one program per (token, row) of ``x [T, ..., D]``, pair layout.
 
 Triton ``inv_rope_fp8_quant``: inverse RoPE on the last R dims of each head of the attention
@@ -36,10 +37,25 @@ from vllm_dsv4_hw.platform.device import adaptor_for
 
 
 @triton.jit
-def _rope_kernel(x_ptr, pos_ptr, cs_ptr, out_ptr, n_rows, rows_per_tok, x_tok_stride,
-                 x_row_stride, cs_stride, NP: tl.constexpr, BLOCK_P: tl.constexpr,
-                 FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, INVERSE: tl.constexpr,
-                 F64: tl.constexpr, OUT_BF16: tl.constexpr, PDL: tl.constexpr = False):
+def _rope_kernel(
+    x_ptr,
+    pos_ptr,
+    cs_ptr,
+    out_ptr,
+    n_rows,
+    rows_per_tok,
+    x_tok_stride,
+    x_row_stride,
+    cs_stride,
+    NP: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    FIRST_PAIR: tl.constexpr,
+    HALF: tl.constexpr,
+    INVERSE: tl.constexpr,
+    F64: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     pdl_start(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -59,8 +75,9 @@ def _rope_kernel(x_ptr, pos_ptr, cs_ptr, out_ptr, n_rows, rows_per_tok, x_tok_st
 
 
 @register_op(ROPE, "triton")
-def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-         inverse: bool = False) -> torch.Tensor:
+def rope(
+    x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
     check_rope_args(x, positions, cos_sin)
     r = cos_sin.shape[-1]
     d = x.shape[-1]
@@ -82,10 +99,25 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
     pos = positions.to(x.device)
     n_rows = t * rows_per_tok
     _rope_kernel[grid_1d(n_rows, x.device)](
-        x3, pos, cs, out, n_rows, rows_per_tok, x3.stride(0), x3.stride(1), cs.stride(0),
-        NP=d // 2, BLOCK_P=next_pow2(d // 2), FIRST_PAIR=(d - r) // 2, HALF=r // 2,
-        INVERSE=bool(inverse), F64=is_f64(x), OUT_BF16=out_is_bf16(out),
-        num_warps=4 if d >= 512 else 1, **pdl_launch(x.device))
+        x3,
+        pos,
+        cs,
+        out,
+        n_rows,
+        rows_per_tok,
+        x3.stride(0),
+        x3.stride(1),
+        cs.stride(0),
+        NP=d // 2,
+        BLOCK_P=next_pow2(d // 2),
+        FIRST_PAIR=(d - r) // 2,
+        HALF=r // 2,
+        INVERSE=bool(inverse),
+        F64=is_f64(x),
+        OUT_BF16=out_is_bf16(out),
+        num_warps=4 if d >= 512 else 1,
+        **pdl_launch(x.device),
+    )
     return out
 
 
@@ -96,6 +128,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
 MANY_ROWS = 4096
 MANY_ROWS_TILE = 1
 MANY_ROWS_WARPS = 1
+
 
 def launch_shape(n_rows: int) -> tuple[int, int, bool]:
     """(rows per iteration, num_warps, whether the cvt encode pays) of a call over ``n_rows``
@@ -121,23 +154,38 @@ def hw_encode(device: torch.device) -> bool:
 
 
 @triton.jit
-def _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
-               NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
-               FIRST_PAIR: tl.constexpr, HALF: tl.constexpr, HW_ENC: tl.constexpr,
-               INV: tl.constexpr):
+def _pairs_row(
+    src,
+    pos_ptr,
+    cs_ptr,
+    out_ptr,
+    r,
+    rm,
+    t,
+    cs_stride,
+    amax_floor,
+    NG: tl.constexpr,
+    BG: tl.constexpr,
+    GP: tl.constexpr,
+    FIRST_PAIR: tl.constexpr,
+    HALF: tl.constexpr,
+    HW_ENC: tl.constexpr,
+    INV: tl.constexpr,
+):
     """Rows ``r`` [ROWS] as pairs: the even and odd halves [ROWS, BG, GP] by two stride-2
     gathers, rotated by ``rope_pairs``, stored as two stride-2 byte scatters; returns the
     groups' scale exponents [ROWS, BG]."""
     g = tl.arange(0, BG)
-    pidx = (g[:, None] * GP + tl.arange(0, GP)[None, :])[None, :, :]   # [1, BG, GP]
+    pidx = (g[:, None] * GP + tl.arange(0, GP)[None, :])[None, :, :]  # [1, BG, GP]
     pm = rm[:, None, None] & (g < NG)[None, :, None] & (pidx >= 0)
     xe = tl.load(src + 2 * pidx, mask=pm, other=0.0).to(tl.float32)
     xo = tl.load(src + 2 * pidx + 1, mask=pm, other=0.0).to(tl.float32)
     pos = tl.load(pos_ptr + t, mask=rm, other=0).to(tl.int64)
-    ye, yo = rope_pairs(xe, xo, (cs_ptr + pos * cs_stride)[:, None, None], pidx, FIRST_PAIR,
-                        HALF, INV, False)
-    amax = tl.max(tl.maximum(tl.abs(ye), tl.abs(yo)), axis=2)        # [ROWS, BG]
-    ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)   # 448 = 1.75 * 2^8
+    ye, yo = rope_pairs(
+        xe, xo, (cs_ptr + pos * cs_stride)[:, None, None], pidx, FIRST_PAIR, HALF, INV, False
+    )
+    amax = tl.max(tl.maximum(tl.abs(ye), tl.abs(yo)), axis=2)  # [ROWS, BG]
+    ex = ceil_log2_div(tl.maximum(amax, amax_floor), 0x600000, 8)  # 448 = 1.75 * 2^8
     inv = pow2_f32(-ex)[:, :, None]
     dst = (out_ptr + r * (NG * GP * 2))[:, None, None]
     tl.store(dst + 2 * pidx, _e4m3_codes(ye * inv, HW_ENC), mask=pm)
@@ -146,12 +194,28 @@ def _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
 
 
 @triton.jit
-def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_rows, n_heads,
-                               o_tok_stride, o_head_stride, cs_stride, amax_floor,
-                               NG: tl.constexpr, BG: tl.constexpr, GP: tl.constexpr,
-                               FIRST_PAIR: tl.constexpr, HALF: tl.constexpr,
-                               ROWS: tl.constexpr, HW_ENC: tl.constexpr,
-                               PDL: tl.constexpr = False, INV: tl.constexpr = True):
+def _inv_rope_fp8_quant_kernel(
+    o_ptr,
+    pos_ptr,
+    cs_ptr,
+    out_ptr,
+    scale_ptr,
+    n_rows,
+    n_heads,
+    o_tok_stride,
+    o_head_stride,
+    cs_stride,
+    amax_floor,
+    NG: tl.constexpr,
+    BG: tl.constexpr,
+    GP: tl.constexpr,
+    FIRST_PAIR: tl.constexpr,
+    HALF: tl.constexpr,
+    ROWS: tl.constexpr,
+    HW_ENC: tl.constexpr,
+    PDL: tl.constexpr = False,
+    INV: tl.constexpr = True,
+):
     pdl_start(PDL)
     # ROWS (token, head) rows per iteration (a knob; the launch rule takes ROWS = 1)
     pid = tl.program_id(0)
@@ -159,21 +223,46 @@ def _inv_rope_fp8_quant_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_row
     jr = tl.arange(0, ROWS)
     g = tl.arange(0, BG)
     for blk in range(pid, tl.cdiv(n_rows, ROWS), nprog):
-        r = tl.cast(blk, tl.int64) * ROWS + jr                            # [ROWS]
+        r = tl.cast(blk, tl.int64) * ROWS + jr  # [ROWS]
         rm = r < n_rows
         t = r // n_heads
         src = (o_ptr + t * o_tok_stride + (r % n_heads) * o_head_stride)[:, None, None]
-        ex = _pairs_row(src, pos_ptr, cs_ptr, out_ptr, r, rm, t, cs_stride, amax_floor,
-                        NG, BG, GP, FIRST_PAIR, HALF, HW_ENC, INV)
-        tl.store(scale_ptr + r[:, None] * NG + g[None, :], pow2_f32(ex),
-                 mask=rm[:, None] & (g < NG)[None, :])
+        ex = _pairs_row(
+            src,
+            pos_ptr,
+            cs_ptr,
+            out_ptr,
+            r,
+            rm,
+            t,
+            cs_stride,
+            amax_floor,
+            NG,
+            BG,
+            GP,
+            FIRST_PAIR,
+            HALF,
+            HW_ENC,
+            INV,
+        )
+        tl.store(
+            scale_ptr + r[:, None] * NG + g[None, :],
+            pow2_f32(ex),
+            mask=rm[:, None] & (g < NG)[None, :],
+        )
 
 
 @register_op(INV_ROPE_FP8_QUANT, "triton")
-def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
-                       cos_sin: torch.Tensor, inverse: bool = True, *, rows: int | None = None,
-                       num_warps: int | None = None,
-                       hw_enc: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def inv_rope_fp8_quant(
+    o: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    inverse: bool = True,
+    *,
+    rows: int | None = None,
+    num_warps: int | None = None,
+    hw_enc: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The op (``ops.api.inv_rope_fp8_quant``); ``rows`` / ``num_warps``: launch knobs for
     benchmarks and tests (default ``launch_shape``); ``hw_enc``: force the encode (default: the
     cvt where ``launch_shape`` finds it pays and ``hw_encode`` has it; the GPU tier compares both
@@ -198,9 +287,26 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor,
     if hw_enc is None:
         hw_enc = cvt_pays and hw_encode(o.device)
     _inv_rope_fp8_quant_kernel[grid_1d(cdiv(t * h, rows), o.device)](
-        o, pos, cs, out.view(torch.uint8), scales, t * h, h, o.stride(0), o.stride(1),
-        cs.stride(0), float(O_QUANT_AMAX_FLOOR), NG=ng, BG=next_pow2(ng),
-        GP=O_QUANT_GROUP // 2, FIRST_PAIR=(d - r) // 2, HALF=r // 2, ROWS=rows,
-        HW_ENC=hw_enc, INV=bool(inverse),
-        num_warps=auto_warps if num_warps is None else num_warps, **pdl_launch(o.device))
+        o,
+        pos,
+        cs,
+        out.view(torch.uint8),
+        scales,
+        t * h,
+        h,
+        o.stride(0),
+        o.stride(1),
+        cs.stride(0),
+        float(O_QUANT_AMAX_FLOOR),
+        NG=ng,
+        BG=next_pow2(ng),
+        GP=O_QUANT_GROUP // 2,
+        FIRST_PAIR=(d - r) // 2,
+        HALF=r // 2,
+        ROWS=rows,
+        HW_ENC=hw_enc,
+        INV=bool(inverse),
+        num_warps=auto_warps if num_warps is None else num_warps,
+        **pdl_launch(o.device),
+    )
     return out, scales

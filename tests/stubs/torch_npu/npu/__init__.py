@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``torch.npu`` of the stub: device queries and a recording model of streams and events.
 
 The real module (torch_npu.npu) mirrors torch.cuda: ``Stream``, ``Event``, ``current_stream``,

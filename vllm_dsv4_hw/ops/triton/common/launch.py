@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the Triton launch plans take from the device's declared capabilities
 (``platform/capabilities.py``), so no kernel caller tests the device type itself:
 
@@ -55,8 +56,13 @@ def physical_cores(device: torch.device, cube: bool) -> int | None:  # pragma: n
         props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
         return int(props["num_aicore" if cube else "num_vectorcore"])
     except Exception as exc:
-        logger.warning("dsv4-hw: cannot read the %s core count of %s (%s); grids are capped at the "
-                       "declared maximum only", "cube" if cube else "vector", device, exc)
+        logger.warning(
+            "dsv4-hw: cannot read the %s core count of %s (%s); grids are capped at the "
+            "declared maximum only",
+            "cube" if cube else "vector",
+            device,
+            exc,
+        )
         return None
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Programmatic dependent launch (PDL) for the Triton kernels.
 
 With PDL a kernel is launched while its predecessor in the stream is still running; it must wait
@@ -37,6 +38,7 @@ from vllm_dsv4_hw.ops.triton.common.launch import capabilities
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # a Triton without griddepcontrol (triton-ascend): PDL is never on there
+
     @triton.jit
     def gdc_launch_dependents():
         pass
@@ -44,6 +46,7 @@ except ImportError:  # a Triton without griddepcontrol (triton-ascend): PDL is n
     @triton.jit
     def gdc_wait():
         pass
+
 
 _ON = {"PDL": True, "launch_pdl": True}
 _OFF: dict = {}
@@ -81,7 +84,12 @@ def _prefetch_l2(ptrs, ok):
     instruction a lane, nothing waits for it."""
     tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        "=r,l,r",
+        [ptrs, ok.to(tl.int32)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """e4m3 -> bf16 / fp16 decode in packed integer instructions (NVIDIA PTX inline assembly, sm_80+).
 
 Why: a weight-streaming GEMM converts every byte it reads. The hardware conversion Triton emits
@@ -26,9 +27,9 @@ import triton.language as tl
 from vllm_dsv4_hw.platform.device import adaptor_for
 
 # E4M3 decode modes (constexpr ``CVT`` of the kernels that read e4m3 bytes)
-CVT_INT = 0   # quant.e4m3_bits_to_f32: integer decode to fp32 (interpreter, no PTX, no cvt)
-CVT_HW = 1    # the hardware e4m3 cvt (sm_89+ where PTX is not declared, AMD)
-CVT_PTX = 2   # this module: packed integer decode + packed FMA
+CVT_INT = 0  # quant.e4m3_bits_to_f32: integer decode to fp32 (interpreter, no PTX, no cvt)
+CVT_HW = 1  # the hardware e4m3 cvt (sm_89+ where PTX is not declared, AMD)
+CVT_PTX = 2  # this module: packed integer decode + packed FMA
 # (a GPU compile reads only constexpr globals inside @triton.jit bodies)
 C_CVT_HW = tl.constexpr(CVT_HW)
 C_CVT_PTX = tl.constexpr(CVT_PTX)
@@ -47,8 +48,9 @@ def e4m3_modes(device) -> tuple[int, ...]:
     if device.type == "cpu":
         return (CVT_INT,)
     caps = adaptor_for(device.type).capabilities
-    return (CVT_INT,) + ((CVT_HW,) if caps.fp8_cvt else ()) + (
-        (CVT_PTX,) if caps.ptx_inline else ())
+    return (
+        (CVT_INT,) + ((CVT_HW,) if caps.fp8_cvt else ()) + ((CVT_PTX,) if caps.ptx_inline else ())
+    )
 
 
 # $2: four codes (byte i = element i); $0 / $1: elements 0, 1 / 2, 3 as two 16-bit lanes each.
@@ -73,10 +75,8 @@ fma.rn.{ty} $1, m1, k, z;
 }}"""
 
 # bf16: 2^120 = exponent byte 247 -> 0x7b80; fp16: 2^8 -> 0x5c00. The addend -0.0 keeps -0.0.
-_ASM_BF16 = tl.constexpr(_ASM.format(shift=4, mask="0x87f087f0", scale="0x7b807b80",
-                                     ty="bf16x2"))
-_ASM_F16 = tl.constexpr(_ASM.format(shift=7, mask="0xbf80bf80", scale="0x5c005c00",
-                                    ty="f16x2"))
+_ASM_BF16 = tl.constexpr(_ASM.format(shift=4, mask="0x87f087f0", scale="0x7b807b80", ty="bf16x2"))
+_ASM_F16 = tl.constexpr(_ASM.format(shift=7, mask="0xbf80bf80", scale="0x5c005c00", ty="f16x2"))
 
 
 @triton.jit
@@ -84,11 +84,13 @@ def e4m3_bits_to_16bit(codes, DT: tl.constexpr):
     """e4m3 codes (uint8 tensor, any shape whose per-thread runs are multiples of 4) -> values of
     DT (tl.bfloat16 or tl.float16), exact for every finite code."""
     if DT == tl.float16:
-        return tl.inline_asm_elementwise(_ASM_F16, "=r,=r,r", [codes], dtype=tl.float16,
-                                         is_pure=True, pack=4)
+        return tl.inline_asm_elementwise(
+            _ASM_F16, "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4
+        )
     else:
-        return tl.inline_asm_elementwise(_ASM_BF16, "=r,=r,r", [codes], dtype=tl.bfloat16,
-                                         is_pure=True, pack=4)
+        return tl.inline_asm_elementwise(
+            _ASM_BF16, "=r,=r,r", [codes], dtype=tl.bfloat16, is_pure=True, pack=4
+        )
 
 
 # -- e2m1 (MXFP4 keys) -> bf16 -------------------------------------------------------------------
@@ -113,15 +115,17 @@ and.b32 m, m, 0x81c081c0;
 fma.rn.bf16x2 m, m, k, z;
 fma.rn.bf16x2 {out}, m, {sc}, z;
 """
-_E2M1_ASM = tl.constexpr("{\n.reg .b32 t0, t1, m, k, z;\nprmt.b32 t0, $4, 0, 0x4140;\n"
-                         "prmt.b32 t1, $4, 0, 0x4342;\nmov.b32 k, 0x7e807e80;\n"
-                         "mov.b32 z, 0x80008000;\n"
-                         + "".join(_E2M1_HALF.format(t=t, nib=nib, mul=mul, out=out, sc=sc)
-                                   for t, sc, outs in (("t0", "$5", ("$0", "$2")),
-                                                       ("t1", "$6", ("$1", "$3")))
-                                   for (nib, mul), out in zip((("0x000f000f", "0x1040"),
-                                                               ("0x00f000f0", "0x104")), outs))
-                         + "}")
+_E2M1_ASM = tl.constexpr(
+    "{\n.reg .b32 t0, t1, m, k, z;\nprmt.b32 t0, $4, 0, 0x4140;\n"
+    "prmt.b32 t1, $4, 0, 0x4342;\nmov.b32 k, 0x7e807e80;\n"
+    "mov.b32 z, 0x80008000;\n"
+    + "".join(
+        _E2M1_HALF.format(t=t, nib=nib, mul=mul, out=out, sc=sc)
+        for t, sc, outs in (("t0", "$5", ("$0", "$2")), ("t1", "$6", ("$1", "$3")))
+        for (nib, mul), out in zip((("0x000f000f", "0x1040"), ("0x00f000f0", "0x104")), outs)
+    )
+    + "}"
+)
 
 
 @triton.jit
@@ -130,8 +134,14 @@ def e2m1_pairs_to_bf16(codes, scale_byte):
     shape; per-thread runs of 4 along the last axis) -> (even, odd) bf16 values, exact (a scale
     byte 0 counts as 1, i.e. 2^-127; 255 gives inf / NaN)."""
     sbits = tl.maximum(scale_byte << 7, 0x40).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return tl.inline_asm_elementwise(_E2M1_ASM, "=r,=r,=r,=r,r,r,r", [codes, sbits],
-                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(
+        _E2M1_ASM,
+        "=r,=r,=r,=r,r,r,r",
+        [codes, sbits],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
 
 
 # -- e2m1 (MXFP4 keys) -> e4m3 codes, for FP8 dots -----------------------------------------------
@@ -146,7 +156,8 @@ _E2M1_E4M3_ASM = tl.constexpr(
     "shl.b32 a, $2, 4;\nand.b32 a, a, 0x80808080;\n"
     "shl.b32 b, $2, 2;\nand.b32 b, b, 0x1C1C1C1C;\nor.b32 $0, a, b;\n"
     "and.b32 a, $2, 0x80808080;\n"
-    "shr.b32 b, $2, 2;\nand.b32 b, b, 0x1C1C1C1C;\nor.b32 $1, a, b;\n}")
+    "shr.b32 b, $2, 2;\nand.b32 b, b, 0x1C1C1C1C;\nor.b32 $1, a, b;\n}"
+)
 
 
 @triton.jit
@@ -156,8 +167,9 @@ def e2m1_pairs_to_e4m3(codes, PTX: tl.constexpr):
     uint8 bytes from the packed asm (``PTX``) or from integer ops (the interpreter, devices
     without inline PTX); one return type for both (Triton checks every return of a function)."""
     if PTX:
-        return tl.inline_asm_elementwise(_E2M1_E4M3_ASM, "=r,=r,r", [codes],
-                                         dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4)
+        return tl.inline_asm_elementwise(
+            _E2M1_E4M3_ASM, "=r,=r,r", [codes], dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4
+        )
     b = codes.to(tl.int32)
     even = ((b & 0x08) << 4) | ((b & 0x07) << 2)
     odd = (b & 0x80) | ((b >> 2) & 0x1C)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared ``@triton.jit`` codecs for the cache entry formats (``kv_cache.formats``), bit-exact with
 the PyTorch codecs there.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Small shared pieces of the row-wise Triton kernels (norms, RoPE, inserts, fused prologue/epilogue).
 
 Conventions (portable to triton-ascend and to the CPU interpreter):
@@ -23,7 +24,7 @@ from vllm_dsv4_hw.ops import tuning
 from vllm_dsv4_hw.ops.triton.common.launch import program_cap, sm_count
 from vllm_dsv4_hw.ops.triton.common.quant import round_to_bf16
 
-MAX_PROGRAMS = 2 ** 31 - 1  # on top of the device's cap (tests lower it to exercise the loops)
+MAX_PROGRAMS = 2**31 - 1  # on top of the device's cap (tests lower it to exercise the loops)
 
 
 def grid_1d(n_rows: int, device: torch.device) -> tuple[int]:
@@ -68,8 +69,16 @@ def to_out(y, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
-def rope_pairs(xe, xo, cs_ptr, pidx, FIRST_PAIR: tl.constexpr, HALF: tl.constexpr,
-               INVERSE: tl.constexpr, F64: tl.constexpr):
+def rope_pairs(
+    xe,
+    xo,
+    cs_ptr,
+    pidx,
+    FIRST_PAIR: tl.constexpr,
+    HALF: tl.constexpr,
+    INVERSE: tl.constexpr,
+    F64: tl.constexpr,
+):
     """GPT-J rotation of pairs ``(xe, xo)`` whose pair index ``pidx`` >= FIRST_PAIR (the rest pass
     through). ``cs_ptr`` points at the table row of the position: HALF cos values, then HALF sin.
     Pair j = pidx - FIRST_PAIR rotates by angle j; ``INVERSE`` rotates by the negated angle."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Host-side launch rules of the Triton indexer (``indexer``): the dots' mode of a call and q as
 the kernel reads it, the key decode, the keys as the dots' A operand, programs per call, entry
 blocks per program, tokens scored together, the decode tile's register cap. Plain Python: what
@@ -14,8 +15,8 @@ from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_INT, CVT_PTX, e4m3_mod
 DOT_F32 = 0
 DOT_BF16 = 1
 DOT_BF16X2 = 2
-DOT_FP8 = 3       # e4m3 q codes x e4m3 keys (MXFP4 placed exactly, fp8 as stored) on FP8 dots
-DOT_FP8_EMU = 4   # the same program with fp32 ``ieee`` dots and integer decodes (interpreter)
+DOT_FP8 = 3  # e4m3 q codes x e4m3 keys (MXFP4 placed exactly, fp8 as stored) on FP8 dots
+DOT_FP8_EMU = 4  # the same program with fp32 ``ieee`` dots and integer decodes (interpreter)
 MX_DIMS = 32  # MXFP4: dims per ue8m0 scale (the score kernel's ``_MX_BLOCK``)
 
 
@@ -38,8 +39,9 @@ def _dot_mode(q: torch.Tensor, fmt_code: int) -> int:
     program with fp32 dots; any other e4m3 q is scored as its exact bf16 / fp32 values."""
     cpu = q.device.type == "cpu"
     if q.dtype == torch.float8_e4m3fn and (
-            fmt_code == quant.FMT_FP8_INDEXER
-            or (fmt_code == quant.FMT_MXFP4 and q.shape[-1] == 4 * MX_DIMS)):
+        fmt_code == quant.FMT_FP8_INDEXER
+        or (fmt_code == quant.FMT_MXFP4 and q.shape[-1] == 4 * MX_DIMS)
+    ):
         if cpu:
             return DOT_FP8_EMU
         if capabilities(q.device).fp8_dot:
@@ -67,8 +69,13 @@ REG_CAP = {"maxnreg": 80, "from_programs_per_sm": 32}
 def _reg_cap(programs: int, tb: int, fmt_code: int, dot: int, device: torch.device) -> dict:
     """The decode tile's register cap for a grid of ``programs`` (``REG_CAP``), as launch
     options."""
-    if (device.type != "cuda" or tb != 1 or fmt_code != quant.FMT_MXFP4 or dot != DOT_BF16
-            or programs < REG_CAP["from_programs_per_sm"] * sm_count(device)):
+    if (
+        device.type != "cuda"
+        or tb != 1
+        or fmt_code != quant.FMT_MXFP4
+        or dot != DOT_BF16
+        or programs < REG_CAP["from_programs_per_sm"] * sm_count(device)
+    ):
         return {}
     return {"maxnreg": REG_CAP["maxnreg"]}
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton lightning-indexer top-k: ``indexer_topk`` of ``ops.api`` (spec section 4).
 
 Step 1, ``_indexer_score_kernel`` (1-D grid over (token group, entry split)): a program owns

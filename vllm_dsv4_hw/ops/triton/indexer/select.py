@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Triton ``indexer_topk`` op: the score pass of ``indexer`` (step 1), then the selection of
 k = min(topk, n_max) entries per token (step 2, ``tuning.IndexerTuning``): the radix select over the score rows
 (``topk.radix_topk``, bounded to each token's visible entries) or ``torch.topk`` then
@@ -14,8 +15,9 @@ from vllm_dsv4_hw.ops.triton.indexer.topk import radix_topk
 
 
 @register_op(api.INDEXER_TOPK, "triton")
-def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4,
-                 q_scales=None):
+def indexer_topk(
+    q, weights, key_cache, key_fmt, block_table, token_req, token_pos, topk, ratio=4, q_scales=None
+):
     """Triton scoring kernel + selection (radix select or ``torch.topk``: ``IndexerTuning``).
 
     Returns [T, topk] int32: the top min(topk, visible) entry indices first (in no particular
@@ -45,13 +47,23 @@ def indexer_topk(q, weights, key_cache, key_fmt, block_table, token_req, token_p
         dst = out[sl]
         radix = chosen.radix(dst.shape[0], n_max)
         bounded = radix and chosen.bounded
-        scores = indexer_scores(q[sl], weights[sl], key_cache, key_fmt, block_table,
-                                token_req[sl], token_pos[sl], ratio, n_max=n_max,
-                                skip_tail=bounded,
-                                q_scales=None if q_scales is None else q_scales[sl])
+        scores = indexer_scores(
+            q[sl],
+            weights[sl],
+            key_cache,
+            key_fmt,
+            block_table,
+            token_req[sl],
+            token_pos[sl],
+            ratio,
+            n_max=n_max,
+            skip_tail=bounded,
+            q_scales=None if q_scales is None else q_scales[sl],
+        )
         if radix:
-            bound = dict(row_pos=token_pos[sl], row_req=token_req[sl], ratio=ratio) if bounded \
-                else {}
+            bound = (
+                dict(row_pos=token_pos[sl], row_req=token_req[sl], ratio=ratio) if bounded else {}
+            )
             radix_topk(scores, k, dst, **bound)
             continue
         # unsorted (the contract's order is a set's, and sorting costs time; evidence:

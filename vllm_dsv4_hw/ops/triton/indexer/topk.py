@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Row-wise top-k of fp32 scores by radix select (the indexer's selection step).
 
 ``radix_topk(scores [T, n], k, out [T, k] int32)`` writes, per row, the indices of the k largest

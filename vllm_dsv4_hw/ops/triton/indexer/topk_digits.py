@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The radix top-k's device helpers (``topk``): order-preserving keys, each row's bound, the
 digit select from a row's histogram, the per-program histograms and their atomics, the row's
 arrival count and barrier, the -1 tail; the layout of a row's state words (the four passes'
@@ -8,8 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-PREFIX_WORD = tl.constexpr(1024)   # tau's prefix as found so far (tau itself after four passes)
-NEED_WORD = tl.constexpr(1025)     # keys equal to tau still to take
+PREFIX_WORD = tl.constexpr(1024)  # tau's prefix as found so far (tau itself after four passes)
+NEED_WORD = tl.constexpr(1025)  # keys equal to tau still to take
 ARRIVED_WORD = tl.constexpr(1026)  # the row's arrival count (last-arrival select, row barriers)
 # one row's state (``topk.STATE_WORDS``): word 1027 is unused (it held the removed early stop's
 # shift); 1,028 keeps the rows 16-byte aligned and the kernels as they were timed
@@ -75,7 +76,7 @@ def _digit(h, need, prefix, absent, P: tl.constexpr, BOUND: tl.constexpr):
         if P > 0:
             hit = hit & (prefix == (NEG_INF_KEY >> (32 - 8 * P)))
         h = h + tl.where(hit, absent, 0)
-    ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h     # keys with digit >= b
+    ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h  # keys with digit >= b
     d = tl.max(tl.where(ge >= need, b, -1), axis=0)
     need = need - tl.sum(tl.where(b > d, h, 0), axis=0)
     return need, (prefix << 8) | d.to(tl.uint32)

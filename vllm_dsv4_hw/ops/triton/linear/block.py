@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton ``fp8_block_linear``: y = x @ dequant(W)^T with W in e4m3 and one ue8m0 scale byte per
 ``bn x bk`` block, read as the checkpoint ships them (1 byte per parameter, no dequantized copy).
 
@@ -43,11 +44,7 @@ from vllm_dsv4_hw.ops.triton.common.ptx_codecs import (
     e4m3_bits_to_16bit,
     e4m3_mode,
 )
-from vllm_dsv4_hw.ops.triton.common.quant import (
-    bf16_bits_to_f32,
-    e4m3_bits_to_f32,
-    ue8m0_to_f32,
-)
+from vllm_dsv4_hw.ops.triton.common.quant import bf16_bits_to_f32, e4m3_bits_to_f32, ue8m0_to_f32
 from vllm_dsv4_hw.ops.triton.linear.split_k import (
     SERIAL_MAX_ROWS,
     SERIAL_SPLIT_K,
@@ -57,9 +54,9 @@ from vllm_dsv4_hw.ops.triton.linear.split_k import (
 from vllm_dsv4_hw.platform.device import adaptor_for
 
 # MATH (constexpr): the dot's input dtype
-MATH_X16 = 0   # x's own 16-bit dtype (bf16 / fp16), fp32 accumulation: tensor cores
-MATH_F32 = 1   # fp32 ieee (fp32 x; every 16-bit x under the interpreter)
-MATH_F64 = 2   # float64 (float64 x)
+MATH_X16 = 0  # x's own 16-bit dtype (bf16 / fp16), fp32 accumulation: tensor cores
+MATH_F32 = 1  # fp32 ieee (fp32 x; every 16-bit x under the interpreter)
+MATH_F64 = 2  # float64 (float64 x)
 _C_X16 = tl.constexpr(MATH_X16)
 _C_F32 = tl.constexpr(MATH_F32)
 _C_F64 = tl.constexpr(MATH_F64)
@@ -90,20 +87,50 @@ def widen(x):
 # M (the batch) varies per call: no recompile per batch size for it (strides and N / K stay
 # specialized: they give the aligned wide weight loads).
 @triton.jit(do_not_specialize=["M", "n_mblk", "sos"])
-def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
-                             M, N, K, KB, kb_per_split, n_nblk, n_mblk,
-                             sxg, sxm, swg, swn, ssg, ssn, sos, sog, som,
-                             SBN: tl.constexpr, SBK: tl.constexpr,
-                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                             MATH: tl.constexpr, CVT: tl.constexpr, OUT_BF16: tl.constexpr,
-                             FOLD: tl.constexpr, SERIAL: tl.constexpr, SPLITS: tl.constexpr,
-                             RED_BF16: tl.constexpr, W16: tl.constexpr,
-                             PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False):
+def _fp8_block_linear_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    out_ptr,
+    red_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    KB,
+    kb_per_split,
+    n_nblk,
+    n_mblk,
+    sxg,
+    sxm,
+    swg,
+    swn,
+    ssg,
+    ssn,
+    sos,
+    sog,
+    som,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    MATH: tl.constexpr,
+    CVT: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    FOLD: tl.constexpr,
+    SERIAL: tl.constexpr,
+    SPLITS: tl.constexpr,
+    RED_BF16: tl.constexpr,
+    W16: tl.constexpr,
+    PF_BYTES: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
+):
     # W16: the weight is already x's 16-bit float dtype (``ops.dense_linear``): no decode, no
     # scales (s_ptr is never read), the FOLD path's accumulating dot
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
-    pid_n = pid % n_nblk          # column blocks fastest: neighbours share the activation tile
+    pid_n = pid % n_nblk  # column blocks fastest: neighbours share the activation tile
     pid_gm = pid // n_nblk
     g = (pid_gm // n_mblk).to(tl.int64)
     mb = pid_gm % n_mblk
@@ -114,14 +141,15 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
     kb0 = pid_s * kb_per_split
     w_rows = w_ptr + g * swg + offs_n.to(tl.int64) * swn
     # the weight's first bytes of this split ask L2 before the wait (rows past N: none)
-    pdl_start_prefetching(PDL, PF_BYTES, w_rows + kb0 * SBK,
-                          tl.where(n_ok, (K - kb0 * SBK) * (2 if W16 else 1), 0))
+    pdl_start_prefetching(
+        PDL, PF_BYTES, w_rows + kb0 * SBK, tl.where(n_ok, (K - kb0 * SBK) * (2 if W16 else 1), 0)
+    )
     x_rows = x_ptr + g * sxg + offs_m.to(tl.int64) * sxm
-    s_base = s_ptr + g * ssg + (offs_n // SBN).to(tl.int64) * ssn   # each column's scale row
+    s_base = s_ptr + g * ssg + (offs_n // SBN).to(tl.int64) * ssn  # each column's scale row
     if MATH == _C_F64:
         acc = tl.zeros((BM, BN), dtype=tl.float64)
     elif FOLD == 2:
-        acc = tl.zeros((BN, BM), dtype=tl.float32)   # y^T: the weight tile is the dot's A
+        acc = tl.zeros((BN, BM), dtype=tl.float32)  # y^T: the weight tile is the dot's A
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
     for i in range(0, kb_per_split):
@@ -134,10 +162,12 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
             k_ok = offs_k < K
             if BK != SBK:
                 k_ok = k_ok & (lane < SBK)
-            x = tl.load(x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            wq = tl.load(w_rows[:, None] + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                         other=0)
+            x = tl.load(
+                x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0
+            )
+            wq = tl.load(
+                w_rows[:, None] + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0
+            )
             if MATH == _C_X16:
                 dt = x_ptr.dtype.element_ty
                 if W16:
@@ -179,10 +209,12 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
             k_ok = offs_k < K
             if BK != SBK:  # the K tile is the scale block rounded up to a power of two
                 k_ok = k_ok & (lane < SBK)
-            x = tl.load(x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            wq = tl.load(w_rows[:, None] + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                         other=0)
+            x = tl.load(
+                x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0
+            )
+            wq = tl.load(
+                w_rows[:, None] + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0
+            )
             if MATH == _C_X16:
                 wt = wq if W16 else _e4m3_tile(wq, x_ptr.dtype.element_ty, CVT)
                 part = tl.dot(x, tl.trans(wt))
@@ -199,8 +231,21 @@ def _fp8_block_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr,
     if FOLD == 2:
         acc = tl.trans(acc)
     rel = g * sog + offs_m.to(tl.int64)[:, None] * som + offs_n[None, :]
-    store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc, m_ok[:, None] & n_ok[None, :],
-               sos, OUT_BF16, SERIAL, SPLITS, RED_BF16)
+    store_tile(
+        out_ptr,
+        red_ptr,
+        cnt_ptr,
+        pid,
+        pid_s,
+        rel,
+        acc,
+        m_ok[:, None] & n_ok[None, :],
+        sos,
+        OUT_BF16,
+        SERIAL,
+        SPLITS,
+        RED_BF16,
+    )
 
 
 def _auto_block_n(n: int, g: int, m: int = 1, k: int = 0) -> int:
@@ -219,8 +264,15 @@ def _auto_block_n(n: int, g: int, m: int = 1, k: int = 0) -> int:
 # a 256-wide tile leaves a narrow weight's device mostly idle). The tile needs 224 KiB of shared
 # memory (sm_90's pipelined compile): only where the device declares that much (sm_90 / sm_100),
 # and in the interpreter.
-PREFILL_TILE = {"from_m": 2048, "from_n": 1024, "block_m": 128, "block_n": 256, "num_warps": 8,
-                "num_stages": 3, "fold": 1}
+PREFILL_TILE = {
+    "from_m": 2048,
+    "from_n": 1024,
+    "block_m": 128,
+    "block_n": 256,
+    "num_warps": 8,
+    "num_stages": 3,
+    "fold": 1,
+}
 PREFILL_TILE_SHARED = 224 * 1024
 
 
@@ -259,8 +311,10 @@ def rows_per_launch(m: int, bm: int, programs_per_row_block: int, limit: int) ->
     CUDA, whose bound is never reached); whole row blocks of ``bm``."""
     blocks = limit // programs_per_row_block
     if blocks < 1:
-        raise ValueError(f"fp8_block_linear: {programs_per_row_block} programs per row block exceed "
-                         f"the device's grid bound {limit}; use a larger block_n")
+        raise ValueError(
+            f"fp8_block_linear: {programs_per_row_block} programs per row block exceed "
+            f"the device's grid bound {limit}; use a larger block_n"
+        )
     return min(m, blocks * bm)
 
 
@@ -288,11 +342,20 @@ def _math(dtype: torch.dtype, interpreting: bool) -> int:
     return MATH_X16
 
 
-def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None = None,
-           num_warps: int | None = None, num_stages: int | None = None,
-           block_m: int | None = None, fold: int | None = None, cvt: int | None = None,
-           serial: bool | None = None, w16: bool = False,
-           prefetch: int | None = None) -> torch.Tensor:
+def launch(
+    a: Fp8LinearArgs,
+    *,
+    block_n: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    block_m: int | None = None,
+    fold: int | None = None,
+    cvt: int | None = None,
+    serial: bool | None = None,
+    w16: bool = False,
+    prefetch: int | None = None,
+) -> torch.Tensor:
     """One GEMM of checked arguments: column block, forced split-K, launch options, the e4m3
     decode, the split-K sum and the weight read-ahead (``prefetch``, as in
     ``fp8_dot_linear.launch``) as knobs. ``w16``: ``a.w`` is x's 16-bit float dtype, not e4m3
@@ -330,20 +393,68 @@ def launch(a: Fp8LinearArgs, *, block_n: int | None = None, split_k: int | None 
     split_k = cdiv(kb, kps)
     rows = rows_per_launch(m, bm, base // n_mblk * split_k, grid_limit(dev))
     if rows < m:  # a grid over the device's bound (Ascend, long prefill): launches of fewer rows
-        kw = dict(block_n=bn_tile, split_k=split_k, num_warps=num_warps, num_stages=num_stages,
-                  block_m=bm, fold=fold, cvt=cvt, serial=serial, w16=w16, prefetch=prefetch)
-        return torch.cat([launch(a._replace(m=min(rows, m - r), x=a.x[r:r + rows]), **kw)
-                          for r in range(0, m, rows)])
+        kw = dict(
+            block_n=bn_tile,
+            split_k=split_k,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            block_m=bm,
+            fold=fold,
+            cvt=cvt,
+            serial=serial,
+            w16=w16,
+            prefetch=prefetch,
+        )
+        return torch.cat(
+            [
+                launch(a._replace(m=min(rows, m - r), x=a.x[r : r + rows]), **kw)
+                for r in range(0, m, rows)
+            ]
+        )
     if serial is None:
         serial = SERIAL_SPLIT_K and n_mblk == 1 and bm <= SERIAL_MAX_ROWS
-    o = SplitOutputs.make(a, split_k, torch.float64 if math == MATH_F64 else torch.float32,
-                          serial, base)
+    o = SplitOutputs.make(
+        a, split_k, torch.float64 if math == MATH_F64 else torch.float32, serial, base
+    )
     _fp8_block_linear_kernel[(base, split_k)](
-        xv, wb, sc, o.out_arg, o.red_arg, o.cnt_arg, m, n, k, kb, kps, n_nblk, n_mblk,
-        xv.stride(1), xv.stride(0), wb.stride(0), wb.stride(1), sc.stride(0), sc.stride(1),
-        o.sos, o.out.stride(-2), o.out.stride(-3),
-        SBN=a.bn, SBK=a.bk, BM=bm, BN=bn_tile, BK=bk_tile, MATH=math, CVT=cvt,
-        OUT_BF16=o.direct_bf16, FOLD=_fold(math, fold), SERIAL=o.serial, SPLITS=o.splits,
-        RED_BF16=o.bf16_mode, W16=w16, num_warps=num_warps, num_stages=num_stages,
-        **pdl_launch(dev), **weight_prefetch(dev, prefetch))
+        xv,
+        wb,
+        sc,
+        o.out_arg,
+        o.red_arg,
+        o.cnt_arg,
+        m,
+        n,
+        k,
+        kb,
+        kps,
+        n_nblk,
+        n_mblk,
+        xv.stride(1),
+        xv.stride(0),
+        wb.stride(0),
+        wb.stride(1),
+        sc.stride(0),
+        sc.stride(1),
+        o.sos,
+        o.out.stride(-2),
+        o.out.stride(-3),
+        SBN=a.bn,
+        SBK=a.bk,
+        BM=bm,
+        BN=bn_tile,
+        BK=bk_tile,
+        MATH=math,
+        CVT=cvt,
+        OUT_BF16=o.direct_bf16,
+        FOLD=_fold(math, fold),
+        SERIAL=o.serial,
+        SPLITS=o.splits,
+        RED_BF16=o.bf16_mode,
+        W16=w16,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        **pdl_launch(dev),
+        **weight_prefetch(dev, prefetch),
+    )
     return o.finish(a)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton ``dense_linear`` for decode-sized calls: the FP8 GEMM's kernel (``fp8_linear``) on a
 16-bit weight read as it lies (``W16``: no decode, no scales), with its split-K and the split sum
 inside the launch.
@@ -21,18 +22,22 @@ from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.linear import block as fp8_linear
 
 MAX_ROWS = 16
-K_BLOCK = 128    # split-K unit (the kernel's K tile)
+K_BLOCK = 128  # split-K unit (the kernel's K tile)
 
 
 def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the kernel runs this call (else the reference GEMM)."""
-    return (x.shape[0] <= MAX_ROWS and x.dtype == weight.dtype
-            and x.dtype in (torch.bfloat16, torch.float16))
+    return (
+        x.shape[0] <= MAX_ROWS
+        and x.dtype == weight.dtype
+        and x.dtype in (torch.bfloat16, torch.float16)
+    )
 
 
 @register_op(DENSE_LINEAR, "triton")
-def dense_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None,
-                 **knobs) -> torch.Tensor:
+def dense_linear(
+    x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, **knobs
+) -> torch.Tensor:
     """The op contract (``ops.api.dense_linear``); ``knobs``: ``fp8_linear.launch``'s."""
     xc, out_dtype = ref.check_dense_linear_args(x, weight, out_dtype)
     if not takes(xc, weight):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ``fp8_block_linear`` op on Triton: which GEMM takes a call. A few rows with x quantized (or
 given as e4m3 codes) take the one-row GEMV (``gemv``); other W8A8 calls the tensor-core W8A8
 tiles (``w8a8``) where the device has FP8 dots; everything else the W8A16 tiles (``block``), on
@@ -37,10 +38,16 @@ def _takes_gemv(a: Fp8LinearArgs, gemv, knobs: dict, codes: bool = False) -> boo
 
 
 @register_op(FP8_BLOCK_LINEAR, "triton")
-def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                     block: tuple[int, int], out_dtype: torch.dtype | None = None,
-                     quantize_x: bool = False, x_scales: torch.Tensor | None = None,
-                     **knobs) -> torch.Tensor:
+def fp8_block_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int],
+    out_dtype: torch.dtype | None = None,
+    quantize_x: bool = False,
+    x_scales: torch.Tensor | None = None,
+    **knobs,
+) -> torch.Tensor:
     """The op contract (``ops.api.fp8_block_linear``); the keyword-only ``knobs`` (those of
     :func:`launch`, or of ``fp8_dot_linear.launch`` with ``quantize_x``) are for benchmarks and
     tests. ``quantize_x`` takes the W8A8 kernel where it runs (``fp8_dot_linear.supports``), else
@@ -62,7 +69,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
             return fp8_gemv.launch(a._replace(x=codes), x_scales=xs, **_gemv_knobs(gemv))
         if vdt != torch.float64 and fp8_dot_linear.supports(a._replace(x=x)):  # codes to dots
             return fp8_dot_linear.launch(a._replace(x=codes), x_scales=xs, **knobs)
-        vals = prequantized_values(x, x_scales, a.bk).to(vdt)   # the 16-bit kernel on the values
+        vals = prequantized_values(x, x_scales, a.bk).to(vdt)  # the 16-bit kernel on the values
         return launch(a._replace(x=vals if a.grouped else vals.unsqueeze(1)), **knobs)
     a = check_fp8_block_linear_args(x, weight, scale, block, out_dtype)
     if not quantize_x:

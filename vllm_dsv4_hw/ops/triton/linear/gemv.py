@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton ``fp8_block_linear`` (``quantize_x`` or ``x_scales``) for a few rows (decode): a GEMV.
 
     y[n] = sum_kb s[n // bn, kb] * sx[kb] * sum_{k in block kb} q[k] * e4m3(W[n, k])
@@ -40,10 +41,22 @@ LIMIT_ROWS = 8
 # narrow weights of 4K <= K < 8K, else 512; split-K only where the tiles leave SMs short.
 # The rule reads the shape only: x given as codes sums in the order of x quantized here (the
 # same bits, ``fp8_block_linear``'s contract). Evidence: docs/tuning.md, "FP8 GEMV".
-TILE = {"block_k": 512, "long_k": 4096, "narrow_n": 8192, "block_k_long": 1024,
-        "wide_n": 16384, "deep_k": 8192, "block_n_wide": 16, "block_n": 8,
-        "num_warps": 4, "num_stages": 3, "split_below_per_sm": 4, "programs_per_sm": 12,
-        "max_split": 4, "min_split_steps": 3}
+TILE = {
+    "block_k": 512,
+    "long_k": 4096,
+    "narrow_n": 8192,
+    "block_k_long": 1024,
+    "wide_n": 16384,
+    "deep_k": 8192,
+    "block_n_wide": 16,
+    "block_n": 8,
+    "num_warps": 4,
+    "num_stages": 3,
+    "split_below_per_sm": 4,
+    "programs_per_sm": 12,
+    "max_split": 4,
+    "min_split_steps": 3,
+}
 
 
 def tile(n_out: int, k: int) -> tuple[int, int]:
@@ -51,13 +64,14 @@ def tile(n_out: int, k: int) -> tuple[int, int]:
     ``k`` columns (``TILE``'s rule)."""
     wide = n_out >= TILE["wide_n"] or k >= TILE["deep_k"]
     long = not wide and n_out <= TILE["narrow_n"] and k >= TILE["long_k"]
-    return (TILE["block_n_wide"] if wide else TILE["block_n"],
-            TILE["block_k_long"] if long else TILE["block_k"])
+    return (
+        TILE["block_n_wide"] if wide else TILE["block_n"],
+        TILE["block_k_long"] if long else TILE["block_k"],
+    )
 
 
 @triton.jit
-def _x_codes(x_ptr, xs_ptr, k0, K, KB, EMU: tl.constexpr, CODES: tl.constexpr,
-             BK: tl.constexpr):
+def _x_codes(x_ptr, xs_ptr, k0, K, KB, EMU: tl.constexpr, CODES: tl.constexpr, BK: tl.constexpr):
     """One row's columns ``k0 + [0, BK)`` as W8A8 operands: (codes as fp32 [BK/128, 128],
     scales [BK/128]); quantized per 128-column block by the W8A8 kernel's own
     ``_quantize_rows`` (each block a row), or with CODES read as the producer left them (e4m3
@@ -81,17 +95,50 @@ def _x_codes(x_ptr, xs_ptr, k0, K, KB, EMU: tl.constexpr, CODES: tl.constexpr,
 def _w_tile(w_rows, r_ok, k0, k_hi, BK: tl.constexpr):
     """The weight bytes [BN, BK] of columns k0 + [0, BK) (0 past this split's end ``k_hi``)."""
     cols = k0 + tl.arange(0, BK)
-    return tl.load(w_rows[:, None] + cols[None, :], mask=r_ok[:, None] & (cols < k_hi)[None, :],
-                   other=0)
+    return tl.load(
+        w_rows[:, None] + cols[None, :], mask=r_ok[:, None] & (cols < k_hi)[None, :], other=0
+    )
 
 
 @triton.jit(do_not_specialize=["sos"])
-def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, KB,
-                 k_per_split, n_nblk, sxm, sxg, sxsm, sxsg, swg, swn, ssg, ssn, sos, som, sog,
-                 SBN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, M: tl.constexpr,
-                 RP: tl.constexpr, CODES: tl.constexpr, EMU: tl.constexpr, OUT_BF16: tl.constexpr,
-                 SERIAL: tl.constexpr, SPLITS: tl.constexpr, RED_BF16: tl.constexpr,
-                 PF_BYTES: tl.constexpr = 0, PDL: tl.constexpr = False):
+def _gemv_kernel(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    s_ptr,
+    out_ptr,
+    red_ptr,
+    cnt_ptr,
+    N,
+    K,
+    KB,
+    k_per_split,
+    n_nblk,
+    sxm,
+    sxg,
+    sxsm,
+    sxsg,
+    swg,
+    swn,
+    ssg,
+    ssn,
+    sos,
+    som,
+    sog,
+    SBN: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    M: tl.constexpr,
+    RP: tl.constexpr,
+    CODES: tl.constexpr,
+    EMU: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    SERIAL: tl.constexpr,
+    SPLITS: tl.constexpr,
+    RED_BF16: tl.constexpr,
+    PF_BYTES: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
+):
     # M rows (RP: M's power of two), each multiplied with the tile's weight bytes converted
     # once; a row's sums are those of a one-row launch (the same ops in the same order).
     pid = tl.program_id(0)
@@ -118,14 +165,28 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, red_ptr, cnt_ptr, N, K, K
         wf = tl.reshape(wf, (BN, BK // 128, 128))
         sw = ue8m0_to_f32(tl.load(s_rows[:, None] + kb[None, :], mask=r_ok[:, None], other=127))
         for r in tl.static_range(M):
-            q, sx = _x_codes(x_ptr + r * sxm + g * sxg, xs_ptr + r * sxsm + g * sxsg, k0, K, KB,
-                             EMU, CODES, BK)
+            q, sx = _x_codes(
+                x_ptr + r * sxm + g * sxg, xs_ptr + r * sxsm + g * sxsg, k0, K, KB, EMU, CODES, BK
+            )
             blk = tl.sum(wf * q[None, :, :], axis=2)
             part = tl.sum(blk * sw * sx[None, :], axis=1)
             acc = tl.where(xm[:, None] == r, acc + part[None, :], acc)
     rel = g * sog + xm[:, None].to(tl.int64) * som + rows[None, :]
-    sk.store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc,
-                  (xm < M)[:, None] & r_ok[None, :], sos, OUT_BF16, SERIAL, SPLITS, RED_BF16)
+    sk.store_tile(
+        out_ptr,
+        red_ptr,
+        cnt_ptr,
+        pid,
+        pid_s,
+        rel,
+        acc,
+        (xm < M)[:, None] & r_ok[None, :],
+        sos,
+        OUT_BF16,
+        SERIAL,
+        SPLITS,
+        RED_BF16,
+    )
 
 
 def takes(a: Fp8LinearArgs, max_rows: int | None = None, codes: bool = False) -> bool:
@@ -156,11 +217,18 @@ def _split(n_tiles: int, k_steps: int, device: torch.device) -> int:
     return max(1, min(want, TILE["max_split"], k_steps))
 
 
-def launch(a: Fp8LinearArgs, *, x_scales: torch.Tensor | None = None,
-           block_n: int | None = None, block_k: int | None = None,
-           split_k: int | None = None, num_warps: int | None = None,
-           num_stages: int | None = None, serial: bool | None = None,
-           prefetch: int | None = None) -> torch.Tensor:
+def launch(
+    a: Fp8LinearArgs,
+    *,
+    x_scales: torch.Tensor | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    serial: bool | None = None,
+    prefetch: int | None = None,
+) -> torch.Tensor:
     """One GEMV of checked arguments (``takes(a)``); ``x_scales`` [M, G, ceil(K/128)]: ``a.x``
     holds e4m3 codes with these scales (a producer's quantization), read as they lie. The
     keywords after it are launch knobs for benchmarks and tests."""
@@ -195,12 +263,43 @@ def launch(a: Fp8LinearArgs, *, x_scales: torch.Tensor | None = None,
     sc = a.s.contiguous()
     w8 = wb.view(torch.uint8)
     _gemv_kernel[(tiles, splits)](
-        xv, xs, w8, sc, o.out_arg, o.red_arg, o.cnt_arg, n, k, cdiv(k, 128), kps, n_nblk,
-        xv.stride(0), xv.stride(1), xs.stride(0), xs.stride(1), w8.stride(0), w8.stride(1),
-        sc.stride(0), sc.stride(1), o.sos, o.out.stride(-3), o.out.stride(-2),
-        SBN=a.bn, BN=bn, BK=bk, M=m, RP=triton.next_power_of_2(m), CODES=x_scales is not None,
-        EMU=interp, OUT_BF16=o.direct_bf16, SERIAL=o.serial, SPLITS=o.splits,
-        RED_BF16=o.bf16_mode, num_warps=num_warps or TILE["num_warps"],
-        num_stages=num_stages or TILE["num_stages"], **pdl_launch(dev),
-        **weight_prefetch(dev, prefetch))
+        xv,
+        xs,
+        w8,
+        sc,
+        o.out_arg,
+        o.red_arg,
+        o.cnt_arg,
+        n,
+        k,
+        cdiv(k, 128),
+        kps,
+        n_nblk,
+        xv.stride(0),
+        xv.stride(1),
+        xs.stride(0),
+        xs.stride(1),
+        w8.stride(0),
+        w8.stride(1),
+        sc.stride(0),
+        sc.stride(1),
+        o.sos,
+        o.out.stride(-3),
+        o.out.stride(-2),
+        SBN=a.bn,
+        BN=bn,
+        BK=bk,
+        M=m,
+        RP=triton.next_power_of_2(m),
+        CODES=x_scales is not None,
+        EMU=interp,
+        OUT_BF16=o.direct_bf16,
+        SERIAL=o.serial,
+        SPLITS=o.splits,
+        RED_BF16=o.bf16_mode,
+        num_warps=num_warps or TILE["num_warps"],
+        num_stages=num_stages or TILE["num_stages"],
+        **pdl_launch(dev),
+        **weight_prefetch(dev, prefetch),
+    )
     return o.finish(a)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Split-K outputs of the weight GEMMs (``fp8_linear``, ``fp8_dot_linear``, ``dense_linear``):
 the partials' buffers, their sum by the tiles' last splits inside the launch (``store_tile``,
 per-stream arrival counters) or by a second launch (``splitk_sum_kernel``), and the store of a
@@ -32,8 +33,21 @@ def store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
-def store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc, mask, sos, OUT_BF16: tl.constexpr,
-               SERIAL: tl.constexpr, SPLITS: tl.constexpr, RED_BF16: tl.constexpr):
+def store_tile(
+    out_ptr,
+    red_ptr,
+    cnt_ptr,
+    pid,
+    pid_s,
+    rel,
+    acc,
+    mask,
+    sos,
+    OUT_BF16: tl.constexpr,
+    SERIAL: tl.constexpr,
+    SPLITS: tl.constexpr,
+    RED_BF16: tl.constexpr,
+):
     """A GEMM tile's result: stored (split ``pid_s``'s partial, or the output); with SERIAL,
     the tile's last split to finish sums the partials in split order (the bits of the separate
     sum launch, whichever split is last) and resets the tile's counter for the next launch on
@@ -47,15 +61,22 @@ def store_tile(out_ptr, red_ptr, cnt_ptr, pid, pid_s, rel, acc, mask, sos, OUT_B
         if done == SPLITS - 1:
             tot = tl.zeros(acc.shape, dtype=acc.dtype)
             for s in tl.static_range(SPLITS):
-                tot += tl.load(out_ptr + s * sos + rel, mask=mask, other=0.0,
-                               cache_modifier=".cg")
+                tot += tl.load(out_ptr + s * sos + rel, mask=mask, other=0.0, cache_modifier=".cg")
             store_out(red_ptr + rel, tot, mask, RED_BF16)
             tl.store(cnt_ptr + pid, 0)
 
 
 @triton.jit
-def splitk_sum_kernel(part_ptr, out_ptr, n_splits, n_elems, stride_s, BLOCK: tl.constexpr,
-                       OUT_BF16: tl.constexpr, PDL: tl.constexpr = False):
+def splitk_sum_kernel(
+    part_ptr,
+    out_ptr,
+    n_splits,
+    n_elems,
+    stride_s,
+    BLOCK: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """out = sum over the split-K partials [S, ...] (in split order), cast to out's dtype: one
     launch instead of a reduction and a cast."""
     pdl_start(PDL)
@@ -73,7 +94,7 @@ def splitk_sum_kernel(part_ptr, out_ptr, n_splits, n_elems, stride_s, BLOCK: tl.
 # Split-K sum in the launch). Knob ``serial=`` for benchmarks and tests.
 SERIAL_SPLIT_K = True
 SERIAL_MAX_ROWS = 16
-_COUNTER_WORDS = 4096      # tiles of one split launch (decode launches have <= 1,024)
+_COUNTER_WORDS = 4096  # tiles of one split launch (decode launches have <= 1,024)
 _COUNTERS: dict[tuple, torch.Tensor] = {}
 
 
@@ -101,6 +122,7 @@ class SplitOutputs(NamedTuple):
     accumulator dtype plus the output their sum goes to (by the tiles' last splits when
     ``serial``, else by :meth:`finish`'s sum launch); int16 views where the interpreter stores
     bf16 bits (``store_out``)."""
+
     out: torch.Tensor
     out_arg: torch.Tensor
     red: torch.Tensor
@@ -112,8 +134,9 @@ class SplitOutputs(NamedTuple):
     direct_bf16: int
 
     @classmethod
-    def make(cls, a: Fp8LinearArgs, split_k: int, acc_dtype: torch.dtype, serial: bool,
-             tiles: int) -> "SplitOutputs":
+    def make(
+        cls, a: Fp8LinearArgs, split_k: int, acc_dtype: torch.dtype, serial: bool, tiles: int
+    ) -> "SplitOutputs":
         m, g, n, dev = a.m, a.g, a.n, a.x.device
         if split_k == 1:
             out = torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
@@ -125,8 +148,17 @@ class SplitOutputs(NamedTuple):
         counters = split_counters(dev, tiles) if split_k > 1 and serial else None
         red = out if split_k == 1 else torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
         red_arg = red.view(torch.int16) if bf16_mode == 2 else red
-        return cls(out, out_arg, red, red_arg, counters, split_k,
-                   0 if split_k == 1 else out.stride(0), bf16_mode, direct_bf16)
+        return cls(
+            out,
+            out_arg,
+            red,
+            red_arg,
+            counters,
+            split_k,
+            0 if split_k == 1 else out.stride(0),
+            bf16_mode,
+            direct_bf16,
+        )
 
     @property
     def serial(self) -> bool:
@@ -147,6 +179,14 @@ class SplitOutputs(NamedTuple):
         if self.split_k > 1 and not self.serial:
             ne = self.red.numel()
             splitk_sum_kernel[(cdiv(ne, 1024),)](
-                self.out, self.red_arg, self.split_k, ne, self.out.stride(0), BLOCK=1024,
-                OUT_BF16=self.bf16_mode, num_warps=4, **pdl_launch(self.out.device))
+                self.out,
+                self.red_arg,
+                self.split_k,
+                ne,
+                self.out.stride(0),
+                BLOCK=1024,
+                OUT_BF16=self.bf16_mode,
+                num_warps=4,
+                **pdl_launch(self.out.device),
+            )
         return self.red if a.grouped else self.red.view(a.m, a.n)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Triton ``sparse_attention``: paged window + compressed candidates, dequantized in the kernel,
 one softmax per (token, head) with the per-head sink, fp32 math inside.
 

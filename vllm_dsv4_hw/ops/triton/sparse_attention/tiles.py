@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Device functions of the Triton ``sparse_attention`` kernels (``ops.triton.sparse_attention``):
 loading one tile of candidate entries as stored (fp8_ds_mla, bf16 or fp32), dequantizing it in
 registers, one online-softmax step of a head block over a tile, the candidates of both caches in
@@ -43,9 +44,21 @@ def _e4m3_to_f32(code, CVT: tl.constexpr):
 
 
 @triton.jit
-def _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, start, hi, E, PAGE_BYTES, PAGE_ELEMS,
-                   FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _load_raw_tile(
+    u8_ptr,
+    typed_ptr,
+    slots_row_ptr,
+    start,
+    hi,
+    E,
+    PAGE_BYTES,
+    PAGE_ELEMS,
+    FMT: tl.constexpr,
+    D: tl.constexpr,
+    DATA_ELEMS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Issue the loads of candidates ``[start, start + BLOCK_N)`` (those < ``hi``; slot -1 = none,
     never read) of one token's slot list: the stored bytes, not yet decoded (so the next tile can
     be in flight while this one is computed). Returns (valid [BLOCK_N], a, b, c):
@@ -70,27 +83,47 @@ def _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, start, hi, E, PAGE_BYTES, P
         j = tl.arange(0, _FP8_QBLOCK)
         dims3 = g[None, :, None] * _FP8_QBLOCK + j[None, None, :]
         data_b = page * PAGE_BYTES + off * _FP8_DATA_BYTES
-        a = tl.load(u8_ptr + data_b[:, None, None] + dims3,
-                    mask=valid[:, None, None] & (dims3 < _FP8_NOPE), other=0)
+        a = tl.load(
+            u8_ptr + data_b[:, None, None] + dims3,
+            mask=valid[:, None, None] & (dims3 < _FP8_NOPE),
+            other=0,
+        )
         scale_b = page * PAGE_BYTES + E * _FP8_DATA_BYTES + off * _FP8_SCALE_BYTES
-        b = tl.load(u8_ptr + scale_b[:, None] + g[None, :],
-                    mask=valid[:, None] & (g < _FP8_NGROUP - 1)[None, :], other=127)
+        b = tl.load(
+            u8_ptr + scale_b[:, None] + g[None, :],
+            mask=valid[:, None] & (g < _FP8_NGROUP - 1)[None, :],
+            other=127,
+        )
         rope_e = page * PAGE_ELEMS + off * _FP8_DATA_ELEM + _FP8_ROPE_ELEM
-        c = tl.load(typed_ptr + rope_e[:, None, None] + (dims3 - _FP8_NOPE),
-                    mask=valid[:, None, None] & (dims3 >= _FP8_NOPE), other=0.0)
+        c = tl.load(
+            typed_ptr + rope_e[:, None, None] + (dims3 - _FP8_NOPE),
+            mask=valid[:, None, None] & (dims3 >= _FP8_NOPE),
+            other=0.0,
+        )
     else:  # FMT_BF16 / FMT_FP32
         dims = tl.arange(0, BLOCK_D)
         e_off = page * PAGE_ELEMS + off * DATA_ELEMS
-        a = tl.load(typed_ptr + e_off[:, None] + dims[None, :],
-                    mask=valid[:, None] & (dims < D)[None, :], other=0.0)
+        a = tl.load(
+            typed_ptr + e_off[:, None] + dims[None, :],
+            mask=valid[:, None] & (dims < D)[None, :],
+            other=0.0,
+        )
         b = valid
         c = valid
     return valid, a, b, c
 
 
 @triton.jit
-def _dequant_tile(a, b, c, FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  CVT: tl.constexpr, DOT_BF16: tl.constexpr):
+def _dequant_tile(
+    a,
+    b,
+    c,
+    FMT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CVT: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+):
     """The raw tile of :func:`_load_raw_tile` -> [BLOCK_N, BLOCK_D] (zeros where not read): fp32,
     or straight to bf16 where the dots take bf16 and no fp32 step is needed (the packed PTX
     decode, bf16 entries): two conversions per element fewer (fp32 -> bf16 and the f16 -> fp32
@@ -100,8 +133,7 @@ def _dequant_tile(a, b, c, FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl
         is_rope = (g == _FP8_NGROUP - 1)[None, :, None]
         if DOT_BF16 and CVT == C_CVT_PTX:
             # the power-of-two scale applied in bf16 (exact for every normal product)
-            nope = e4m3_bits_to_16bit(a, tl.bfloat16) * \
-                ue8m0_to_f32(b).to(tl.bfloat16)[:, :, None]
+            nope = e4m3_bits_to_16bit(a, tl.bfloat16) * ue8m0_to_f32(b).to(tl.bfloat16)[:, :, None]
             kv = tl.reshape(tl.where(is_rope, c, nope), (BLOCK_N, BLOCK_D))
         else:
             nope = _e4m3_to_f32(a, CVT) * ue8m0_to_f32(b)[:, :, None]
@@ -136,81 +168,200 @@ def _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16: tl.constexpr)
 
 
 @triton.jit
-def _attend_range(q, m_i, l_i, acc, u8_ptr, typed_ptr, slots_row_ptr, lo, hi,
-                  E, PAGE_BYTES, PAGE_ELEMS, end, qk_scale2,
-                  FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CVT: tl.constexpr,
-                  DOT_BF16: tl.constexpr, PREFETCH: tl.constexpr):
+def _attend_range(
+    q,
+    m_i,
+    l_i,
+    acc,
+    u8_ptr,
+    typed_ptr,
+    slots_row_ptr,
+    lo,
+    hi,
+    E,
+    PAGE_BYTES,
+    PAGE_ELEMS,
+    end,
+    qk_scale2,
+    FMT: tl.constexpr,
+    D: tl.constexpr,
+    DATA_ELEMS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CVT: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
     """Candidates ``[lo, hi)`` of one token's slot list (one cache) in tiles of BLOCK_N, the
     tiles from ``end`` on (only -1 slots) not visited."""
     if PREFETCH:  # one tile in flight ahead of the compute (register double buffering)
-        valid, a, b, c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, lo, hi, E, PAGE_BYTES,
-                                        PAGE_ELEMS, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D)
+        valid, a, b, c = _load_raw_tile(
+            u8_ptr,
+            typed_ptr,
+            slots_row_ptr,
+            lo,
+            hi,
+            E,
+            PAGE_BYTES,
+            PAGE_ELEMS,
+            FMT,
+            D,
+            DATA_ELEMS,
+            BLOCK_N,
+            BLOCK_D,
+        )
         for start in range(lo, end, BLOCK_N):
-            n_valid, n_a, n_b, n_c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr,
-                                                    start + BLOCK_N, hi, E, PAGE_BYTES, PAGE_ELEMS,
-                                                    FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D)
+            n_valid, n_a, n_b, n_c = _load_raw_tile(
+                u8_ptr,
+                typed_ptr,
+                slots_row_ptr,
+                start + BLOCK_N,
+                hi,
+                E,
+                PAGE_BYTES,
+                PAGE_ELEMS,
+                FMT,
+                D,
+                DATA_ELEMS,
+                BLOCK_N,
+                BLOCK_D,
+            )
             kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, CVT, DOT_BF16)
             m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
             valid, a, b, c = n_valid, n_a, n_b, n_c
     else:
         for start in range(lo, end, BLOCK_N):
-            valid, a, b, c = _load_raw_tile(u8_ptr, typed_ptr, slots_row_ptr, start, hi, E,
-                                            PAGE_BYTES, PAGE_ELEMS, FMT, D, DATA_ELEMS, BLOCK_N,
-                                            BLOCK_D)
+            valid, a, b, c = _load_raw_tile(
+                u8_ptr,
+                typed_ptr,
+                slots_row_ptr,
+                start,
+                hi,
+                E,
+                PAGE_BYTES,
+                PAGE_ELEMS,
+                FMT,
+                D,
+                DATA_ELEMS,
+                BLOCK_N,
+                BLOCK_D,
+            )
             kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, CVT, DOT_BF16)
             m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
     return m_i, l_i, acc
 
 
 @triton.jit
-def _tile_source(start, hi, W, w_u8, w_typed, w_row, w_E, w_PB, w_PE,
-                 c_u8, c_typed, c_row, c_E, c_PB, c_PE):
+def _tile_source(
+    start, hi, W, w_u8, w_typed, w_row, w_E, w_PB, w_PE, c_u8, c_typed, c_row, c_E, c_PB, c_PE
+):
     """Where the tile at candidate ``start`` (of a range ending at ``hi``) lies: the window's cache and slot
     row below ``W``, the compressed one from ``W`` on (scalar selects; no tile straddles ``W``).
     Returns (bytes, typed view, slot row, first and end index in that row, E, page bytes, page
     elements)."""
     in_w = start < W
-    return (tl.where(in_w, w_u8, c_u8), tl.where(in_w, w_typed, c_typed),
-            tl.where(in_w, w_row, c_row), tl.where(in_w, start, start - W),
-            tl.where(in_w, tl.minimum(hi, W), hi - W), tl.where(in_w, w_E, c_E),
-            tl.where(in_w, w_PB, c_PB), tl.where(in_w, w_PE, c_PE))
+    return (
+        tl.where(in_w, w_u8, c_u8),
+        tl.where(in_w, w_typed, c_typed),
+        tl.where(in_w, w_row, c_row),
+        tl.where(in_w, start, start - W),
+        tl.where(in_w, tl.minimum(hi, W), hi - W),
+        tl.where(in_w, w_E, c_E),
+        tl.where(in_w, w_PB, c_PB),
+        tl.where(in_w, w_PE, c_PE),
+    )
 
 
 @triton.jit
-def _attend_candidates(q, m_i, l_i, acc, lo, hi, end, W,
-                       w_u8, w_typed, w_row, w_E, w_PB, w_PE,
-                       c_u8, c_typed, c_row, c_E, c_PB, c_PE, qk_scale2,
-                       FMT: tl.constexpr, D: tl.constexpr, DATA_ELEMS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CVT: tl.constexpr,
-                       DOT_BF16: tl.constexpr, PREFETCH: tl.constexpr):
+def _attend_candidates(
+    q,
+    m_i,
+    l_i,
+    acc,
+    lo,
+    hi,
+    end,
+    W,
+    w_u8,
+    w_typed,
+    w_row,
+    w_E,
+    w_PB,
+    w_PE,
+    c_u8,
+    c_typed,
+    c_row,
+    c_E,
+    c_PB,
+    c_PE,
+    qk_scale2,
+    FMT: tl.constexpr,
+    D: tl.constexpr,
+    DATA_ELEMS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CVT: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
     """Candidates ``[lo, hi)`` of the window (``[0, W)``) and then the compressed list in one
     loop of BLOCK_N tiles (``W`` and ``lo`` multiples of BLOCK_N), up to ``end`` (the tiles from
     there on hold only -1 slots). One loop, not one per cache:
     the sm_90 build of the 64-head tile spilled its second loop's state (85 reloads per tile),
     the single loop is spill-free, and Triton's pipeliner can keep its loads in flight."""
     if PREFETCH:  # one tile in flight ahead of the compute (register double buffering)
-        u8, ty, row, i0, i1, E, PB, PE = _tile_source(lo, hi, W, w_u8, w_typed, w_row, w_E,
-                                                      w_PB, w_PE, c_u8, c_typed, c_row, c_E,
-                                                      c_PB, c_PE)
-        valid, a, b, c = _load_raw_tile(u8, ty, row, i0, i1, E, PB, PE, FMT, D, DATA_ELEMS,
-                                        BLOCK_N, BLOCK_D)
+        u8, ty, row, i0, i1, E, PB, PE = _tile_source(
+            lo, hi, W, w_u8, w_typed, w_row, w_E, w_PB, w_PE, c_u8, c_typed, c_row, c_E, c_PB, c_PE
+        )
+        valid, a, b, c = _load_raw_tile(
+            u8, ty, row, i0, i1, E, PB, PE, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D
+        )
         for start in range(lo, end, BLOCK_N):
-            u8, ty, row, i0, i1, E, PB, PE = _tile_source(start + BLOCK_N, hi, W, w_u8,
-                                                          w_typed, w_row, w_E, w_PB, w_PE, c_u8,
-                                                          c_typed, c_row, c_E, c_PB, c_PE)
-            n_valid, n_a, n_b, n_c = _load_raw_tile(u8, ty, row, i0, i1, E, PB, PE, FMT, D,
-                                                    DATA_ELEMS, BLOCK_N, BLOCK_D)
+            u8, ty, row, i0, i1, E, PB, PE = _tile_source(
+                start + BLOCK_N,
+                hi,
+                W,
+                w_u8,
+                w_typed,
+                w_row,
+                w_E,
+                w_PB,
+                w_PE,
+                c_u8,
+                c_typed,
+                c_row,
+                c_E,
+                c_PB,
+                c_PE,
+            )
+            n_valid, n_a, n_b, n_c = _load_raw_tile(
+                u8, ty, row, i0, i1, E, PB, PE, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D
+            )
             kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, CVT, DOT_BF16)
             m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
             valid, a, b, c = n_valid, n_a, n_b, n_c
     else:
         for start in range(lo, end, BLOCK_N):
-            u8, ty, row, i0, i1, E, PB, PE = _tile_source(start, hi, W, w_u8, w_typed, w_row,
-                                                          w_E, w_PB, w_PE, c_u8, c_typed, c_row,
-                                                          c_E, c_PB, c_PE)
-            valid, a, b, c = _load_raw_tile(u8, ty, row, i0, i1, E, PB, PE, FMT, D, DATA_ELEMS,
-                                            BLOCK_N, BLOCK_D)
+            u8, ty, row, i0, i1, E, PB, PE = _tile_source(
+                start,
+                hi,
+                W,
+                w_u8,
+                w_typed,
+                w_row,
+                w_E,
+                w_PB,
+                w_PE,
+                c_u8,
+                c_typed,
+                c_row,
+                c_E,
+                c_PB,
+                c_PE,
+            )
+            valid, a, b, c = _load_raw_tile(
+                u8, ty, row, i0, i1, E, PB, PE, FMT, D, DATA_ELEMS, BLOCK_N, BLOCK_D
+            )
             kv = _dequant_tile(a, b, c, FMT, BLOCK_N, BLOCK_D, CVT, DOT_BF16)
             m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, kv, valid, qk_scale2, DOT_BF16)
     return m_i, l_i, acc
