@@ -50,6 +50,7 @@ from vllm_dsv4_hw.model import mhc
 from vllm_dsv4_hw.model.loader import load_weights, safetensors_weights
 from vllm_dsv4_hw.model.moe import DSV4MoE
 from vllm_dsv4_hw.model.network import DSV4DecoderLayer, DSV4Network
+from vllm_dsv4_hw.ops.reference import mhc as ref_mhc
 from vllm_dsv4_hw.ops.registry import REGISTRY
 from vllm_dsv4_hw.parallel import ParallelLayout
 from vllm_dsv4_hw.tools import checkpoint as ck
@@ -360,9 +361,8 @@ def test_hc_pre_and_head_match_transformers(gen):
     _randomize_(head, gen, cfg.vocab_size, cfg.n_routed_experts)
     h = torch.randn(1, 37, cfg.hc_mult, cfg.hidden_size, generator=gen, dtype=torch.float64) * 3
     post_r, comb_r, x_r = hc(h)
-    x, post, comb = mhc.hc_pre(h[0], hc.fn, hc.scale, hc.base,
-                               sinkhorn_iters=ours.hc_sinkhorn_iters, hc_eps=ours.hc_eps,
-                               norm_eps=ours.rms_norm_eps)
+    x, post, comb = ref_mhc.mixes(h[0], hc.fn, hc.scale, hc.base, ours.hc_sinkhorn_iters,
+                                  ours.hc_eps, ours.rms_norm_eps)
     # transformers casts the streams and fn to fp32 (``.float()``) for the mixes, whatever the
     # input dtype: agreement is to fp32 rounding (~1e-7 relative), ours stays fp64.
     _close(x, x_r[0])

@@ -171,6 +171,7 @@ def run(
     covered = {
         "layouts": (api.KV_INSERT, api.KV_GATHER),
         "compressor": (api.COMPRESSOR_POOL, api.COMPRESSOR_STORE),
+        "mhc": (api.HC_PRE, api.HC_SEAM, api.HC_POST),
     }
     plans: dict[str, tuple[list[str], str]] = {}
     for key, builder in C.BUILDERS.items():

@@ -18,6 +18,7 @@ positions and caches from a context its owner sets before the call)::
                 h = hc_post(a, h, post, comb)
                 x, post, comb = hc_pre(h, hc_ffn);   f = ffn(RMSNorm_ffn_norm(x), ids)
                 h = hc_post(f, h, post, comb)
+                (as the ops hc_pre, hc_seam and hc_post; each hc_pre with its RMSNorm)
     hidden = RMSNorm_norm(hc_head(h))                                   [T, D]
     logits = head(hidden) (float32)                                     [T, V]
 
@@ -33,7 +34,7 @@ from torch import nn
 
 from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.config import DSV4Config, validate_hf_config
-from vllm_dsv4_hw.model.mhc import hc_head, hc_math_dtype, hc_post, hc_pre
+from vllm_dsv4_hw.model.mhc import hc_head, hc_math_dtype
 from vllm_dsv4_hw.model.moe import DSV4MoE
 from vllm_dsv4_hw.model.vocab import DSV4Embedding, DSV4Head
 from vllm_dsv4_hw.parallel import ParallelLayout
@@ -100,25 +101,27 @@ class DSV4DecoderLayer(nn.Module):
         _hc_params(self, "hc_attn", cfg, n_mix, 3, hc_dtype)
         _hc_params(self, "hc_ffn", cfg, n_mix, 3, hc_dtype)
 
-    def _pre(self, h: torch.Tensor, which: str):
-        return hc_pre(
-            h,
+    def _mix(self, which: str) -> tuple:
+        """The mix parameters of ``which`` ("hc_attn" / "hc_ffn") and its sub-block's norm."""
+        norm = self.attn_norm if which == "hc_attn" else self.ffn_norm
+        return (
             getattr(self, which + "_fn"),
             getattr(self, which + "_scale"),
             getattr(self, which + "_base"),
-            sinkhorn_iters=self.sinkhorn_iters,
-            hc_eps=self.hc_eps,
-            norm_eps=self.norm_eps,
+            norm.weight,
+            self.sinkhorn_iters,
+            self.hc_eps,
+            self.norm_eps,
         )
 
     def forward(self, h: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
-        """Streams ``h [T, hc, D]`` -> new streams (same shape and dtype)."""
-        x, post, comb = self._pre(h, "hc_attn")
-        a = self.attn(self.attn_norm(x))
-        h = hc_post(a, h, post, comb)
-        x, post, comb = self._pre(h, "hc_ffn")
-        f = self.ffn(self.ffn_norm(x), input_ids)
-        return hc_post(f, h, post, comb)
+        """Streams ``h [T, hc, D]`` -> new streams (same shape and dtype). Three mHC ops: the
+        attention's pre (with its RMSNorm), the seam between attention and MoE, the MoE's post."""
+        x, post, comb = ops.hc_pre(h, *self._mix("hc_attn"))
+        a = self.attn(x)
+        h, x, post, comb = ops.hc_seam(a, h, post, comb, *self._mix("hc_ffn"))
+        f = self.ffn(x, input_ids)
+        return ops.hc_post(f, h, post, comb)
 
     def extra_repr(self) -> str:
         return f"layer={self.layer_id}, ratio={self.ratio}, hc_mult={self.hc_mult}"

@@ -410,3 +410,60 @@ def decode_metadata(
     Values equal ``build_step_metadata`` of the same step (its plans padded to one group per row).
     """
     return _impl(DECODE_METADATA, seq_lens)(seq_lens, tables, layout)
+
+
+# -- mHC: the hyper-connection seams around every sub-block (issue 45) ----------------------------
+# Shapes: h [T, hc, D] the residual streams (stream dtype: bf16 / fp32 / fp64), y [T, D] a
+# sub-block's output, post [T, hc] and comb [T, hc, hc] in the mix dtype (fp32; fp64 for fp64
+# streams), fn [(2 + hc) * hc, hc * D], scale [3], base [(2 + hc) * hc] (mix dtype), norm_w [D]
+# the next sub-block's RMSNorm weight. The math is ``ops.reference.mhc``'s docstring (DeepSeek
+# V4's hyper-connections, Sinkhorn-normalised); the model's ``rms_norm_eps`` serves both the mix's
+# weightless norm and the sub-block's RMSNorm.
+HC_PRE = "hc_pre"
+HC_POST = "hc_post"
+HC_SEAM = "hc_seam"
+
+ALL_OPS = ALL_OPS + (HC_PRE, HC_POST, HC_SEAM)
+
+
+def hc_pre(
+    h: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    norm_w: torch.Tensor,
+    sinkhorn_iters: int,
+    hc_eps: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The mixes of the sub-block after ``h`` and its normalised input: returns
+    ``(rms_norm(x, norm_w, eps), post, comb)`` where ``x = sum_j pre_j h_j`` is rounded once to
+    h's dtype before the norm (``x`` [T, D] and its norm in h's dtype; post / comb as above)."""
+    return _impl(HC_PRE, h)(h, fn, scale, base, norm_w, sinkhorn_iters, hc_eps, eps)
+
+
+def hc_post(
+    y: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+) -> torch.Tensor:
+    """New streams ``h'_k = post_k * y + sum_j comb[j, k] h_j`` [T, hc, D] in h's dtype (mix-dtype
+    math, one rounding)."""
+    return _impl(HC_POST, h)(y, h, post, comb)
+
+
+def hc_seam(
+    y: torch.Tensor,
+    h: torch.Tensor,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    norm_w: torch.Tensor,
+    sinkhorn_iters: int,
+    hc_eps: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The seam between two sub-blocks: ``h2 = hc_post(y, h, post, comb)``, then
+    ``hc_pre(h2, fn, scale, base, norm_w, ...)``; returns ``(h2, x_normed, post2, comb2)``, the
+    values of that composition (accelerated backends fuse it)."""
+    return _impl(HC_SEAM, h)(y, h, post, comb, fn, scale, base, norm_w, sinkhorn_iters, hc_eps, eps)

@@ -104,3 +104,42 @@ def check_decode_metadata_tables(tables: dict, ratio: int):
     if missing:
         raise ValueError(f"decode_metadata: a {kind.name} layer needs the {missing} block tables")
     return kind
+
+
+def check_hc_args(
+    h: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, norm_w: torch.Tensor
+) -> tuple[int, int, int]:
+    """Validate the mixes of an mHC pre; returns (T, hc, D)."""
+    if h.dim() != 3:
+        raise ValueError(f"hc_pre: streams must be [T, hc, D], got {tuple(h.shape)}")
+    t, hc, d = h.shape
+    n_mix = (2 + hc) * hc
+    if tuple(fn.shape) != (n_mix, hc * d):
+        raise ValueError(
+            f"hc_pre: fn is {tuple(fn.shape)}; {hc} streams of {d} need ({n_mix}, {hc * d})"
+        )
+    if tuple(base.shape) != (n_mix,) or tuple(scale.shape) != (3,):
+        raise ValueError(
+            f"hc_pre: base must be [{n_mix}] and scale [3], got {tuple(base.shape)} / "
+            f"{tuple(scale.shape)}"
+        )
+    if tuple(norm_w.shape) != (d,):
+        raise ValueError(f"hc_pre: norm_w must be [{d}], got {tuple(norm_w.shape)}")
+    return t, hc, d
+
+
+def check_hc_post_args(
+    y: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+) -> tuple[int, int, int]:
+    """Validate an mHC post; returns (T, hc, D)."""
+    if h.dim() != 3:
+        raise ValueError(f"hc_post: streams must be [T, hc, D], got {tuple(h.shape)}")
+    t, hc, d = h.shape
+    if tuple(y.shape) != (t, d):
+        raise ValueError(f"hc_post: y must be [{t}, {d}], got {tuple(y.shape)}")
+    if tuple(post.shape) != (t, hc) or tuple(comb.shape) != (t, hc, hc):
+        raise ValueError(
+            f"hc_post: post must be [{t}, {hc}] and comb [{t}, {hc}, {hc}], got "
+            f"{tuple(post.shape)} / {tuple(comb.shape)}"
+        )
+    return t, hc, d

@@ -8,6 +8,7 @@ from vllm_dsv4_hw.ops.reference import fused_prologue as _fused_prologue  # noqa
 from vllm_dsv4_hw.ops.reference import indexer as _indexer  # noqa: F401
 from vllm_dsv4_hw.ops.reference import kv_cache as _kv_cache  # noqa: F401
 from vllm_dsv4_hw.ops.reference import linear as _linear  # noqa: F401
+from vllm_dsv4_hw.ops.reference import mhc as _mhc  # noqa: F401
 from vllm_dsv4_hw.ops.reference import moe as _moe  # noqa: F401
 from vllm_dsv4_hw.ops.reference import norm as _norm  # noqa: F401
 from vllm_dsv4_hw.ops.reference import rope as _rope  # noqa: F401

@@ -20,6 +20,7 @@ if importlib.util.find_spec("triton") is not None:
         from vllm_dsv4_hw.ops.triton import decode_metadata as _decode_metadata  # noqa: F401
         from vllm_dsv4_hw.ops.triton import fused_prologue as _fused_prologue  # noqa: F401
         from vllm_dsv4_hw.ops.triton import kv_cache as _kv_cache  # noqa: F401
+        from vllm_dsv4_hw.ops.triton import mhc as _mhc  # noqa: F401
         from vllm_dsv4_hw.ops.triton import moe as _moe  # noqa: F401
         from vllm_dsv4_hw.ops.triton import norm as _norm  # noqa: F401
         from vllm_dsv4_hw.ops.triton import rope as _rope  # noqa: F401
