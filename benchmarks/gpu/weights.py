@@ -297,7 +297,7 @@ def check(device, smoke=False):
     rows += _dense(torch, device, gen, smoke)
     e, d, i, k = (8, 256, 128, 2) if smoke else EXPERTS["v4-flash"]
     w13, s13, w2, s2 = _experts(torch, e, d, i, device, gen)
-    for t in (1, 3) if smoke else (1, 8, 64, 300):
+    for t in (1, 3) if smoke else (1, 4, 8, 64, 300):
         x = torch.randn(t, d, device=device, generator=gen).to(torch.bfloat16)
         tw, ids = _routing(torch, t, e, k, device, gen)
         got = moe["triton"](x, tw, ids, w13, s13, w2, s2, 10.0)
@@ -372,7 +372,7 @@ def bench(device, smoke=False):
                 out.index_add_(0, rows_, y * tw[rows_, slot, None])
             return out
 
-        for t in (1,) if smoke else (1, 8, 64, 512):
+        for t in (1,) if smoke else (1, 4, 8, 64, 512):
             x = torch.randn(t, d, device=device, generator=gen).to(torch.bfloat16)
             tw, ids = _routing(torch, t, e, k, device, gen)
             hit = int(ids.unique().numel())

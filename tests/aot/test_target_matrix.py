@@ -74,6 +74,11 @@ NOT_RECORDED = {
         "GPU run (starts were refused that day)"
         for k in ("_hc_mix_partial_kernel", "_hc_mix_finish_kernel", "_hc_post_kernel")
     },
+    **{
+        f"moe.{k}": "added 2026-12-07 (issue 45, the FP4 GEMV for decode); the GPU tier's "
+        "weights check records it at the next GPU run"
+        for k in ("_gemv_gate_up_kernel", "_gemv_down_kernel")
+    },
 }
 
 

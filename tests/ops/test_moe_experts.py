@@ -149,6 +149,13 @@ CASES = {
                                       None, False, False),
     "T5-k3-E4-bf16-fp4-scales-high": (5, 3, 4, 64, 96, torch.bfloat16, "fp4", "drop", "high",
                                       10.0, True, True),
+    # up to MoETuning.gemv_max_tokens (4) tokens the Triton backend takes its FP4 GEMV
+    "gemv-T4-k3-E4-D96-I160-fp32-fp4-drop": (4, 3, 4, 96, 160, torch.float32, "fp4", "drop",
+                                             "mid", 10.0, False, True),
+    "gemv-T2-k3-E4-bf16-fp4-scales-high": (2, 3, 4, 64, 96, torch.bfloat16, "fp4", "drop",
+                                           "high", 10.0, True, False),
+    "gemv-T3-k3-E12-bf16-fp4-scales-low": (3, 3, 12, 320, 64, torch.bfloat16, "fp4", "empty",
+                                           "low", None, False, True),
     "T5-k3-E4-D96-bf16-dense-bf16": (5, 3, 4, 96, 64, torch.bfloat16, torch.bfloat16, "distinct",
                                      "mid", 10.0, False, False),
     "T33-k6-E12-fp32-dense-fp32-drop": (33, 6, 12, 64, 32, torch.float32, torch.float32, "drop",
@@ -230,7 +237,7 @@ def test_reference_rejects_out_of_range_ids(gen):
 def test_triton_align_pairs_static_and_complete(gen):
     """The device-side grouping: shapes depend only on (P, E, BM); every valid pair appears once,
     each block holds one expert's pairs in pair order, padding rows hold P."""
-    tm = pytest.importorskip("vllm_dsv4_hw.ops.triton.moe")
+    tm = pytest.importorskip("vllm_dsv4_hw.ops.triton.moe.grouped")
     for t, k, e, bm in ((1, 6, 12, 16), (33, 6, 12, 32), (33, 1, 4, 16), (5, 3, 4, 64)):
         ids = make_ids(gen, t, k, e, "drop" if t > 1 else "distinct")
         p = t * k
@@ -253,9 +260,11 @@ def test_triton_align_pairs_static_and_complete(gen):
 
 def test_triton_module_never_syncs_the_host():
     """Graph safety, checked on the source: no host round trips in the Triton path."""
-    src = (Path(__file__).resolve().parents[2] / "vllm_dsv4_hw/ops/triton/moe.py").read_text()
-    for word in (".item()", ".tolist()", ".cpu()", "nonzero", "bincount", ".numpy()"):
-        assert word not in src, word
+    folder = Path(__file__).resolve().parents[2] / "vllm_dsv4_hw/ops/triton/moe"
+    for path in folder.glob("*.py"):
+        src = path.read_text()
+        for word in (".item()", ".tolist()", ".cpu()", "nonzero", "bincount", ".numpy()"):
+            assert word not in src, (path.name, word)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -284,7 +293,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from vllm_dsv4_hw.ops.triton import moe as tm
+from vllm_dsv4_hw.ops.triton.moe import grouped as tm
 
 results = []
 DIV16 = {"x_ptr", "w_ptr", "s_ptr", "sorted_ptr", "bexp_ptr", "act_ptr", "a_ptr", "tw_ptr",
@@ -372,3 +381,19 @@ def test_reference_memory_is_bounded():
     before, after, copy = memory_mib(_MEM_SCRIPT)
     assert after - before < 128, (before, after)
     assert copy - after > 300, (after, copy)  # the measurement does see a whole copy
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tokens", [1, 4, 5])
+def test_gemv_and_grouped_kernels_agree_with_the_oracle(backend, tokens, gen):
+    """The Triton backend's two FP4 paths (the GEMV over pairs up to ``gemv_max_tokens``, the
+    grouped GEMM above), each forced on the same inputs, against the float64 oracle."""
+    from vllm_dsv4_hw.ops import tuning
+
+    mode = "distinct" if tokens == 1 else "drop"  # one token with every slot dropped is all 0
+    x, tw, ids, w13, s13, w2, s2 = make_case(gen, tokens, 6, 12, 128, 64, torch.bfloat16, "fp4",
+                                             mode, "mid", True, True)
+    want = oracle(x, tw, ids, w13, s13, w2, s2, 10.0)
+    for limit in (0, 64):  # grouped, then the GEMV
+        with tuning.override(moe=tuning.MoETuning(gemv_max_tokens=limit)):
+            check(impl(MOE_EXPERTS, backend)(x, tw, ids, w13, s13, w2, s2, 10.0), want, x, ids)

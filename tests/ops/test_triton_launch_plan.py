@@ -16,12 +16,12 @@ triton = pytest.importorskip("triton")
 
 from tests.ops.test_moe_experts import make_case  # noqa: E402
 from vllm_dsv4_hw.ops import tuning  # noqa: E402
-from vllm_dsv4_hw.ops.triton import moe  # noqa: E402
 from vllm_dsv4_hw.ops.triton.common import launch  # noqa: E402
 from vllm_dsv4_hw.ops.triton.indexer import score as indexer  # noqa: E402
 from vllm_dsv4_hw.ops.triton.indexer.select import indexer_topk  # noqa: E402
 from vllm_dsv4_hw.ops.triton.linear import block as fp8_linear  # noqa: E402
 from vllm_dsv4_hw.ops.triton.linear import fp8_block_linear as fp8_op  # noqa: E402
+from vllm_dsv4_hw.ops.triton.moe import grouped as moe  # noqa: E402
 from vllm_dsv4_hw.platform.capabilities import CPU, NPU_A2_A3  # noqa: E402
 from vllm_dsv4_hw.quant.formats import quantize_fp8_block  # noqa: E402
 
@@ -130,18 +130,18 @@ def paged_keys(cache, fmt, bt):
 def test_moe_over_the_grid_bound_launches_by_tokens(caps, monkeypatch, gen):
     t, k, n_exp, d, inter = 9, 2, 4, 64, 32
     args = make_case(gen, t, k, n_exp, d, inter, torch.float32, torch.float32)
-    want = moe.moe_experts(*args, None)
+    want = moe.grouped_experts(*args, None)
     cap = moe._programs(t, k, n_exp, inter, d) - 1  # one program short of one launch
     caps(max_grid=cap)
     rec = Recorder(moe._moe_down_kernel)
     monkeypatch.setattr(moe, "_moe_down_kernel", rec)
-    got = moe.moe_experts(*args, None)
+    got = moe.grouped_experts(*args, None)
     assert len(rec.grids) > 1 and max(rec.grids) <= cap
     one_token = moe._programs(1, k, n_exp, inter, d)
     assert torch.equal(got, want)
     caps(max_grid=one_token - 1)
     with pytest.raises(ValueError, match="over the device's grid bound"):
-        moe.moe_experts(*args, None)
+        moe.grouped_experts(*args, None)
 
 
 def test_fp8_linear_over_the_grid_bound_launches_by_rows(caps, monkeypatch, gen):

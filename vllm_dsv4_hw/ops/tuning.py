@@ -54,6 +54,13 @@ class LinearTuning:
 
 
 @dataclass(frozen=True)
+class MoETuning:
+    # routed experts: one GEMV program per (token, slot) pair and weight tile up to this many
+    # tokens (FP4 weights), the grouped GEMM over expert-sorted pairs above
+    gemv_max_tokens: int = 4
+
+
+@dataclass(frozen=True)
 class RowsTuning:
     # CUDA: programs per SM before the row-wise kernels loop over rows (None: one per row)
     cuda_programs_per_sm: int | None = 32
@@ -64,6 +71,7 @@ class Tuning:
     indexer: IndexerTuning = IndexerTuning()
     sparse_attention: SparseAttentionTuning = SparseAttentionTuning()
     linear: LinearTuning = LinearTuning()
+    moe: MoETuning = MoETuning()
     rows: RowsTuning = RowsTuning()
 
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Triton routed experts (``moe_experts``): a grouped GEMM over (token, slot) pairs sorted by
-expert, FP4 e2m1 + ue8m0 weights decoded in registers (or dense weights), graph-safe.
+"""Triton routed experts for batches (``grouped_experts``): a grouped GEMM over (token, slot)
+pairs sorted by expert, FP4 e2m1 + ue8m0 weights decoded in registers (or dense weights), graph-safe.
 
 Why it looks like this:
 
@@ -36,9 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_dsv4_hw.ops.api import MOE_EXPERTS
 from vllm_dsv4_hw.ops.reference.moe import sum_slots, validate_moe_args
-from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common.launch import cdiv, grid_limit
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.common.quant import (
@@ -354,8 +352,7 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return _inner_contiguous(t if t.dtype == torch.uint8 else t.view(torch.uint8))
 
 
-@register_op(MOE_EXPERTS, "triton")
-def moe_experts(
+def grouped_experts(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -365,18 +362,17 @@ def moe_experts(
     w2_scale: torch.Tensor | None,
     swiglu_limit: float | None,
 ) -> torch.Tensor:
-    """See ``ops.api.moe_experts``; x bf16 or fp32 (float64 is the reference's). Ids outside
-    [-1, E) are not checked (that would need a host sync): they contribute nothing here."""
+    """``ops.api.moe_experts`` for any batch (the package's ``moe_experts`` takes it above the
+    GEMV's tokens); x bf16 or fp32 (float64 is the reference's). Ids outside [-1, E) are not
+    checked (that would need a host sync): they contribute nothing here."""
     n_exp, inter, fp4 = validate_moe_args(x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale)
-    if x.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"moe_experts (triton): x must be bf16 or fp32, got {x.dtype}")
     t, d = x.shape
     k = topk_ids.shape[1]
     tokens = _tokens_per_launch(t, k, n_exp, inter, d, grid_limit(x.device))
     if tokens < t:  # a grid over the device's bound (Ascend, long prefill): tokens are independent
         return torch.cat(
             [
-                moe_experts(
+                grouped_experts(
                     x[i : i + tokens],
                     topk_weights[i : i + tokens],
                     topk_ids[i : i + tokens],
