@@ -77,7 +77,12 @@ NOT_RECORDED = {
     **{
         f"moe.{k}": "added 2026-12-07 (issue 45, the FP4 GEMV for decode); the GPU tier's "
         "weights check records it at the next GPU run"
-        for k in ("_gemv_gate_up_kernel", "_gemv_down_kernel")
+        for k in (
+            "_gemv_gate_up_kernel",
+            "_gemv_down_kernel",
+            "_router_scores_kernel",
+            "_router_select_kernel",
+        )
     },
 }
 

@@ -130,3 +130,45 @@ def moe_experts_cases(ctx: Ctx) -> list[Case]:
             )
         )
     return out
+
+
+ROUTER_EXPERTS = 64
+
+
+def moe_route_cases(ctx: Ctx) -> list[Case]:
+    """The router at the kit's hidden size over 64 experts, top-6: top-k with a bias and hash rows.
+    Ids must equal the float64 reference's (the draw keeps the 6th and 7th values apart);
+    weights within fp32 rounding."""
+    from vllm_dsv4_hw.ops.reference.moe import moe_route as ref_route
+
+    t, d, e, k = ctx.dims.tokens, ctx.dims.hidden, ROUTER_EXPERTS, 6
+    g = ctx.gen
+    out = []
+    for name, hashed in (("top-6 with bias", False), ("hash rows", True)):
+        for _ in range(50):
+            x = ctx.rows(t, d, lo=-1, hi=1)
+            gate_w = (torch.randn(e, d, generator=g) / d**0.5).to(ctx.device)
+            bias = (torch.randn(e, generator=g) * 0.1).to(ctx.device)
+            s = torch.nn.functional.softplus(x.double() @ gate_w.double().T).sqrt() + bias.double()
+            top = s.sort(dim=-1, descending=True).values
+            if hashed or bool((top[:, k - 1] - top[:, k] > 1e-3).all()):
+                break
+        hash_ids = (
+            torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(ctx.device)
+            if hashed
+            else None
+        )
+        args = (x, gate_w, None if hashed else bias, hash_ids, k, True, 2.5)
+        want_w, want_ids = ref_route(*(ctx.to_oracle(a) for a in args))
+
+        def check(res, args, want_w=want_w, want_ids=want_ids):
+            w, ids = res
+            bad = _same(w, want_w.shape, torch.float32) or _same(ids, want_ids.shape, torch.int64)
+            if bad:
+                return False, bad, float("inf")
+            if not torch.equal(ids.cpu(), want_ids.cpu()):
+                return False, "selected experts differ from the reference's", float("inf")
+            return _verdict(ratio(w.to(want_w.device), want_w, dense_bound(want_w, torch.float32)))
+
+        out.append(Case(api.MOE_ROUTE, f"{name} [{t}, {d}] x {e} experts", args, check))
+    return out

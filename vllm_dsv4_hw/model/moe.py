@@ -12,10 +12,10 @@ Parameters (official names under ``layers.N.ffn.``)::
     shared_experts.w1/w2/w3.weight (+ .scale)  the shared expert (intermediate = moe_inter *
                                         n_shared; vLLM linear layers, w1 | w3 merged)
 
-Routing of a token with input ``x``: ``s = sqrt(softplus(gate.weight x))`` (fp32). Top-k layers
-select the k experts with the largest ``s + bias`` (the bias only selects); hash layers (the first
-``num_hash_layers``) take ``tid2eid[token id]``. The weights are the selected ``s`` renormalised to
-sum 1 (``norm_topk_prob``), times ``routed_scaling_factor``.
+Routing is the op ``moe_route`` (``ops/api.py``): ``s = sqrt(softplus(gate.weight x))`` (fp32);
+top-k layers select the k experts with the largest ``s + bias`` (the bias only selects), hash
+layers (the first ``num_hash_layers``) take ``tid2eid[token id]``; the weights are the selected
+``s`` renormalised to sum 1 (``norm_topk_prob``), times ``routed_scaling_factor``.
 
 Every expert (routed and shared) is a clamped SwiGLU: ``w2(silu(min(w1 x, L)) * clamp(w3 x, -L, L))``
 with ``L = swiglu_limit`` (the gate is clamped from above only, the up projection on both sides).
@@ -47,8 +47,6 @@ __all__ = [
     "RoutedExperts",
     "SharedExpert",
     "moe_math_dtype",
-    "route",
-    "sqrtsoftplus",
     "swiglu",
 ]
 
@@ -57,39 +55,12 @@ def moe_math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def sqrtsoftplus(logits: torch.Tensor) -> torch.Tensor:
-    return F.softplus(logits).sqrt()
-
-
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
     """``silu(gate) * up`` with the V4 clamp: gate <= limit, -limit <= up <= limit."""
     if limit is not None and limit > 0:
         gate = gate.clamp(max=limit)
         up = up.clamp(min=-limit, max=limit)
     return F.silu(gate) * up
-
-
-def route(
-    scores: torch.Tensor,
-    top_k: int,
-    bias: torch.Tensor | None = None,
-    hash_ids: torch.Tensor | None = None,
-    norm_topk_prob: bool = True,
-    scaling: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [T, k], expert ids [T, k] int64) from router scores [T, E].
-
-    ``hash_ids`` (rows of tid2eid) fixes the experts; else the top-k of ``scores + bias``.
-    """
-    if hash_ids is not None:
-        idx = hash_ids.to(torch.int64)
-    else:
-        sel = scores if bias is None else scores + bias.to(scores.dtype)
-        idx = torch.topk(sel, top_k, dim=-1, sorted=False).indices
-    w = scores.gather(1, idx)
-    if norm_topk_prob:
-        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
-    return w * scaling, idx
 
 
 class MoEGate(nn.Module):
@@ -110,10 +81,6 @@ class MoEGate(nn.Module):
         else:
             self.bias = nn.Parameter(torch.zeros(e, dtype=param_dtype), requires_grad=False)
             self.tid2eid = None
-
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        md = moe_math_dtype(x.dtype)
-        return sqrtsoftplus(F.linear(x.to(md), self.weight.to(md)))
 
 
 class CheckpointSlice(NamedTuple):
@@ -287,7 +254,6 @@ class DSV4MoE(nn.Module):
     def route(
         self, x: torch.Tensor, input_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = self.gate.scores(x)
         hash_ids = None
         if self.hash_routed:
             if input_ids is None:
@@ -295,8 +261,14 @@ class DSV4MoE(nn.Module):
             if input_ids.shape != x.shape[:1]:
                 raise ValueError(f"input_ids {tuple(input_ids.shape)} must be [T={x.shape[0]}]")
             hash_ids = self.gate.tid2eid[input_ids.to(torch.int64)]
-        return route(
-            scores, self.top_k, self.gate.bias, hash_ids, self.norm_topk_prob, self.scaling
+        return ops.moe_route(
+            x,
+            self.gate.weight,
+            self.gate.bias,
+            hash_ids,
+            self.top_k,
+            self.norm_topk_prob,
+            self.scaling,
         )
 
     @torch.no_grad()

@@ -467,3 +467,29 @@ def hc_seam(
     ``hc_pre(h2, fn, scale, base, norm_w, ...)``; returns ``(h2, x_normed, post2, comb2)``, the
     values of that composition (accelerated backends fuse it)."""
     return _impl(HC_SEAM, h)(y, h, post, comb, fn, scale, base, norm_w, sinkhorn_iters, hc_eps, eps)
+
+
+# -- MoE routing (issue 45) -----------------------------------------------------------------------
+MOE_ROUTE = "moe_route"
+
+ALL_OPS = ALL_OPS + (MOE_ROUTE,)
+
+
+def moe_route(
+    x: torch.Tensor,
+    gate_w: torch.Tensor,
+    bias: torch.Tensor | None,
+    hash_ids: torch.Tensor | None,
+    top_k: int,
+    norm_topk_prob: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek V4's router: ``(weights [T, k] fp32, ids [T, k] int64)`` for x [T, D] and the gate
+    weight gate_w [E, D] (math in fp32, fp64 for fp64 x).
+
+    ``s = sqrt(softplus(x @ gate_w^T))``. Top-k layers (``hash_ids`` None) take the k experts with
+    the largest ``s + bias`` (bias [E] or None; it only selects), in descending order, equal values
+    by the lower expert id first; hash-routed layers take ``hash_ids`` [T, k] (the ``tid2eid`` rows
+    of the tokens) in their order. Weights: the selected ``s``, divided by their sum (+1e-20) when
+    ``norm_topk_prob``, times ``scaling``. Slot j of the result is the j-th expert so ordered."""
+    return _impl(MOE_ROUTE, x)(x, gate_w, bias, hash_ids, top_k, norm_topk_prob, scaling)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from vllm_dsv4_hw.numerics import FP4_BLOCK, e2m1_decode, ue8m0_decode, unpack_nibbles
-from vllm_dsv4_hw.ops.api import MOE_EXPERTS
+from vllm_dsv4_hw.ops.api import MOE_EXPERTS, MOE_ROUTE
 from vllm_dsv4_hw.ops.registry import register_op
 
 # Elements of one dequantized weight tile (rows x K): 4M fp32 values = 16 MiB.
@@ -176,3 +176,42 @@ def moe_experts(
         y = expert_linear(act, w2[e], None if not fp4 else w2_scale[e], md)
         buf_flat[pairs] = y * w_flat[pairs, None]
     return sum_slots(buf)
+
+
+def _check_route_args(x, gate_w, bias, hash_ids, top_k) -> None:
+    if x.dim() != 2 or gate_w.dim() != 2 or gate_w.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"moe_route: x must be [T, D] and gate_w [E, D], got {tuple(x.shape)} / "
+            f"{tuple(gate_w.shape)}"
+        )
+    e = gate_w.shape[0]
+    if not 0 < top_k <= e:
+        raise ValueError(f"moe_route: top_k={top_k} must be in [1, E={e}]")
+    if bias is not None and tuple(bias.shape) != (e,):
+        raise ValueError(f"moe_route: bias must be [E={e}], got {tuple(bias.shape)}")
+    if hash_ids is not None and tuple(hash_ids.shape) != (x.shape[0], top_k):
+        raise ValueError(
+            f"moe_route: hash_ids must be [T={x.shape[0]}, k={top_k}], got {tuple(hash_ids.shape)}"
+        )
+
+
+def router_scores(x: torch.Tensor, gate_w: torch.Tensor) -> torch.Tensor:
+    """``sqrt(softplus(x @ gate_w^T))`` [T, E] in fp32 (fp64 for fp64 x)."""
+    md = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return torch.nn.functional.softplus(x.to(md) @ gate_w.to(md).T).sqrt()
+
+
+@register_op(MOE_ROUTE, "reference")
+def moe_route(x, gate_w, bias, hash_ids, top_k, norm_topk_prob, scaling):
+    _check_route_args(x, gate_w, bias, hash_ids, top_k)
+    scores = router_scores(x, gate_w)
+    if hash_ids is not None:
+        idx = hash_ids.to(torch.int64)
+    else:
+        sel = scores if bias is None else scores + bias.to(scores.dtype)
+        # descending, equal values lower id first (a stable sort keeps index order among ties)
+        idx = torch.sort(sel, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    w = scores.gather(1, idx)
+    if norm_topk_prob:
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return w * scaling, idx

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Triton routed experts (``moe_experts``): FP4 GEMVs over the (token, slot) pairs for a few
-tokens (``gemv``), the grouped GEMM over expert-sorted pairs above (``grouped``); the switch is
-``ops.tuning.MoETuning.gemv_max_tokens``."""
+"""Triton MoE: the router (``moe_route``, ``route``) and the routed experts (``moe_experts``):
+FP4 GEMVs over the (token, slot) pairs for a few tokens (``gemv``), the grouped GEMM over
+expert-sorted pairs above (``grouped``); the switch is ``ops.tuning.MoETuning.gemv_max_tokens``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from vllm_dsv4_hw.ops.reference.moe import validate_moe_args
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.moe.gemv import gemv_experts
 from vllm_dsv4_hw.ops.triton.moe.grouped import grouped_experts
+from vllm_dsv4_hw.ops.triton.moe.route import moe_route  # noqa: F401  (registers moe_route)
 
 
 @register_op(MOE_EXPERTS, "triton")
