@@ -3,7 +3,7 @@
 
 Parameters (official names under ``layers.N.ffn.``)::
 
-    gate.weight [E, D]                  router projection (kept in fp32)
+    gate.weight [E, D]                  router projection (bf16 as shipped)
     gate.bias [E] (fp32)                correction bias, top-k layers only ("noaux_tc")
     gate.tid2eid [vocab, k] (int64)     token id -> expert ids, hash-routed layers only
     experts.{e}.w1/w2/w3.weight (+ .scale)  routed experts, stored stacked (``experts.w13``,
@@ -55,6 +55,11 @@ def moe_math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _gate_weight_dtype(math_dtype: torch.dtype) -> torch.dtype:
+    """The gate weight as shipped (bf16; fp64 in a float64 network): the router's math is fp32."""
+    return torch.float64 if math_dtype == torch.float64 else torch.bfloat16
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
     """``silu(gate) * up`` with the V4 clamp: gate <= limit, -limit <= up <= limit."""
     if limit is not None and limit > 0:
@@ -71,7 +76,8 @@ class MoEGate(nn.Module):
         e = cfg.n_routed_experts
         self.hash_routed = hash_routed
         self.weight = nn.Parameter(
-            torch.empty(e, cfg.hidden_size, dtype=param_dtype), requires_grad=False
+            torch.empty(e, cfg.hidden_size, dtype=_gate_weight_dtype(param_dtype)),
+            requires_grad=False,
         )
         if hash_routed:
             self.bias = None
