@@ -161,13 +161,17 @@ def print_tables(data: dict) -> None:
     if data.get("network"):
         print("\n== whole network decode step (graphs + streams; ms) ==")
         print(" | ".join(("model", "ctx", "B", "layers", "step_ms", *KIND_NAMES, "rest",
-                          "full model ms", "tokens/s")))
+                          "full model ms", "tokens/s", "floor ms", "x floor",
+                          "kernels/layer")))
         for r in data["network"]:
             pl = r["per_layer_ms"]
+            kern = r.get("kernels_per_layer") or {}
             print(" | ".join(_fmt(v) for v in (
                 r["model"], ctx_name(r["context"]), r["batch"], len(r["layers"]), r["step_ms"],
                 *(pl.get(k) for k in KIND_NAMES), r["rest_ms"],
-                r["full_model_step_ms"], r["full_model_tokens_per_s"])))
+                r["full_model_step_ms"], r["full_model_tokens_per_s"],
+                r.get("full_model_floor_ms"), r.get("x_floor"),
+                "/".join(str(round(kern[k])) for k in KIND_NAMES if k in kern))))
     for v in data["verify"]:
         print(f"verify {v.get('model')} {v.get('what')}: ok={v.get('ok')} "
               f"{ {k: v[k] for k in v if k not in ('model', 'what', 'ok')} }"[:300])

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from benchmarks.stack.network_floor import copy_bytes_per_s, kernels_per_replay, step_floor
 from benchmarks.stack.timing import Timer, capture_cuda_graph, median
 
 logger = logging.getLogger("decode_stack")
@@ -84,6 +85,7 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
         full_counts[kind_of(r).name] = full_counts.get(kind_of(r).name, 0) + 1
     os.environ["VLLM_DSV4_HW_MULTI_STREAM"] = "1"
     aux_streams(device)
+    rate = copy_bytes_per_s(device) if cuda else None
     gen = torch.Generator(device=device).manual_seed(3)
     for context in contexts:
         caches = StackCaches(
@@ -102,7 +104,7 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
 
         step_ms, held = _graph(step, timer, args.reps, cuda)
         logits = held[1] if cuda else held
-        per_kind = {}
+        per_kind, kernels = {}, {}
         h = net.embed_input_ids(ids).unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()
         for k, layer_ids in kinds.items():
 
@@ -113,11 +115,16 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
                         x = net.layers[i](x, ids)
                     return x
 
-            ms, _ = _graph(layers_of_kind, timer, args.reps, cuda)
+            ms, held_kind = _graph(layers_of_kind, timer, args.reps, cuda)
             per_kind[k] = ms / len(layer_ids)
+            if cuda:
+                kernels[k] = kernels_per_replay(held_kind[0]) / len(layer_ids)
+            del held_kind
         layers_ms = sum(per_kind[k] * len(v) for k, v in kinds.items())
         rest_ms = max(0.0, step_ms - layers_ms)  # embedding, hc_head, norm, head, metadata
         full_ms = sum(per_kind[k] * n for k, n in full_counts.items()) + rest_ms
+        floor = step_floor(net, cfg, full_counts, kinds, batch, context, args)
+        floor_ms = floor["step_bytes"] / rate * 1e3 if rate else None
         row = {
             "model": model,
             "what": "whole_network_decode",
@@ -133,13 +140,18 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
             "full_model_layers": full_counts,
             "full_model_step_ms": full_ms,
             "full_model_tokens_per_s": batch / (full_ms * 1e-3),
+            "copy_bytes_per_s": rate,
+            "floor": floor,
+            "full_model_floor_ms": floor_ms,
+            "x_floor": full_ms / floor_ms if floor_ms else None,
+            "kernels_per_layer": kernels,
             "finite": bool(torch.isfinite(logits).all()),
             "peak_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
         }
         report.add("network", row)
         logger.info(
             "network %s %d B=%d: step %.3f ms for %d layers, per layer %s, rest %.3f ms; "
-            "%d layers: %.2f ms = %.1f tokens/s",
+            "%d layers: %.2f ms = %.1f tokens/s; floor %s ms (%s x); kernels per layer %s",
             model,
             context,
             batch,
@@ -150,6 +162,9 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
             full.num_layers,
             full_ms,
             row["full_model_tokens_per_s"],
+            None if floor_ms is None else round(floor_ms, 3),
+            None if floor_ms is None else round(full_ms / floor_ms, 2),
+            kernels,
         )
         del caches, dm, held
         gc.collect()
