@@ -393,7 +393,26 @@ def bench(device, smoke=False):
                     "x_floor": ours / floor,
                 }
             )
+            if t <= 8:  # the switch MoETuning.gemv_max_tokens: both kernels at this batch
+                rows.append(_moe_paths(torch, moe, model, x, tw, ids, (w13, s13, w2, s2), floor))
     return rows
+
+
+def _moe_paths(torch, moe, model, x, tw, ids, weights, floor) -> dict:
+    from vllm_dsv4_hw.ops import tuning
+
+    us = {}
+    for name, limit in (("gemv", 1 << 20), ("grouped", 0)):
+        with tuning.override(moe=tuning.MoETuning(gemv_max_tokens=limit)):
+            us[name] = 1e3 * time_ms(lambda: moe["triton"](x, tw, ids, *weights, 10.0), x.device)
+    return {
+        "op": "moe_experts_paths",
+        "model": model,
+        "case": f"T={x.shape[0]}",
+        "gemv_us": us["gemv"],
+        "grouped_us": us["grouped"],
+        "floor_us": floor * 1e3,
+    }
 
 
 if __name__ == "__main__":
