@@ -29,7 +29,7 @@ import traceback
 
 logger = logging.getLogger("gpu_run")
 
-MODULES = ("fused", "sparse_attention", "indexer", "compressor", "weights", "mhc", "router")
+MODULES = ("fused", "sparse_attention", "indexer", "compressor", "weights", "mhc", "moe_ops")
 HBM_BYTES_PER_S = 4.3e12
 PEAK_FLOPS = 790e12
 

@@ -82,6 +82,7 @@ NOT_RECORDED = {
             "_gemv_down_kernel",
             "_router_scores_kernel",
             "_router_select_kernel",
+            "_swiglu_kernel",
         )
     },
 }

@@ -224,7 +224,7 @@ def _register_builders() -> None:
     from vllm_dsv4_hw.conformance.cases_layouts import entry_slots_cases, layout_cases
     from vllm_dsv4_hw.conformance.cases_metadata import decode_metadata_cases
     from vllm_dsv4_hw.conformance.cases_mhc import hc_cases
-    from vllm_dsv4_hw.conformance.cases_moe import moe_experts_cases, moe_route_cases
+    from vllm_dsv4_hw.conformance.cases_moe import moe_experts_cases, moe_route_cases, swiglu_cases
     from vllm_dsv4_hw.conformance.cases_sparse_attention import sparse_attention_cases
     from vllm_dsv4_hw.conformance.cases_weights import dense_linear_cases, fp8_block_linear_cases
 
@@ -244,6 +244,7 @@ def _register_builders() -> None:
             api.DENSE_LINEAR: dense_linear_cases,
             api.MOE_EXPERTS: moe_experts_cases,
             api.MOE_ROUTE: moe_route_cases,
+            api.SWIGLU: swiglu_cases,
             api.DECODE_METADATA: decode_metadata_cases,
             "mhc": hc_cases,  # hc_pre + hc_seam + hc_post
         }

@@ -172,3 +172,20 @@ def moe_route_cases(ctx: Ctx) -> list[Case]:
 
         out.append(Case(api.MOE_ROUTE, f"{name} [{t}, {d}] x {e} experts", args, check))
     return out
+
+
+def swiglu_cases(ctx: Ctx) -> list[Case]:
+    """The shared expert's activation at the kit's tokens x the V4-Flash shared width (2048)."""
+    from vllm_dsv4_hw.ops.reference.moe import swiglu as ref_swiglu
+
+    t, inter = ctx.dims.tokens, 2048
+    h = ctx.rows(t, 2 * inter, lo=-1, hi=4)
+    want = ref_swiglu(ctx.to_oracle(h), LIMIT)
+
+    def check(res, args):
+        bad = _same(res, (t, inter), h.dtype)
+        if bad:
+            return False, bad, float("inf")
+        return _verdict(ratio(res.to(want.device), want, dense_bound(want, h.dtype)))
+
+    return [Case(api.SWIGLU, f"bf16 [{t}, {2 * inter}], clamp {LIMIT}", (h, LIMIT), check)]

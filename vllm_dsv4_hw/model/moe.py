@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm_dsv4_hw import ops
@@ -47,7 +46,6 @@ __all__ = [
     "RoutedExperts",
     "SharedExpert",
     "moe_math_dtype",
-    "swiglu",
 ]
 
 
@@ -58,14 +56,6 @@ def moe_math_dtype(dtype: torch.dtype) -> torch.dtype:
 def _gate_weight_dtype(math_dtype: torch.dtype) -> torch.dtype:
     """The gate weight as shipped (bf16; fp64 in a float64 network): the router's math is fp32."""
     return torch.float64 if math_dtype == torch.float64 else torch.bfloat16
-
-
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
-    """``silu(gate) * up`` with the V4 clamp: gate <= limit, -limit <= up <= limit."""
-    if limit is not None and limit > 0:
-        gate = gate.clamp(max=limit)
-        up = up.clamp(min=-limit, max=limit)
-    return F.silu(gate) * up
 
 
 class MoEGate(nn.Module):
@@ -219,10 +209,8 @@ class SharedExpert(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        md = moe_math_dtype(x.dtype)
-        gate, up = self.w13(x).split(self.inter, dim=-1)
-        act = swiglu(gate.to(md), up.to(md), self.limit)
-        return self.w2(act.to(x.dtype)).to(md)
+        act = ops.swiglu(self.w13(x), self.limit)
+        return self.w2(act.to(x.dtype)).to(moe_math_dtype(x.dtype))
 
 
 class DSV4MoE(nn.Module):

@@ -493,3 +493,17 @@ def moe_route(
     of the tokens) in their order. Weights: the selected ``s``, divided by their sum (+1e-20) when
     ``norm_topk_prob``, times ``scaling``. Slot j of the result is the j-th expert so ordered."""
     return _impl(MOE_ROUTE, x)(x, gate_w, bias, hash_ids, top_k, norm_topk_prob, scaling)
+
+
+# -- the experts' activation (issue 45) ------------------------------------------------------------
+SWIGLU = "swiglu"
+
+ALL_OPS = ALL_OPS + (SWIGLU,)
+
+
+def swiglu(h: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """DeepSeek V4's clamped SwiGLU on a merged gate | up projection: h [T, 2I] (columns 0..I-1
+    the gate, I..2I-1 the up projection; rows may be strided) -> ``silu(min(gate, L)) *
+    clamp(up, -L, L)`` [T, I] in h's dtype (L = ``limit``; None or <= 0: no clamp), fp32 math
+    (fp64 for fp64 h), one rounding."""
+    return _impl(SWIGLU, h)(h, limit)

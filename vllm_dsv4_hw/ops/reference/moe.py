@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from vllm_dsv4_hw.numerics import FP4_BLOCK, e2m1_decode, ue8m0_decode, unpack_nibbles
-from vllm_dsv4_hw.ops.api import MOE_EXPERTS, MOE_ROUTE
+from vllm_dsv4_hw.ops.api import MOE_EXPERTS, MOE_ROUTE, SWIGLU
 from vllm_dsv4_hw.ops.registry import register_op
 
 # Elements of one dequantized weight tile (rows x K): 4M fp32 values = 16 MiB.
@@ -121,7 +121,8 @@ def expert_linear(
 
 
 def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
-    """``model.moe.swiglu`` (kept local: the model imports the ops, not the other way round)."""
+    """``silu(min(gate, L)) * clamp(up, -L, L)`` (no clamp for L None or <= 0): every expert's
+    activation, routed (``moe_experts``) and shared (``swiglu``)."""
     if limit is not None and limit > 0:
         gate = gate.clamp(max=limit)
         up = up.clamp(min=-limit, max=limit)
@@ -215,3 +216,12 @@ def moe_route(x, gate_w, bias, hash_ids, top_k, norm_topk_prob, scaling):
     if norm_topk_prob:
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
     return w * scaling, idx
+
+
+@register_op(SWIGLU, "reference")
+def swiglu(h: torch.Tensor, limit: float | None) -> torch.Tensor:
+    if h.dim() != 2 or h.shape[1] % 2:
+        raise ValueError(f"swiglu: h must be [T, 2I], got {tuple(h.shape)}")
+    md = torch.float64 if h.dtype == torch.float64 else torch.float32
+    gate, up = h.to(md).chunk(2, dim=-1)
+    return swiglu_clamped(gate, up, limit).to(h.dtype)

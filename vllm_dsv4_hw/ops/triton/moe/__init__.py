@@ -11,6 +11,7 @@ from vllm_dsv4_hw.ops import tuning
 from vllm_dsv4_hw.ops.api import MOE_EXPERTS
 from vllm_dsv4_hw.ops.reference.moe import validate_moe_args
 from vllm_dsv4_hw.ops.registry import register_op
+from vllm_dsv4_hw.ops.triton.moe.activation import swiglu  # noqa: F401  (registers swiglu)
 from vllm_dsv4_hw.ops.triton.moe.gemv import gemv_experts
 from vllm_dsv4_hw.ops.triton.moe.grouped import grouped_experts
 from vllm_dsv4_hw.ops.triton.moe.route import moe_route  # noqa: F401  (registers moe_route)
