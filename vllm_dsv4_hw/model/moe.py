@@ -209,8 +209,9 @@ class SharedExpert(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        act = ops.swiglu(self.w13(x), self.limit)
-        return self.w2(act.to(x.dtype)).to(moe_math_dtype(x.dtype))
+        """[T, D] in the w2 projection's output dtype (x's): the MoE adds it to its fp32 routed
+        sum, which promotes it exactly, so no cast of its own."""
+        return self.w2(ops.swiglu(self.w13(x), self.limit).to(x.dtype))
 
 
 class DSV4MoE(nn.Module):
