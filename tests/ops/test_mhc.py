@@ -87,7 +87,8 @@ def _oracle_pre(h, fn, scale, base, w, iters):
 
 
 def _oracle_post(y, h, post, comb):
-    out = post.double()[..., None] * y.double()[:, None, :]
+    y = _round(y, h.dtype)  # a wider y is rounded to the streams' dtype first
+    out = post.double()[..., None] * y[:, None, :]
     out = out + torch.einsum("tjk,tjd->tkd", comb.double(), h.double())
     return _round(out, h.dtype)
 
@@ -154,10 +155,12 @@ def test_hc_seam_is_post_then_pre(backend, t, hc, d, dtype, gen):
 @pytest.mark.parametrize("backend", cpu_backends(HC_POST))
 @pytest.mark.parametrize("t,hc,d", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_hc_post_matches_oracle(backend, t, hc, d, dtype, gen):
+@pytest.mark.parametrize("wide_y", [False, True])
+def test_hc_post_matches_oracle(backend, t, hc, d, dtype, wide_y, gen):
+    """``wide_y``: the sub-block output in fp32 (the MoE's sum) for streams of any dtype."""
     md = torch.float64 if dtype == torch.float64 else torch.float32
     h = (torch.randn(t, hc, d, generator=gen, dtype=torch.float64) * 2).to(dtype)
-    y = (torch.randn(t, d, generator=gen, dtype=torch.float64) * 3).to(dtype)
+    y = (torch.randn(t, d, generator=gen, dtype=torch.float64) * 3).to(md if wide_y else dtype)
     post = torch.rand(t, hc, generator=gen, dtype=torch.float64).to(md) * 2
     comb = torch.rand(t, hc, hc, generator=gen, dtype=torch.float64).to(md)
     out = impl(HC_POST, backend)(y, h, post, comb)

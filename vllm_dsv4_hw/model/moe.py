@@ -216,9 +216,10 @@ class SharedExpert(nn.Module):
 
 class DSV4MoE(nn.Module):
     """``layers.N.ffn``: router, routed experts, shared expert. ``forward(x [T, D], input_ids [T])``
-    (input_ids only matter for hash-routed layers) -> [T, D] in x's dtype. Split over ranks
-    (``layout``), every rank routes every token (the router is replicated) and the ranks' partial
-    sums are all-reduced once, in the math dtype, through vLLM's communicator."""
+    (input_ids only matter for hash-routed layers) -> [T, D] in the math dtype (fp32; the layer's
+    ``hc_post`` rounds it to the stream dtype). Split over ranks (``layout``), every rank routes
+    every token (the router is replicated) and the ranks' partial sums are all-reduced once, in the
+    math dtype, through vLLM's communicator."""
 
     def __init__(
         self,
@@ -276,7 +277,7 @@ class DSV4MoE(nn.Module):
             from vllm.distributed import tensor_model_parallel_all_reduce
 
             out = tensor_model_parallel_all_reduce(out)
-        return out.to(x.dtype)
+        return out  # the math dtype: the layer's hc_post rounds it to the stream dtype
 
     def extra_repr(self) -> str:
         return (

@@ -446,7 +446,8 @@ def hc_post(
     y: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
 ) -> torch.Tensor:
     """New streams ``h'_k = post_k * y + sum_j comb[j, k] h_j`` [T, hc, D] in h's dtype (mix-dtype
-    math, one rounding)."""
+    math, one rounding); y of any float dtype is first rounded to h's (the MoE hands over its
+    fp32 sum, the attention its output in the stream dtype)."""
     return _impl(HC_POST, h)(y, h, post, comb)
 
 

@@ -115,7 +115,8 @@ def hc_post(
     check_hc_post_args(y, h, post, comb)
     md = post.dtype
     mixed = torch.matmul(comb.transpose(-1, -2), h.to(md))
-    return (post.unsqueeze(-1) * y.to(md).unsqueeze(-2) + mixed).to(h.dtype)
+    y = y.to(h.dtype).to(md)  # a sub-block output in a wider dtype is rounded as the streams are
+    return (post.unsqueeze(-1) * y.unsqueeze(-2) + mixed).to(h.dtype)
 
 
 @register_op(HC_SEAM, "reference")

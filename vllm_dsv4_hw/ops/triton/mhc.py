@@ -52,8 +52,10 @@ def _rebuilt_streams(
     HC: tl.constexpr,
     D: tl.constexpr,
     HAS_POST: tl.constexpr,
+    ROUND_Y: tl.constexpr,
 ):
-    """[HCP, BD] fp32: the streams' dims ``offs_d`` of token t, rebuilt by the post if any."""
+    """[HCP, BD] fp32: the streams' dims ``offs_d`` of token t, rebuilt by the post if any
+    (``ROUND_Y``: an fp32 y rounded to the bf16 streams' grid first)."""
     mj = offs_j < HC
     md = offs_d < D
     m2 = mj[:, None] & md[None, :]
@@ -61,6 +63,8 @@ def _rebuilt_streams(
     hv = hv.to(tl.float32)
     if HAS_POST:
         yv = tl.load(y_ptr + t * D + offs_d, mask=md, other=0.0).to(tl.float32)
+        if ROUND_Y:
+            yv = round_to_bf16(yv)
         pv = tl.load(post_ptr + t * HC + offs_j, mask=mj, other=0.0)
         acc = pv[:, None] * yv[None, :]
         for j in tl.static_range(HC):
@@ -89,6 +93,7 @@ def _hc_mix_partial_kernel(
     MP: tl.constexpr,
     HAS_POST: tl.constexpr,
     BF16: tl.constexpr,
+    ROUND_Y: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     pdl_start(PDL)
@@ -99,7 +104,9 @@ def _hc_mix_partial_kernel(
     offs_m = tl.arange(0, MP)
     mj = offs_j < HC
     md = offs_d < D
-    z = _rebuilt_streams(y_ptr, h_ptr, post_ptr, comb_ptr, t, offs_j, offs_d, HC, D, HAS_POST)
+    z = _rebuilt_streams(
+        y_ptr, h_ptr, post_ptr, comb_ptr, t, offs_j, offs_d, HC, D, HAS_POST, ROUND_Y
+    )
     if HAS_POST:
         if BF16:
             z = round_to_bf16(z)
@@ -228,13 +235,14 @@ def _hc_post_kernel(
     D: tl.constexpr,
     BD: tl.constexpr,
     BF16: tl.constexpr,
+    ROUND_Y: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs_j = tl.arange(0, HCP)
     offs_d = tl.program_id(1) * BD + tl.arange(0, BD)
-    z = _rebuilt_streams(y_ptr, h_ptr, post_ptr, comb_ptr, t, offs_j, offs_d, HC, D, True)
+    z = _rebuilt_streams(y_ptr, h_ptr, post_ptr, comb_ptr, t, offs_j, offs_d, HC, D, True, ROUND_Y)
     if BF16:
         z = round_to_bf16(z)
     m2 = (offs_j < HC)[:, None] & (offs_d < D)[None, :]
@@ -284,6 +292,7 @@ def _seam(y, h, post, comb, fn, scale, base, norm_w, iters, hc_eps, eps):
         NMIX=n_mix,
         MP=mp,
         HAS_POST=has_post,
+        ROUND_Y=has_post and bf16 and y.dtype != torch.bfloat16,
         BF16=bf16,
         **pdl_launch(h.device),
     )
@@ -351,6 +360,7 @@ def hc_post(y, h, post, comb):
         D=d,
         BD=bd,
         BF16=h.dtype == torch.bfloat16,
+        ROUND_Y=h.dtype == torch.bfloat16 and y.dtype != torch.bfloat16,
         **pdl_launch(h.device),
     )
     return out
