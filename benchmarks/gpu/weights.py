@@ -399,6 +399,7 @@ def bench(device, smoke=False):
 
 
 def _moe_paths(torch, moe, model, x, tw, ids, weights, floor) -> dict:
+    from benchmarks.gpu.timing import time_ms
     from vllm_dsv4_hw.ops import tuning
 
     us = {}

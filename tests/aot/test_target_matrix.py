@@ -68,23 +68,7 @@ def _known_trap(target: str, row: dict) -> bool:
 # Kernels the GPU tier does not launch (so nothing recorded them), with the reason.
 NOT_RECORDED = {
     "kv_cache._kv_gather_kernel": "kv_gather serves the conformance kit and tests, not the "
-    "served layer; the GPU tier has no case for it",
-    **{
-        f"mhc.{k}": "added 2026-12-07 (issue 45); the GPU tier's mhc check records it at the next "
-        "GPU run (starts were refused that day)"
-        for k in ("_hc_mix_partial_kernel", "_hc_mix_finish_kernel", "_hc_post_kernel")
-    },
-    **{
-        f"moe.{k}": "added 2026-12-07 (issue 45, the FP4 GEMV for decode); the GPU tier's "
-        "weights check records it at the next GPU run"
-        for k in (
-            "_gemv_gate_up_kernel",
-            "_gemv_down_kernel",
-            "_router_scores_kernel",
-            "_router_select_kernel",
-            "_swiglu_kernel",
-        )
-    },
+    "served layer; the GPU tier has no case for it"
 }
 
 

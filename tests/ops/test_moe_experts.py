@@ -149,7 +149,7 @@ CASES = {
                                       None, False, False),
     "T5-k3-E4-bf16-fp4-scales-high": (5, 3, 4, 64, 96, torch.bfloat16, "fp4", "drop", "high",
                                       10.0, True, True),
-    # up to MoETuning.gemv_max_tokens (4) tokens the Triton backend takes its FP4 GEMV
+    # up to MoETuning.gemv_max_tokens (16) tokens the Triton backend takes its FP4 GEMV
     "gemv-T4-k3-E4-D96-I160-fp32-fp4-drop": (4, 3, 4, 96, 160, torch.float32, "fp4", "drop",
                                              "mid", 10.0, False, True),
     "gemv-T2-k3-E4-bf16-fp4-scales-high": (2, 3, 4, 64, 96, torch.bfloat16, "fp4", "drop",

@@ -57,7 +57,7 @@ class LinearTuning:
 class MoETuning:
     # routed experts: one GEMV program per (token, slot) pair and weight tile up to this many
     # tokens (FP4 weights), the grouped GEMM over expert-sorted pairs above
-    gemv_max_tokens: int = 4
+    gemv_max_tokens: int = 16
 
 
 @dataclass(frozen=True)
