@@ -179,17 +179,15 @@ def sweep_index_prefill(dev, batches, cases=((131072, 8192), (1048576, 2048))):
         fmt = args[3]
         n_max = args[4].shape[1] * fmt.entries_per_page
         buf = torch.empty(t, n_max, device=dev)
-        want = ti.indexer_scores(*args, 4, out=torch.empty_like(buf), tokens_per_program=1,
-                                 keys_a=False)
+        want = ti.indexer_scores(*args, 4, out=torch.empty_like(buf), tokens_per_program=1)
         fin = torch.isfinite(want)
         res = {"default": _try(lambda i: ti.indexer_scores(*args, 4, out=buf), 1, 1, 3)}
-        # (keys as the dots' A operand, tokens per program, warps, entry block)
-        configs = [(False, 4, 4, 64)] + [(True, tb, nw, bs) for tb, nw, bs in (
-            (1, 4, 64), (2, 4, 64), (4, 4, 64), (4, 8, 64), (4, 4, 32), (4, 8, 128), (8, 8, 64),
-            (8, 4, 32), (8, 8, 32), (16, 8, 32))]
-        for ka, tb, nw, bs in configs:
-            key = f"keys_a={int(ka)} tb={tb} warps={nw} block_s={bs}"
-            kw = dict(tokens_per_program=tb, num_warps=nw, block_s=bs, keys_a=ka)
+        # (tokens per program, warps, entry block)
+        configs = ((1, 4, 64), (2, 4, 64), (4, 4, 64), (4, 8, 64), (4, 4, 32), (4, 8, 128),
+                   (8, 8, 64), (8, 4, 32), (8, 8, 32), (16, 8, 32))
+        for tb, nw, bs in configs:
+            key = f"tb={tb} warps={nw} block_s={bs}"
+            kw = dict(tokens_per_program=tb, num_warps=nw, block_s=bs)
             try:
                 got = ti.indexer_scores(*args, 4, out=buf, **kw)
                 same_inf = bool(torch.equal(torch.isfinite(got), fin))
@@ -227,23 +225,20 @@ def sweep_index(dev, batches):
             same = torch.equal(ti.indexer_scores(*sets[0], 4, cvt=0), want)
             res["cvt=int"] = (_try(lambda i: ti.indexer_scores(*sets[i], 4, out=bufs[i], cvt=0),
                                    n_sets) if same else "wrong: differs from the default decode")
-            for ka in (False, True):
-                for bs in (32, 64, 128):
-                    for it in (1, 4, 16):
-                        for nw in (4, 8):
-                            key = f"keys_a={int(ka)} block_s={bs} iters={it} warps={nw}"
-                            res[key] = _try(lambda i: ti.indexer_scores(
-                                *sets[i], 4, out=bufs[i], block_s=bs, iters=it, num_warps=nw,
-                                keys_a=ka), n_sets)
+            for bs in (32, 64, 128):
+                for it in (1, 4, 16):
+                    for nw in (4, 8):
+                        key = f"block_s={bs} iters={it} warps={nw}"
+                        res[key] = _try(lambda i: ti.indexer_scores(
+                            *sets[i], 4, out=bufs[i], block_s=bs, iters=it, num_warps=nw), n_sets)
             for reg in (0, 96, 80):  # programs per SM (114 registers, 0 = no cap: 4; 96: 5; 80: 6)
                 res[f"maxnreg={reg}"] = _try(lambda i, reg=reg: ti.indexer_scores(
                     *sets[i], 4, out=bufs[i], maxnreg=reg), n_sets)
             for st in (3, 4):
                 for bs, nw in ((64, 4), (128, 8), (128, 4)):
-                    key = f"keys_a=1 block_s={bs} warps={nw} stages={st}"
+                    key = f"block_s={bs} warps={nw} stages={st}"
                     res[key] = _try(lambda i: ti.indexer_scores(
-                        *sets[i], 4, out=bufs[i], block_s=bs, num_warps=nw, num_stages=st,
-                        keys_a=True), n_sets)
+                        *sets[i], 4, out=bufs[i], block_s=bs, num_warps=nw, num_stages=st), n_sets)
             rows.append(_summary("index", f"ctx={ctx} B={b}", res, "default",
                                  decode_floor_us(b, ctx, fmt)))
             del sets, bufs

@@ -98,12 +98,5 @@ def _launch_config(num_tokens: int, n_blocks: int, device: torch.device) -> int:
 GROUP_TOKENS = {"from_tokens": 512, "tokens": 4}
 
 
-# Keys as the dots' A operand (``_block_logits``'s KT): the logits come out as [BLOCK_S, TB * H],
-# the heads along the accumulator's columns, so the weighted head sum is mostly in-thread adds
-# (far fewer shuffles), faster at prefill and decode (evidence: docs/tuning.md, Indexer keys as
-# the dots' A operand). False keeps the [TB * H, BLOCK_S] form (a knob).
-KEYS_A = True
-
-
 def _tokens_per_program(t: int) -> int:
     return GROUP_TOKENS["tokens"] if t >= GROUP_TOKENS["from_tokens"] else 1

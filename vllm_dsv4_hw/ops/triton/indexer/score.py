@@ -8,7 +8,7 @@ consecutive blocks of ``BLOCK_S`` compressed entries of their request. It loads 
 reads the keys straight from the paged cache as (even, odd) dim pairs (``quant.load_entry_pairs``:
 one contiguous load per pair and key, dequantized on the fly: bf16, fp8 (scale applied to the
 logits), mxfp4, fp32 test format), computes all heads' logits with tl.dot [BLOCK_S, Di/2] x
-[Di/2, TB * H] on the even and the odd halves (keys as the A operand, ``KEYS_A``; every key is
+[Di/2, TB * H] on the even and the odd halves (keys as the A operand; every key is
 read once per token group and no interleave is needed), and reduces ``score = sum_h w[h] *
 relu(logit[h])`` per token in fp32. A group whose tokens belong to more than
 one request (or to none) is scored token by token; blocks past every token's visible entries
@@ -50,7 +50,6 @@ from vllm_dsv4_hw.ops.triton.indexer.launch import (  # noqa: F401  (DOT_*: the 
     DOT_FP8,
     DOT_FP8_EMU,
     GROUP_TOKENS,
-    KEYS_A,
     MX_DIMS,
     REG_CAP,
     _dot_mode,
@@ -114,13 +113,13 @@ def _entry_pages(bt_ptr, req, stride_bt, s0, s, vis, bt_cols, E: tl.constexpr,
 def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s0, s, vis, bt_cols,
                   page_stride, page_stride_units, j, DI: tl.constexpr, E: tl.constexpr,
                   DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, UNIT: tl.constexpr,
-                  FMT: tl.constexpr, DOT: tl.constexpr, KP: tl.constexpr, KT: tl.constexpr,
+                  FMT: tl.constexpr, DOT: tl.constexpr, KP: tl.constexpr,
                   CVT: tl.constexpr, ONE_PAGE: tl.constexpr):
     """Logits [R, BLOCK_S] of the q rows against the keys of entries ``s`` of request ``req``
     (those with ``vis``), and which entries were read (visible and in an allocated page).
-    ``KT``: the keys are the dots' A operand and the q operands come transposed ([KP, R]): the
-    logits come back as [BLOCK_S, R] (the heads along the accumulator's columns, so the head sum
-    after it stays mostly inside a thread)."""
+    The keys are the dots' A operand and the q operands come transposed ([KP, R]): the logits
+    come back as [BLOCK_S, R] (the heads along the accumulator's columns, so the head sum after it
+    stays mostly inside a thread)."""
     page64, off, vis = _entry_pages(bt_ptr, req, stride_bt, s0, s, vis, bt_cols, E, ONE_PAGE)
     pair_off = page64 * page_stride_units + off * (DATA_BYTES // UNIT)
     if SCALE_BYTES == 4:  # one aligned 32-bit scale word per key (mxfp4 / fp8, dim 128): its
@@ -130,42 +129,27 @@ def _block_logits(qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s0, s
         scale_arg = page64 * (page_stride // 4) + (E * DATA_BYTES) // 4 + off
     else:
         scale_arg = page64 * page_stride + E * DATA_BYTES + off * SCALE_BYTES
-    if KT:  # [BLOCK_S, KP] key tiles
-        kmask = vis[:, None] if KP == DI // 2 else vis[:, None] & (j[None, :] < DI // 2)
-        k_e, k_o = load_entry_pairs(cache_ptr, pair_off[:, None], scale_arg[:, None], j[None, :],
-                                    kmask, FMT, SCALE_BYTES == 4, CVT == C_CVT_PTX)
-    else:   # [KP, BLOCK_S]
-        kmask = vis[None, :] if KP == DI // 2 else vis[None, :] & (j[:, None] < DI // 2)
-        k_e, k_o = load_entry_pairs(cache_ptr, pair_off[None, :], scale_arg[None, :], j[:, None],
-                                    kmask, FMT, SCALE_BYTES == 4, CVT == C_CVT_PTX)
+    # [BLOCK_S, KP] key tiles
+    kmask = vis[:, None] if KP == DI // 2 else vis[:, None] & (j[None, :] < DI // 2)
+    k_e, k_o = load_entry_pairs(cache_ptr, pair_off[:, None], scale_arg[:, None], j[None, :],
+                                kmask, FMT, SCALE_BYTES == 4, CVT == C_CVT_PTX)
     if DOT == 0:
-        if KT:
-            logits = tl.dot(k_e, qe, input_precision="ieee")
-            logits = tl.dot(k_o, qo, logits, input_precision="ieee")
-        else:
-            logits = tl.dot(qe, k_e, input_precision="ieee")
-            logits = tl.dot(qo, k_o, logits, input_precision="ieee")
+        logits = tl.dot(k_e, qe, input_precision="ieee")
+        logits = tl.dot(k_o, qo, logits, input_precision="ieee")
     else:
         # keys are exact in bf16 (fp8 codes unscaled, e2m1 * 2^e, bf16): tensor cores
         ke = k_e.to(tl.bfloat16)
         ko = k_o.to(tl.bfloat16)
-        if KT:
-            logits = tl.dot(ke, qe)
-            logits = tl.dot(ko, qo, logits)
-            if DOT == 2:
-                logits = tl.dot(ke, qe_lo, logits)
-                logits = tl.dot(ko, qo_lo, logits)
-        else:
-            logits = tl.dot(qe, ke)
-            logits = tl.dot(qo, ko, logits)
-            if DOT == 2:
-                logits = tl.dot(qe_lo, ke, logits)
-                logits = tl.dot(qo_lo, ko, logits)
+        logits = tl.dot(ke, qe)
+        logits = tl.dot(ko, qo, logits)
+        if DOT == 2:
+            logits = tl.dot(ke, qe_lo, logits)
+            logits = tl.dot(ko, qo_lo, logits)
     if FMT == 3:  # FMT_FP8_INDEXER: the key's power-of-two scale on the logits (exact)
         tl.static_assert(SCALE_BYTES == 4, "fp8 indexer keys carry one fp32 scale word")
         scale = tl.load(cache_ptr.to(tl.pointer_type(tl.float32)) + scale_arg, mask=vis,
                         other=1.0)
-        logits = logits * (scale[:, None] if KT else scale[None, :])
+        logits = logits * scale[:, None]
     return logits, vis
 
 
@@ -257,7 +241,7 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
                           DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
                           UNIT: tl.constexpr, RATIO: tl.constexpr, FMT: tl.constexpr,
                           DOT: tl.constexpr, BLOCK_S: tl.constexpr, ITERS: tl.constexpr,
-                          KP: tl.constexpr, TB: tl.constexpr, KT: tl.constexpr,
+                          KP: tl.constexpr, TB: tl.constexpr,
                           CVT: tl.constexpr, SKIP_TAIL: tl.constexpr = False,
                           PDL: tl.constexpr = False, QS: tl.constexpr = False):
     """Program = (TB consecutive tokens, split of ITERS entry blocks). Keys are read as (even,
@@ -313,9 +297,8 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
                     qo, qe_lo, qo_lo = qe, qe, qe
             else:
                 qe, qo, qe_lo, qo_lo = _q_operands(q_rows, rows_ok[:, None], TB * H, DI, KP, DOT)
-                if KT:
-                    qe, qo = tl.trans(qe), tl.trans(qo)
-                    qe_lo, qo_lo = tl.trans(qe_lo), tl.trans(qo_lo)
+                qe, qo = tl.trans(qe), tl.trans(qo)
+                qe_lo, qo_lo = tl.trans(qe_lo), tl.trans(qo_lo)
             out_rows = out_ptr + tok.to(tl.int64)[:, None] * stride_out
             for it in range(ITERS):
                 s0 = (sp * ITERS + it) * BLOCK_S
@@ -337,14 +320,10 @@ def _indexer_score_kernel(q_ptr, w_ptr, qs_ptr, cache_ptr, bt_ptr, req_ptr, pos_
                         logits, read = _block_logits(
                             qe, qo, qe_lo, qo_lo, cache_ptr, bt_ptr, req, stride_bt, s0, s,
                             s < v_max, bt_cols, page_stride, page_stride_units, j, DI, E,
-                            DATA_BYTES, SCALE_BYTES, UNIT, FMT, DOT, KP, KT, CVT,
+                            DATA_BYTES, SCALE_BYTES, UNIT, FMT, DOT, KP, CVT,
                             E % BLOCK_S == 0)
-                    if KT or DOT >= 3:
-                        wl = w[None, :] * tl.maximum(logits, 0.0)      # [BLOCK_S, TB * H]
-                        score = tl.trans(tl.sum(tl.reshape(wl, (BLOCK_S, TB, H)), axis=2))
-                    else:
-                        wl = w[:, None] * tl.maximum(logits, 0.0)      # [TB * H, BLOCK_S]
-                        score = tl.sum(tl.reshape(wl, (TB, H, BLOCK_S)), axis=1)
+                    wl = w[None, :] * tl.maximum(logits, 0.0)      # [BLOCK_S, TB * H]
+                    score = tl.trans(tl.sum(tl.reshape(wl, (BLOCK_S, TB, H)), axis=2))
                     ok = read[None, :] & (s[None, :] < visible[:, None])   # [TB, BLOCK_S]
                     tl.store(out_rows + s[None, :], tl.where(ok, score, float("-inf")),
                              mask=st_mask)
@@ -384,7 +363,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
                    out: torch.Tensor | None = None, iters: int | None = None,
                    num_warps: int | None = None, num_stages: int = 2,
                    tokens_per_program: int | None = None,
-                   keys_a: bool | None = None, cvt: int | None = None,
+                   cvt: int | None = None,
                    skip_tail: bool = False, q_scales: torch.Tensor | None = None,
                    maxnreg: int | None = None) -> torch.Tensor:
     """The [T, n_max] fp32 score buffer (masked entries -inf) of step 1 (also used by benchmarks).
@@ -474,7 +453,7 @@ def indexer_scores(q, weights, key_cache, key_fmt, block_table, token_req, token
         key_cache.stride(0) // unit, n_max, n_split, bt.shape[1], groups * n_split, t,
         H=h, DI=di, E=e, DATA_BYTES=key_fmt.data_bytes, SCALE_BYTES=key_fmt.scale_bytes, UNIT=unit,
         RATIO=ratio, FMT=fmt_code, DOT=dot, BLOCK_S=block_s, ITERS=iters,
-        KP=dot_dim(di // 2, dev), TB=tb, KT=KEYS_A if keys_a is None else keys_a,
+        KP=dot_dim(di // 2, dev), TB=tb,
         CVT=_key_decode(fmt_code, dot, dev) if cvt is None else cvt, SKIP_TAIL=skip_tail,
         QS=q_scales is not None,
         num_warps=num_warps, num_stages=num_stages, **regs, **pdl_launch(dev))
