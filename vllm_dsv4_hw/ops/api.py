@@ -416,9 +416,8 @@ def decode_metadata(
 # Shapes: h [T, hc, D] the residual streams (stream dtype: bf16 / fp32 / fp64), y [T, D] a
 # sub-block's output, post [T, hc] and comb [T, hc, hc] in the mix dtype (fp32; fp64 for fp64
 # streams), fn [(2 + hc) * hc, hc * D], scale [3], base [(2 + hc) * hc] (mix dtype), norm_w [D]
-# the next sub-block's RMSNorm weight. The math is ``ops.reference.mhc``'s docstring (DeepSeek
-# V4's hyper-connections, Sinkhorn-normalised); the model's ``rms_norm_eps`` serves both the mix's
-# weightless norm and the sub-block's RMSNorm.
+# the next sub-block's RMSNorm weight. The math: ``ops.reference.mhc``'s docstring; the model's
+# ``rms_norm_eps`` serves both the mix's weightless norm and the sub-block's RMSNorm.
 HC_PRE = "hc_pre"
 HC_POST = "hc_post"
 HC_SEAM = "hc_seam"
@@ -446,8 +445,7 @@ def hc_post(
     y: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
 ) -> torch.Tensor:
     """New streams ``h'_k = post_k * y + sum_j comb[j, k] h_j`` [T, hc, D] in h's dtype (mix-dtype
-    math, one rounding); y of any float dtype is first rounded to h's (the MoE hands over its
-    fp32 sum, the attention its output in the stream dtype)."""
+    math, one rounding); y of any float dtype is first rounded to h's (the MoE's fp32 sum)."""
     return _impl(HC_POST, h)(y, h, post, comb)
 
 
@@ -464,16 +462,16 @@ def hc_seam(
     hc_eps: float,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The seam between two sub-blocks: ``h2 = hc_post(y, h, post, comb)``, then
-    ``hc_pre(h2, fn, scale, base, norm_w, ...)``; returns ``(h2, x_normed, post2, comb2)``, the
-    values of that composition (accelerated backends fuse it)."""
+    """The seam between two sub-blocks: ``h2 = hc_post(y, h, post, comb)``, then ``hc_pre(h2,
+    fn, scale, base, norm_w, ...)``; returns ``(h2, x_normed, post2, comb2)`` (backends fuse it)."""
     return _impl(HC_SEAM, h)(y, h, post, comb, fn, scale, base, norm_w, sinkhorn_iters, hc_eps, eps)
 
 
-# -- MoE routing (issue 45) -----------------------------------------------------------------------
+# -- MoE routing and the experts' activation (issue 45) -------------------------------------------
 MOE_ROUTE = "moe_route"
+SWIGLU = "swiglu"
 
-ALL_OPS = ALL_OPS + (MOE_ROUTE,)
+ALL_OPS = ALL_OPS + (MOE_ROUTE, SWIGLU)
 
 
 def moe_route(
@@ -486,25 +484,17 @@ def moe_route(
     scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek V4's router: ``(weights [T, k] fp32, ids [T, k] int64)`` for x [T, D] and the gate
-    weight gate_w [E, D] (math in fp32, fp64 for fp64 x).
-
-    ``s = sqrt(softplus(x @ gate_w^T))``. Top-k layers (``hash_ids`` None) take the k experts with
-    the largest ``s + bias`` (bias [E] or None; it only selects), in descending order, equal values
-    by the lower expert id first; hash-routed layers take ``hash_ids`` [T, k] (the ``tid2eid`` rows
-    of the tokens) in their order. Weights: the selected ``s``, divided by their sum (+1e-20) when
-    ``norm_topk_prob``, times ``scaling``. Slot j of the result is the j-th expert so ordered."""
+    weight gate_w [E, D] (math in fp32, fp64 for fp64 x). ``s = sqrt(softplus(x @ gate_w^T))``;
+    top-k layers (``hash_ids`` None) take the k experts with the largest ``s + bias`` (bias [E] or
+    None; it only selects), in descending order, equal values by the lower expert id first;
+    hash-routed layers take ``hash_ids`` [T, k] (the tokens' ``tid2eid`` rows) in their order.
+    Weights: the selected ``s``, divided by their sum (+1e-20) when ``norm_topk_prob``, times
+    ``scaling``. Slot j of the result is the j-th expert so ordered."""
     return _impl(MOE_ROUTE, x)(x, gate_w, bias, hash_ids, top_k, norm_topk_prob, scaling)
 
 
-# -- the experts' activation (issue 45) ------------------------------------------------------------
-SWIGLU = "swiglu"
-
-ALL_OPS = ALL_OPS + (SWIGLU,)
-
-
 def swiglu(h: torch.Tensor, limit: float | None) -> torch.Tensor:
-    """DeepSeek V4's clamped SwiGLU on a merged gate | up projection: h [T, 2I] (columns 0..I-1
-    the gate, I..2I-1 the up projection; rows may be strided) -> ``silu(min(gate, L)) *
-    clamp(up, -L, L)`` [T, I] in h's dtype (L = ``limit``; None or <= 0: no clamp), fp32 math
-    (fp64 for fp64 h), one rounding."""
+    """Clamped SwiGLU of a merged gate | up projection h [T, 2I] (gate columns first; rows may be
+    strided): ``silu(min(gate, L)) * clamp(up, -L, L)`` [T, I] in h's dtype (L = ``limit``; None
+    or <= 0: no clamp), fp32 math (fp64 for fp64 h), one rounding."""
     return _impl(SWIGLU, h)(h, limit)
