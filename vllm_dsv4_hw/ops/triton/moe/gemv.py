@@ -27,7 +27,7 @@ import triton.language as tl
 from vllm_dsv4_hw.ops.triton.common.launch import cdiv
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.common.quant import e2m1_to_f32, f32_to_bf16_bits, ue8m0_to_f32
-from vllm_dsv4_hw.ops.triton.moe.grouped import _load_x, _silu
+from vllm_dsv4_hw.ops.triton.moe.grouped import _as_bytes, _inner_contiguous, _load_x, _silu
 
 # weight rows per program and elements of K per step (16 scale groups): the fastest of 8 / 16 / 32
 # x 256 / 512 / 1024 at 1 and 4 tokens (evidence: docs/tuning.md, Routed experts)
@@ -171,11 +171,6 @@ def _gemv_down_kernel(
     tl.store(out_ptr + t * stride_out + n, acc, mask=n < D)
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    t = t if t.dtype == torch.uint8 else t.view(torch.uint8)
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def gemv_experts(
     x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, swiglu_limit, n_exp, inter
 ):
@@ -185,7 +180,7 @@ def gemv_experts(
     out = torch.empty(t, d, dtype=torch.float32, device=x.device)
     if t == 0 or k == 0:
         return out.zero_()
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    x = _inner_contiguous(x)
     ids = topk_ids.reshape(-1).contiguous()
     w13, w2, s13, s2 = (_as_bytes(w) for w in (w13, w2, w13_scale, w2_scale))
     is_bf16 = x.dtype == torch.bfloat16

@@ -20,7 +20,7 @@ from vllm_dsv4_hw.ops.reference import moe as ref
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.common.launch import cdiv, next_pow2
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.moe.grouped import _load_x
+from vllm_dsv4_hw.ops.triton.moe.grouped import _inner_contiguous, _load_x
 
 BE = 8  # gate rows per program
 BD = 512  # elements of D per step
@@ -123,8 +123,7 @@ def moe_route(x, gate_w, bias, hash_ids, top_k, norm_topk_prob, scaling):
     ids = torch.empty(t, top_k, dtype=torch.int64, device=x.device)
     if t == 0:
         return weights, ids
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    w = gate_w if gate_w.stride(-1) == 1 else gate_w.contiguous()
+    x, w = _inner_contiguous(x), _inner_contiguous(gate_w)
     scores = torch.empty(t, e, dtype=torch.float32, device=x.device)
     _router_scores_kernel[(t, cdiv(e, BE))](
         x,
