@@ -26,6 +26,9 @@ VENDOR_OPS = {
     api.SPARSE_ATTENTION,
     api.INDEXER_TOPK,
     api.INV_ROPE_FP8_QUANT,
+    api.HC_PRE,
+    api.HC_SEAM,
+    api.HC_POST,
 }
 
 

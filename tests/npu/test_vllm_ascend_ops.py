@@ -221,3 +221,74 @@ def test_seq_lengths_express_exactly_the_gathered_rows():
     assert sas.seq_lengths(torch.tensor([100]), torch.tensor([26])) is None  # 26 > 100 // 4
     assert sas.seq_lengths(torch.tensor([129]), None) is None
     assert sas.seq_lengths(torch.tensor([0]), torch.tensor([3])) is None
+
+
+# -- mHC through npu_hc_pre_v2 / npu_hc_post ------------------------------------------------------
+HC_PRE_OP, HC_POST_OP = "npu_hc_pre_v2", "npu_hc_post"
+
+
+def _mhc_case(gen, t, d):
+    from tests.ops.test_mhc import _inputs
+
+    h, fn, scale, base, w = _inputs(gen, t, 4, d, torch.bfloat16)
+    y = (torch.randn(t, d, generator=gen) * 3).to(torch.float32)  # the MoE's fp32 sum
+    post = torch.rand(t, 4, generator=gen) * 2
+    comb = torch.rand(t, 4, 4, generator=gen)
+    return h, fn, scale, base, w, y, post, comb
+
+
+@pytest.mark.parametrize("d", [4096, 7168])
+def test_mhc_seam_through_hc_pre_v2_and_hc_post(ascend_ops, stub, gen, d):
+    """The seam on the vendor operators (+ npu_rms_norm for the sub-block's norm) against the
+    float64 oracles of tests/ops/test_mhc.py, under that file's bf16 budget."""
+    from tests.ops.test_mhc import EPS, HC_EPS, _close, _oracle_post, _oracle_pre
+
+    h, fn, scale, base, w, y, post, comb = _mhc_case(gen, 3, d)
+    h2, x, post2, comb2 = impl(api.HC_SEAM, "npu")(
+        y, h, post, comb, fn, scale, base, w, 20, HC_EPS, EPS
+    )
+    calls = stub._control.calls
+    assert calls[HC_POST_OP] == 1 and calls[HC_PRE_OP] == 1 and calls["npu_rms_norm"] == 1
+    _close(h2, _oracle_post(y, h, post, comb), torch.bfloat16, "h2")
+    for got, ref, what in zip(
+        (x, post2, comb2), _oracle_pre(h2, fn, scale, base, w, 20), ("x", "post", "comb")
+    ):
+        _close(got, ref, torch.bfloat16 if what == "x" else torch.float32, what)
+    assert x.dtype == h2.dtype == torch.bfloat16 and post2.dtype == comb2.dtype == torch.float32
+
+
+def test_mhc_pre_and_post_alone_and_the_shapes_the_operators_refuse(ascend_ops, stub, gen):
+    """hc_pre / hc_post each one vendor call at a model's D; other D (and fp32 streams) run the
+    reference without touching the operators."""
+    from tests.ops.test_mhc import EPS, HC_EPS, _close, _oracle_post, _oracle_pre
+
+    h, fn, scale, base, w, y, post, comb = _mhc_case(gen, 2, 4096)
+    x, p2, c2 = impl(api.HC_PRE, "npu")(h, fn, scale, base, w, 20, HC_EPS, EPS)
+    for got, ref, what in zip(
+        (x, p2, c2), _oracle_pre(h, fn, scale, base, w, 20), ("x", "post", "comb")
+    ):
+        _close(got, ref, torch.bfloat16 if what == "x" else torch.float32, what)
+    out = impl(api.HC_POST, "npu")(y, h, post, comb)
+    _close(out, _oracle_post(y, h, post, comb), torch.bfloat16, "streams")
+    calls = stub._control.calls
+    assert calls[HC_PRE_OP] == 1 and calls[HC_POST_OP] == 1
+    for d, dtype in ((256, torch.bfloat16), (4096, torch.float32)):
+        h, fn, scale, base, w, y, post, comb = _mhc_case(gen, 2, d)
+        h = h.to(dtype)
+        impl(api.HC_PRE, "npu")(h, fn, scale, base, w.to(dtype), 20, HC_EPS, EPS)
+        impl(api.HC_POST, "npu")(y, h, post, comb)
+    assert calls[HC_PRE_OP] == 1 and calls[HC_POST_OP] == 1
+
+
+def test_mhc_operator_failure_falls_back_once_with_a_warning(ascend_ops, stub, gen, caplog):
+    from tests.ops.test_mhc import _close, _oracle_post
+
+    h, fn, scale, base, w, y, post, comb = _mhc_case(gen, 2, 4096)
+    stub._control.fail(HC_POST_OP, RuntimeError("aclnn error 561103"))
+    with caplog.at_level(logging.WARNING):
+        out = impl(api.HC_POST, "npu")(y, h, post, comb)
+        again = impl(api.HC_POST, "npu")(y, h, post, comb)
+    _close(out, _oracle_post(y, h, post, comb), torch.bfloat16, "streams")
+    assert torch.equal(out, again) and stub._control.calls[HC_POST_OP] == 1
+    assert sum("npu_hc_post" in r.getMessage() for r in caplog.records) == 1
+    assert api.HC_POST in disabled_ops()

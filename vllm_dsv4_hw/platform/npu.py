@@ -57,10 +57,14 @@ VLLM_ASCEND_OPS = {
     "npu_sparse_attn_sharedkv_metadata": "sparse_attention",
     # ScatterNdUpdate written through var's strides (int8 included): both scatters of kv_insert
     "npu_scatter_nd_update_v2": "kv_insert",
+    # mHC: the mixes (Sinkhorn included) and the pre-mix sub-block input of streams [T, 4, D];
+    # the streams rebuilt from a sub-block output (ops/npu/mhc.py)
+    "npu_hc_pre_v2": "hc_pre",
+    "npu_hc_post": "hc_post",
 }
 # Read and not used (docs/npu-ops.md says why): compressor / compressor_metadata,
 # npu_vllm_quant_lightning_indexer(+_metadata), npu_kv_quant_sparse_attn_sharedkv(+_metadata),
-# kv_compress_epilog, npu_hc_pre_v2, npu_hc_post.
+# kv_compress_epilog.
 
 
 def _one_line(exc: object) -> str:

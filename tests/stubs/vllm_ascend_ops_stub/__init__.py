@@ -27,7 +27,7 @@ import types
 
 import torch
 
-from vllm_ascend_ops_stub import _rotary, _sas, _scatter
+from vllm_ascend_ops_stub import _mhc, _rotary, _sas, _scatter
 
 NAMESPACE = "_C_ascend"
 _MARKER = types.ModuleType("vllm_ascend")
@@ -45,6 +45,8 @@ OPERATORS = {
     ),
     "npu_scatter_nd_update_v2": (_scatter.SCHEMA, _scatter.npu_scatter_nd_update_v2),
     "inplace_partial_rotary_mul": (_rotary.SCHEMA, _rotary.inplace_partial_rotary_mul),
+    "npu_hc_pre_v2": (_mhc.PRE_SCHEMA, _mhc.npu_hc_pre_v2),
+    "npu_hc_post": (_mhc.POST_SCHEMA, _mhc.npu_hc_post),
 }
 
 

@@ -21,6 +21,8 @@ sparse_attention          vllm-ascend npu_sparse_attn_sharedkv where loaded and 
                           (sas.py); else npu_fused_infer_attention_score (+ sink from its lse)
 indexer_topk              npu_lightning_indexer (bf16 keys)
 inv_rope_fp8_quant        npu_rotary_mul + fp8 quant; requires fp8 (not A2/A3)
+hc_pre, hc_seam, hc_post  vllm-ascend npu_hc_pre_v2 (+ npu rms_norm) / npu_hc_post where loaded
+                          and the call fits (hc 4, D 4096 / 7168, bf16 streams); else the reference
 ========================= ===========================================================
 
 ``compressor_pool`` (and the weight / metadata ops) have no torch_npu operator: the dispatcher
@@ -36,6 +38,7 @@ from vllm_dsv4_hw.ops.npu import compressor as _compressor  # noqa: F401  (each 
 from vllm_dsv4_hw.ops.npu import fused_prologue as _fused_prologue  # noqa: F401
 from vllm_dsv4_hw.ops.npu import indexer as _indexer  # noqa: F401
 from vllm_dsv4_hw.ops.npu import kv_cache as _kv_cache  # noqa: F401
+from vllm_dsv4_hw.ops.npu import mhc as _mhc  # noqa: F401
 from vllm_dsv4_hw.ops.npu import norm as _norm  # noqa: F401
 from vllm_dsv4_hw.ops.npu import rope as _rope  # noqa: F401
 from vllm_dsv4_hw.ops.npu import sparse_attention as _sparse_attention  # noqa: F401
