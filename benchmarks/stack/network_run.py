@@ -19,6 +19,7 @@ import time
 import torch
 
 from benchmarks.stack.network_floor import copy_bytes_per_s, kernels_per_replay, step_floor
+from benchmarks.stack.profile import kernel_table, print_table
 from benchmarks.stack.timing import Timer, capture_cuda_graph, median
 
 logger = logging.getLogger("decode_stack")
@@ -107,18 +108,34 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
         per_kind, kernels = {}, {}
         h = net.embed_input_ids(ids).unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()
         for k, layer_ids in kinds.items():
+            with running_step(dm.derive(), caches.layers):  # a previous layer's pending post
+                _, carry0 = net.layers[layer_ids[0]].forward_carried(h, ids, None)
 
-            def layers_of_kind(layer_ids=layer_ids):
+            def layers_of_kind(layer_ids=layer_ids, carry0=carry0):
+                # as inside the network: each layer opens with the seam from the one before
                 with running_step(dm.derive(), caches.layers):
-                    x = h
+                    x, carry = h, carry0
                     for i in layer_ids:
-                        x = net.layers[i](x, ids)
-                    return x
+                        x, carry = net.layers[i].forward_carried(x, ids, carry)
+                    return x, carry
 
             ms, held_kind = _graph(layers_of_kind, timer, args.reps, cuda)
             per_kind[k] = ms / len(layer_ids)
             if cuda:
                 kernels[k] = kernels_per_replay(held_kind[0]) / len(layer_ids)
+                if args.profile:  # where one layer's time goes, kernel by kernel
+                    tab = kernel_table(held_kind[0].replay, args.reps)
+                    print_table(f"{model} {context} B={batch} {k} x{len(layer_ids)}", tab)
+                    report.add(
+                        "network_profile",
+                        {
+                            "context": context,
+                            "batch": batch,
+                            "kind": k,
+                            "layers": len(layer_ids),
+                            **tab,
+                        },
+                    )
             del held_kind
         layers_ms = sum(per_kind[k] * len(v) for k, v in kinds.items())
         rest_ms = max(0.0, step_ms - layers_ms)  # embedding, hc_head, norm, head, metadata

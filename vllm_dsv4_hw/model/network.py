@@ -18,7 +18,8 @@ positions and caches from a context its owner sets before the call)::
                 h = hc_post(a, h, post, comb)
                 x, post, comb = hc_pre(h, hc_ffn);   f = ffn(RMSNorm_ffn_norm(x), ids)
                 h = hc_post(f, h, post, comb)
-                (as the ops hc_pre, hc_seam and hc_post; each hc_pre with its RMSNorm)
+                (as the ops hc_pre, hc_seam and hc_post, each pre with its RMSNorm; a layer's
+                last post and the next layer's first pre are one hc_seam)
     hidden = RMSNorm_norm(hc_head(h))                                   [T, D]
     logits = head(hidden) (float32)                                     [T, V]
 
@@ -40,10 +41,28 @@ from vllm_dsv4_hw.model.vocab import DSV4Embedding, DSV4Head
 from vllm_dsv4_hw.parallel import ParallelLayout
 from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
 
-__all__ = ["DSV4DecoderLayer", "DSV4Network", "MakeAttention", "RMSNormParam"]
+__all__ = [
+    "Carry",
+    "DSV4DecoderLayer",
+    "DSV4Network",
+    "MakeAttention",
+    "RMSNormParam",
+    "finish_carry",
+]
 
 # make_attention(layer_id, compress_ratio) -> module with forward(x [T, D]) -> [T, D]
 MakeAttention = Callable[[int, int], nn.Module]
+
+
+# A layer's MoE output with the post / comb mixes that fold it into the streams: (f [T, D] in the
+# MoE's math dtype, post [T, hc], comb [T, hc, hc])
+Carry = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def finish_carry(h: torch.Tensor, carry: Carry) -> torch.Tensor:
+    """The streams with a layer's pending MoE post applied (``ops.hc_post``)."""
+    f, post, comb = carry
+    return ops.hc_post(f, h, post, comb)
 
 
 class RMSNormParam(nn.Module):
@@ -115,13 +134,25 @@ class DSV4DecoderLayer(nn.Module):
         )
 
     def forward(self, h: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
-        """Streams ``h [T, hc, D]`` -> new streams (same shape and dtype). Three mHC ops: the
-        attention's pre (with its RMSNorm), the seam between attention and MoE, the MoE's post."""
-        x, post, comb = ops.hc_pre(h, *self._mix("hc_attn"))
+        """Streams ``h [T, hc, D]`` -> new streams (same shape and dtype): this layer alone."""
+        return finish_carry(*self.forward_carried(h, input_ids, None))
+
+    def forward_carried(
+        self, h: torch.Tensor, input_ids: torch.Tensor | None, carry: Carry | None
+    ) -> tuple[torch.Tensor, Carry]:
+        """The layer with its MoE's post left to the next mHC op (``DSV4Network`` chains layers
+        so: one seam between two layers instead of a post and a pre). ``carry``: the previous
+        layer's ``(f, post, comb)``, not yet applied to ``h``. Returns ``(h, carry)`` likewise.
+        Two mHC ops: attention's pre (the seam from the previous layer, with its RMSNorm) and the
+        seam between attention and MoE."""
+        if carry is None:
+            x, post, comb = ops.hc_pre(h, *self._mix("hc_attn"))
+        else:
+            f, post, comb = carry
+            h, x, post, comb = ops.hc_seam(f, h, post, comb, *self._mix("hc_attn"))
         a = self.attn(x)
         h, x, post, comb = ops.hc_seam(a, h, post, comb, *self._mix("hc_ffn"))
-        f = self.ffn(x, input_ids)
-        return ops.hc_post(f, h, post, comb)
+        return h, (self.ffn(x, input_ids), post, comb)
 
     def extra_repr(self) -> str:
         return f"layer={self.layer_id}, ratio={self.ratio}, hc_mult={self.hc_mult}"
@@ -197,10 +228,11 @@ class DSV4Network(nn.Module):
             raise ValueError(f"input_ids must be [T], got {tuple(input_ids.shape)}")
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds.to(self.dtype)
         h = x.unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()
+        carry = None
         for layer in self.layers:
-            h = layer(h, input_ids)
+            h, carry = layer.forward_carried(h, input_ids, carry)
         y = hc_head(
-            h,
+            finish_carry(h, carry),
             self.hc_head_fn,
             self.hc_head_scale,
             self.hc_head_base,
