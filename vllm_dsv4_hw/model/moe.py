@@ -36,6 +36,7 @@ from vllm_dsv4_hw import ops
 from vllm_dsv4_hw.config import DSV4Config
 from vllm_dsv4_hw.numerics import FP4_BLOCK
 from vllm_dsv4_hw.parallel import ParallelLayout
+from vllm_dsv4_hw.platform.streams import aux_streams
 from vllm_dsv4_hw.quant.config import DSV4HwQuantConfig
 from vllm_dsv4_hw.quant.linear import merged_linear, row_linear
 
@@ -47,6 +48,10 @@ __all__ = [
     "SharedExpert",
     "moe_math_dtype",
 ]
+
+
+# The shared expert's side stream: the attention's branches have rejoined before the MoE runs.
+BRANCH_SHARED_EXPERT = 0
 
 
 def moe_math_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -269,10 +274,15 @@ class DSV4MoE(nn.Module):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        weights, idx = self.route(x, input_ids)
-        out = self.experts(x, weights, idx)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
+        shared = None
+        with aux_streams(x.device) as aux:  # the branch rejoins on the way out, also on errors
+            if self.shared_experts is not None:  # beside the router and the routed experts
+                with aux.branch(BRANCH_SHARED_EXPERT, keep_alive=(x,)):
+                    shared = self.shared_experts(x)
+            weights, idx = self.route(x, input_ids)
+            out = self.experts(x, weights, idx)
+        if shared is not None:
+            out = out + shared
         if self.layout.sharded:
             from vllm.distributed import tensor_model_parallel_all_reduce
 
