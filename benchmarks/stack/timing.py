@@ -84,6 +84,7 @@ class Report:
             kv=[],
             verify=[],
             network=[],
+            network_profile=[],
             models={},
             skipped=[],
             errors=[],

@@ -16,10 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from tests.backends import cpu_backends, impl
 from tests.subprocess_scripts import HAS_PTXAS, compile_results, memory_mib
+from vllm_dsv4_hw.numerics import e2m1_decode
 from vllm_dsv4_hw.ops.api import MOE_EXPERTS
+from vllm_dsv4_hw.ops.triton.moe.gemv import _e2m1_pair
 from vllm_dsv4_hw.quant.formats import dequantize_fp4_experts
 
 BACKENDS = cpu_backends(MOE_EXPERTS)
@@ -342,6 +346,72 @@ def test_triton_kernels_compile_for_sm90_and_sm80():
     failed = [f"{name}: {err}" for name, err in results if err]
     assert len(results) == 16
     assert not failed, "\n".join(failed)
+
+
+_DENORM_SCRIPT = r'''
+import json
+import re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from vllm_dsv4_hw.ops.triton.moe import gemv
+
+INTS = ("n_exp", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_at")
+UP = dict({k: "i32" for k in INTS + ("topk", "stride_xt")}, x_ptr="*bf16", ids_ptr="*i64",
+          w_ptr="*u8", s_ptr="*u8", act_ptr="*bf16", limit="fp32")
+UP_C = dict(D=4096, I=2048, HAS_LIMIT=True, BF16_BITS=True, ACT_BF16=True, BN=8, BK=512)
+DOWN = dict({k: "i32" for k in INTS + ("stride_out",)}, a_ptr="*bf16", ids_ptr="*i64",
+            tw_ptr="*fp32", w_ptr="*u8", s_ptr="*u8", out_ptr="*fp32")
+DOWN_C = dict(D=4096, I=2048, TOPK=6, TOPK_P=8, BF16_BITS=True, BN=8, BK=256)
+out = {}
+for t in (GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32), GPUTarget("cuda", 120, 32),
+          GPUTarget("hip", "gfx942", 64), GPUTarget("hip", "gfx950", 64)):
+    found = []
+    for fn, sig, consts in ((gemv._gemv_gate_up_kernel, UP, UP_C),
+                            (gemv._gemv_down_kernel, DOWN, DOWN_C)):
+        consts = dict(consts, PDL=False)
+        k = triton.compile(ASTSource(fn, dict(sig, **{c: "constexpr" for c in consts}),
+                                     constexprs=consts), target=t)
+        if t.backend == "cuda":
+            found += re.findall(r"\b(?:mul|fma)[.a-z0-9]*f32", k.asm["ptx"])
+        else:
+            found += re.findall(r"amdhsa_float_denorm_mode_32 (\d)", k.asm["amdgcn"])
+    out[str(t.arch)] = sorted(set(found))
+print("RESULTS" + json.dumps(out))
+'''
+
+
+@pytest.mark.skipif(not HAS_PTXAS, reason="Triton or its bundled ptxas is not installed")
+def test_e2m1_decode_keeps_fp32_subnormals_on_every_target():
+    """The GEMV's e2m1 decode reads code 1 (0.5) as an fp32 subnormal times 2^126: exact only
+    where fp32 subnormals are not flushed. NVIDIA: no ``.ftz`` multiply in the PTX; AMD: the
+    kernel's fp32 denorm mode 3 (kept on input and output)."""
+    out = compile_results(_DENORM_SCRIPT)
+    for arch, found in out.items():
+        if arch.startswith("gfx"):
+            assert found == ["3"], (arch, found)
+        else:
+            assert found and not [op for op in found if "ftz" in op], (arch, found)
+
+
+@triton.jit
+def _decode_bytes(b_ptr, lo_ptr, hi_ptr):
+    i = tl.arange(0, 256)
+    lo, hi = _e2m1_pair(tl.load(b_ptr + i).to(tl.int32))
+    tl.store(lo_ptr + i, lo)
+    tl.store(hi_ptr + i, hi)
+
+
+def test_e2m1_decode_is_exact_for_every_byte():
+    """All 256 bytes through the GEMV's decode (the interpreter here; the GPU tier runs the
+    kernels) against the format's table, subnormal code 1 (0.5) and -0 included."""
+    b = torch.arange(256, dtype=torch.uint8)
+    lo, hi = torch.empty(256), torch.empty(256)
+    _decode_bytes[(1,)](b, lo, hi)
+    for got, codes in ((lo, b & 0xF), (hi, b >> 4)):
+        want = e2m1_decode(codes)
+        assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
 
 
 # -- the reference's bounded memory ----------------------------------------------------------------

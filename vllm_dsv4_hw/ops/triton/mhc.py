@@ -11,7 +11,7 @@ in ``ops/reference/mhc.py``) in at most two launches each.
 * ``_hc_mix_finish_kernel``, one program per token: sums the partials in a fixed order (no atomics:
   the same bits every run), takes the weightless norm, the pre / post / comb mixes and the Sinkhorn
   iterations of ``comb`` (an hc x hc tile in registers), then the sub-block input ``x = sum_j pre_j
-  h_j`` rounded to the stream dtype and its RMSNorm in a second pass over D.
+  h_j`` rounded to the stream dtype and its RMSNorm, all of D held in registers.
 
 ``hc_post`` alone (the last sub-block of a layer) is one elementwise launch. Streams in bf16 or
 fp32; fp64 streams (oracle tests) and calls of more than ``FUSED_MAX_TOKENS`` tokens (prefill
@@ -37,7 +37,9 @@ FUSED_MAX_TOKENS = 64
 # Dims of every stream per program of the partial pass, by tokens in the call: few tokens get
 # narrow slices so that a token's fn read spreads over many programs.
 PARTIAL_DIMS = ((4, 32), (16, 64), (FUSED_MAX_TOKENS, 128))
-FINISH_BLOCK = 512  # dims per step of the finishing pass's loops over D
+# The finishing pass holds a token's [hc, D] streams in registers: warps by their size, so that
+# each thread keeps at most FINISH_ELEMS_PER_THREAD of them.
+FINISH_ELEMS_PER_THREAD = 32
 
 
 @triton.jit
@@ -196,31 +198,24 @@ def _hc_mix_finish_kernel(
         m = m / (tl.sum(m, axis=0)[None, :] + hc_eps)
     tl.store(post_ptr + t * HC + offs_j, post, mask=mj)
     tl.store(comb_ptr + t * HC * HC + offs_j[:, None] * HC + offs_j[None, :], m, mask=mc)
-    # x = sum_j pre_j h_j, rounded to the stream dtype, stored; then its RMSNorm over D.
-    acc_sq = tl.zeros([BLOCK], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK):
-        offs_d = d0 + tl.arange(0, BLOCK)
-        md = offs_d < D
-        hv = tl.load(
-            h2_ptr + t * HC * D + offs_j[:, None] * D + offs_d[None, :],
-            mask=mj[:, None] & md[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        x = tl.sum(pre[:, None] * hv, axis=0)
-        if BF16:
-            x = round_to_bf16(x)
-        acc_sq += x * x
-        tl.store(x_ptr + t * D + offs_d, x, mask=md)
-    tl.debug_barrier()  # the second pass reads back what the first stored
-    r = tl.rsqrt(tl.sum(acc_sq, axis=0) / D + eps)
-    for d0 in range(0, D, BLOCK):
-        offs_d = d0 + tl.arange(0, BLOCK)
-        md = offs_d < D
-        x = tl.load(x_ptr + t * D + offs_d, mask=md, other=0.0).to(tl.float32)
-        y = x * r * tl.load(w_ptr + offs_d, mask=md, other=0.0).to(tl.float32)
-        if BF16:
-            y = round_to_bf16(y)
-        tl.store(x_ptr + t * D + offs_d, y, mask=md)
+    # x = sum_j pre_j h_j, rounded to the stream dtype, and its RMSNorm: all of D in registers
+    # (one load of the streams, one store; a loop over D would wait on L2 once per step)
+    offs_d = tl.arange(0, BLOCK)
+    md = offs_d < D
+    hv = tl.load(
+        h2_ptr + t * HC * D + offs_j[:, None] * D + offs_d[None, :],
+        mask=mj[:, None] & md[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    w = tl.load(w_ptr + offs_d, mask=md, other=0.0).to(tl.float32)
+    x = tl.sum(pre[:, None] * hv, axis=0)
+    if BF16:
+        x = round_to_bf16(x)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    y = x * r * w
+    if BF16:
+        y = round_to_bf16(y)
+    tl.store(x_ptr + t * D + offs_d, y, mask=md)
 
 
 @triton.jit
@@ -252,6 +247,10 @@ def _hc_post_kernel(
 def _partial_dims(tokens: int, d: int) -> int:
     bd = next((b for limit, b in PARTIAL_DIMS if tokens <= limit), PARTIAL_DIMS[-1][1])
     return min(bd, next_pow2(d))
+
+
+def _finish_warps(hcp: int, d: int) -> int:
+    return min(16, max(4, hcp * next_pow2(d) // (32 * FINISH_ELEMS_PER_THREAD)))
 
 
 def _fused(h: torch.Tensor) -> bool:
@@ -315,8 +314,9 @@ def _seam(y, h, post, comb, fn, scale, base, norm_w, iters, hc_eps, eps):
         NMIX=n_mix,
         MP=mp,
         SP=next_pow2(n_split),
-        BLOCK=min(FINISH_BLOCK, next_pow2(d)),
+        BLOCK=next_pow2(d),
         BF16=bf16,
+        num_warps=_finish_warps(hcp, d),
         **pdl_launch(h.device),
     )
     return h2, x, post2, comb2

@@ -5,13 +5,15 @@ slot) pairs, without grouping them by expert.
 At decode one token hits k (6) experts and each expert row is used once, so the grouped GEMM's
 16-row tiles hold one live row and its pair sorting costs ~36 small launches. Here:
 
-* ``_gemv_gate_up_kernel``, grid (pairs, I / BN): a program reads the pair's expert id, BN gate
-  rows and the BN up rows of the same columns (FP4 bytes and ue8m0 scales) against the token's x,
-  applies the clamped SwiGLU and stores the activation rounded to x's dtype;
-* ``_gemv_down_kernel``, grid (tokens, D / BN): a program walks the token's k slots in slot order,
-  each a GEMV of its expert's ``w2`` rows against the slot's activation times its top-k weight,
-  and stores the fp32 sum, so the slot sum of the contract (slot 0 first) happens in registers.
+* ``_gemv_gate_up_kernel``, grid (pairs, I / BN): a program reads the pair's expert id and one
+  [2 BN, BK / 2] byte tile per step (BN gate rows and the BN up rows of the same columns) against
+  the token's x, applies the clamped SwiGLU and stores the activation rounded to x's dtype;
+* ``_gemv_down_kernel``, grid (tokens, D / BN): a program reads the ``w2`` rows of all k slots of
+  its token at once (a [k, BN, BK / 2] tile per step), each against its slot's activation, scales
+  each slot by its top-k weight and adds the slots in slot order (slot 0 first, the contract's).
 
+Bytes in flight, not arithmetic, bound a GEMV: each step loads every row of the program's tile in
+one go, and the e2m1 decode is 4 integer operations and one multiply per code (``_e2m1_pair``).
 Exact over the whole ue8m0 range as the grouped kernel is: each 32-element group's fp32 dot of x
 with the bare e2m1 values (exact products) is multiplied by its scale before it is added. Slots
 with an id outside [0, E) contribute nothing (no host sync to check them). x and the activation
@@ -26,48 +28,40 @@ import triton.language as tl
 
 from vllm_dsv4_hw.ops.triton.common.launch import cdiv
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
-from vllm_dsv4_hw.ops.triton.common.quant import e2m1_to_f32, f32_to_bf16_bits, ue8m0_to_f32
+from vllm_dsv4_hw.ops.triton.common.quant import f32_to_bf16_bits, ue8m0_to_f32
 from vllm_dsv4_hw.ops.triton.moe.grouped import _as_bytes, _inner_contiguous, _load_x, _silu
 
-# weight rows per program and elements of K per step (16 scale groups): the fastest of 8 / 16 / 32
-# x 256 / 512 / 1024 at 1 and 4 tokens (evidence: docs/tuning.md, Routed experts)
-BN = 8
-BK = 512
+# (rows per program BN, elements of K per step BK, warps) of each kernel (evidence:
+# docs/tuning.md, Routed experts)
+TILES = {"gate_up": (8, 512, 4), "down": (8, 256, 8)}
 
 
 @triton.jit
-def _fp4_rows_dot(
-    x_row,
-    w_rows,
-    s_rows,
-    rmask,
-    K: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    BF16_BITS: tl.constexpr,
-):
-    """[BN] fp32: the dots of BN FP4 weight rows (byte pointers ``w_rows``, scale pointers
-    ``s_rows``) with x (K elements at ``x_row``), each 32-element group scaled before it is
-    added."""
-    j = tl.arange(0, BK // 2)
-    acc = tl.zeros([BN], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        xe = _load_x(x_row + k0 + 2 * j, k0 + 2 * j < K, BF16_BITS)
-        xo = _load_x(x_row + k0 + 2 * j + 1, k0 + 2 * j + 1 < K, BF16_BITS)
-        kv = (k0 // 2 + j) < K // 2
-        b = tl.load(
-            w_rows[:, None] + k0 // 2 + j[None, :], mask=rmask[:, None] & kv[None, :], other=0
-        ).to(tl.int32)
-        prod = e2m1_to_f32(b & 0xF) * xe[None, :] + e2m1_to_f32((b >> 4) & 0xF) * xo[None, :]
-        groups = tl.sum(tl.reshape(prod, (BN, BK // 32, 16)), axis=2)  # [BN, BK / 32]
-        g = tl.arange(0, BK // 32)
-        sb = tl.load(
-            s_rows[:, None] + k0 // 32 + g[None, :],
-            mask=rmask[:, None] & ((k0 // 32 + g) < K // 32)[None, :],
-            other=127,
-        )
-        acc += tl.sum(groups * ue8m0_to_f32(sb), axis=1)
-    return acc
+def _e2m1_pair(b):
+    """Bytes (int32 0..255) -> the fp32 values of their low and high e2m1 codes. The 3 magnitude
+    bits go to fp32's exponent / top mantissa bits, where they read as the value times 2^-126
+    (code 1, 0.5, as a subnormal), the sign bit to bit 31; one multiply by 2^126 is exact. fp32
+    subnormals are kept on every Triton target (``tests/aot``: no ``.ftz`` in the PTX, AMD's
+    denorm mode 3) and under the interpreter."""
+    lo = ((b << 22) & 0x01C00000) | ((b >> 3) << 31)
+    hi = ((b << 18) & 0x01C00000) | ((b >> 7) << 31)
+    two126 = 8.507059173023462e37
+    return lo.to(tl.float32, bitcast=True) * two126, hi.to(tl.float32, bitcast=True) * two126
+
+
+@triton.jit
+def _fp4_tile_dot(xe, xo, b, sb, BK: tl.constexpr):
+    """One K step of FP4 rows: ``b`` [..., BK / 2] bytes against the even / odd x elements
+    (broadcastable), ``sb`` [..., BK / 32] ue8m0 bytes -> [..., BK / 32] fp32: each 32-element
+    group's exact dot times its scale."""
+    lo, hi = _e2m1_pair(b)
+    prod = lo * xe + hi * xo
+    shape: tl.constexpr = prod.shape
+    if len(shape) == 2:
+        groups = tl.sum(tl.reshape(prod, (shape[0], BK // 32, 16)), axis=2)
+    else:
+        groups = tl.sum(tl.reshape(prod, (shape[0], shape[1], BK // 32, 16)), axis=3)
+    return groups * ue8m0_to_f32(sb)
 
 
 @triton.jit
@@ -99,28 +93,49 @@ def _gemv_gate_up_kernel(
     slot)."""
     pdl_start(PDL)
     pair = tl.program_id(0).to(tl.int64)
-    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    r = tl.arange(0, 2 * BN)  # tile rows: BN gate rows, then the BN up rows of the same columns
+    n = tl.program_id(1) * BN + r % BN
     # the expert id as a vector: a scalar mask broadcast into a 2-D one trips the interpreter
-    e = tl.load(ids_ptr + pair + tl.zeros([BN], tl.int64)).to(tl.int64)
+    e = tl.load(ids_ptr + pair + tl.zeros([2 * BN], tl.int64)).to(tl.int64)
     live = (e >= 0) & (e < n_exp)
-    e = tl.where(live, e, 0)
     rmask = (n < I) & live
+    e = tl.where(live, e, 0)
+    row = n + (r // BN) * I
+    w_rows = w_ptr + e * stride_we + row * stride_wn
+    s_rows = s_ptr + e * stride_se + row * stride_sn
     x_row = x_ptr + (pair // topk) * stride_xt
-    w_e = w_ptr + e * stride_we
-    s_e = s_ptr + e * stride_se
-    g = _fp4_rows_dot(x_row, w_e + n * stride_wn, s_e + n * stride_sn, rmask, D, BN, BK, BF16_BITS)
-    u = _fp4_rows_dot(
-        x_row, w_e + (n + I) * stride_wn, s_e + (n + I) * stride_sn, rmask, D, BN, BK, BF16_BITS
-    )
+    j = tl.arange(0, BK // 2)
+    g = tl.arange(0, BK // 32)
+    acc = tl.zeros([2 * BN, BK // 32], dtype=tl.float32)
+    for k0 in range(0, D, BK):
+        xe = _load_x(x_row + k0 + 2 * j, k0 + 2 * j < D, BF16_BITS)
+        xo = _load_x(x_row + k0 + 2 * j + 1, k0 + 2 * j + 1 < D, BF16_BITS)
+        kv = (k0 // 2 + j) < D // 2
+        b = tl.load(
+            w_rows[:, None] + k0 // 2 + j[None, :], mask=rmask[:, None] & kv[None, :], other=0
+        ).to(tl.int32)
+        sb = tl.load(
+            s_rows[:, None] + k0 // 32 + g[None, :],
+            mask=rmask[:, None] & ((k0 // 32 + g) < D // 32)[None, :],
+            other=127,
+        )
+        acc += _fp4_tile_dot(xe[None, :], xo[None, :], b, sb, BK)
+    h = tl.reshape(tl.sum(acc, axis=1), (2, BN))
+    half = tl.arange(0, 2)[:, None]
+    gate = tl.sum(tl.where(half == 0, h, 0.0), axis=0)  # exact: the other half adds zeros
+    up = tl.sum(tl.where(half == 1, h, 0.0), axis=0)
     if HAS_LIMIT:
-        g = tl.minimum(g, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit)
-    act = tl.where(rmask, _silu(g) * u, 0.0)
-    aptr = act_ptr + pair * stride_at + n
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    nb = tl.program_id(1) * BN + tl.arange(0, BN)
+    e_b = tl.load(ids_ptr + pair + tl.zeros([BN], tl.int64))
+    live_b = (nb < I) & (e_b >= 0) & (e_b < n_exp)
+    act = tl.where(live_b, _silu(gate) * up, 0.0)
+    aptr = act_ptr + pair * stride_at + nb
     if ACT_BF16:  # RNE bf16 bits: exact everywhere (the interpreter's cast truncates)
-        tl.store(aptr.to(tl.pointer_type(tl.uint16)), f32_to_bf16_bits(act), mask=n < I)
+        tl.store(aptr.to(tl.pointer_type(tl.uint16)), f32_to_bf16_bits(act), mask=nb < I)
     else:
-        tl.store(aptr, act, mask=n < I)
+        tl.store(aptr, act, mask=nb < I)
 
 
 @triton.jit
@@ -141,6 +156,7 @@ def _gemv_down_kernel(
     D: tl.constexpr,
     I: tl.constexpr,
     TOPK: tl.constexpr,
+    TOPK_P: tl.constexpr,
     BF16_BITS: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -150,25 +166,40 @@ def _gemv_down_kernel(
     pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
-    acc = tl.zeros([BN], dtype=tl.float32)
-    for j in tl.static_range(TOPK):
-        pair = t * TOPK + j
-        e = tl.load(ids_ptr + pair + tl.zeros([BN], tl.int64)).to(tl.int64)
-        live = (e >= 0) & (e < n_exp)
-        e = tl.where(live, e, 0)
-        rmask = (n < D) & live
-        dot = _fp4_rows_dot(
-            a_ptr + pair * stride_at,
-            w_ptr + e * stride_we + n * stride_wn,
-            s_ptr + e * stride_se + n * stride_sn,
-            rmask,
-            I,
-            BN,
-            BK,
-            BF16_BITS,
+    slot = tl.arange(0, TOPK_P)
+    pair = t * TOPK + slot
+    e = tl.load(ids_ptr + pair, mask=slot < TOPK, other=-1).to(tl.int64)
+    live = (slot < TOPK) & (e >= 0) & (e < n_exp)
+    e = tl.where(live, e, 0)
+    rmask = live[:, None] & (n < D)[None, :]  # [TOPK_P, BN]
+    w_rows = w_ptr + e[:, None] * stride_we + n[None, :] * stride_wn
+    s_rows = s_ptr + e[:, None] * stride_se + n[None, :] * stride_sn
+    a_rows = a_ptr + pair * stride_at
+    j = tl.arange(0, BK // 2)
+    g = tl.arange(0, BK // 32)
+    acc = tl.zeros([TOPK_P, BN, BK // 32], dtype=tl.float32)
+    for k0 in range(0, I, BK):
+        am = live[:, None] & ((k0 + 2 * j) < I)[None, :]
+        xe = _load_x(a_rows[:, None] + k0 + 2 * j[None, :], am, BF16_BITS)
+        xo = _load_x(a_rows[:, None] + k0 + 2 * j[None, :] + 1, am, BF16_BITS)
+        kv = (k0 // 2 + j) < I // 2
+        b = tl.load(
+            w_rows[:, :, None] + k0 // 2 + j[None, None, :],
+            mask=rmask[:, :, None] & kv[None, None, :],
+            other=0,
+        ).to(tl.int32)
+        sb = tl.load(
+            s_rows[:, :, None] + k0 // 32 + g[None, None, :],
+            mask=rmask[:, :, None] & ((k0 // 32 + g) < I // 32)[None, None, :],
+            other=127,
         )
-        acc += tl.where(rmask, dot * tl.load(tw_ptr + pair), 0.0)
-    tl.store(out_ptr + t * stride_out + n, acc, mask=n < D)
+        acc += _fp4_tile_dot(xe[:, None, :], xo[:, None, :], b, sb, BK)
+    tw = tl.load(tw_ptr + pair, mask=live, other=0.0)
+    part = tl.where(rmask, tl.sum(acc, axis=2) * tw[:, None], 0.0)
+    out = tl.zeros([BN], dtype=tl.float32)
+    for s in tl.static_range(TOPK):  # slot order; the other slots add exact zeros
+        out += tl.sum(tl.where(slot[:, None] == s, part, 0.0), axis=0)
+    tl.store(out_ptr + t * stride_out + n, out, mask=n < D)
 
 
 def gemv_experts(
@@ -186,7 +217,8 @@ def gemv_experts(
     is_bf16 = x.dtype == torch.bfloat16
     act = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     has_limit = swiglu_limit is not None and swiglu_limit > 0
-    _gemv_gate_up_kernel[(t * k, cdiv(inter, BN))](
+    bn, bk, warps = TILES["gate_up"]
+    _gemv_gate_up_kernel[(t * k, cdiv(inter, bn))](
         x,
         ids,
         w13,
@@ -206,12 +238,14 @@ def gemv_experts(
         HAS_LIMIT=has_limit,
         BF16_BITS=is_bf16,
         ACT_BF16=is_bf16,
-        BN=BN,
-        BK=BK,
+        BN=bn,
+        BK=bk,
+        num_warps=warps,
         **pdl_launch(x.device),
     )
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    _gemv_down_kernel[(t, cdiv(d, BN))](
+    bn, bk, warps = TILES["down"]
+    _gemv_down_kernel[(t, cdiv(d, bn))](
         act,
         ids,
         tw,
@@ -228,9 +262,11 @@ def gemv_experts(
         D=d,
         I=inter,
         TOPK=k,
+        TOPK_P=triton.next_power_of_2(k),
         BF16_BITS=is_bf16,
-        BN=BN,
-        BK=BK,
+        BN=bn,
+        BK=bk,
+        num_warps=warps,
         **pdl_launch(x.device),
     )
     return out
