@@ -12,8 +12,9 @@ At decode one token hits k (6) experts and each expert row is used once, so the 
   its token at once (a [k, BN, BK / 2] tile per step), each against its slot's activation, scales
   each slot by its top-k weight and adds the slots in slot order (slot 0 first, the contract's).
 
-Bytes in flight, not arithmetic, bound a GEMV: each step loads every row of the program's tile in
-one go, and the e2m1 decode is 4 integer operations and one multiply per code (``_e2m1_pair``).
+Bytes in flight and the arithmetic per byte bound it: each step loads every row of the program's
+tile in one go, and the e2m1 decode is integer bit moves and one multiply per code
+(``_e2m1_pair``).
 Exact over the whole ue8m0 range as the grouped kernel is: each 32-element group's fp32 dot of x
 with the bare e2m1 values (exact products) is multiplied by its scale before it is added. Slots
 with an id outside [0, E) contribute nothing (no host sync to check them). x and the activation
