@@ -467,3 +467,28 @@ def test_gemv_and_grouped_kernels_agree_with_the_oracle(backend, tokens, gen):
     for limit in (0, 64):  # grouped, then the GEMV
         with tuning.override(moe=tuning.MoETuning(gemv_max_tokens=limit)):
             check(impl(MOE_EXPERTS, backend)(x, tw, ids, w13, s13, w2, s2, 10.0), want, x, ids)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tokens", [0, 1, 3])
+@pytest.mark.parametrize("add_dtype", [torch.bfloat16, torch.float32])
+def test_addend_is_added_to_the_slot_sum_last(backend, tokens, add_dtype, gen):
+    """``add`` (the shared expert's output) is added after the slots, in fp32: the result equals
+    the experts without it plus it, bit for bit, on the GEMV and the grouped path alike (the one
+    without it is held to the float64 oracle); a wrong shape is named."""
+    from vllm_dsv4_hw.ops import tuning
+
+    mode = {0: "full", 1: "distinct"}.get(tokens, "drop")  # ("drop" zeroes all of token 0)
+    x, tw, ids, w13, s13, w2, s2 = make_case(gen, tokens, 6, 12, 128, 64, torch.bfloat16, "fp4",
+                                             mode, "mid", True, True)
+    add = torch.randn(tokens, x.shape[1], generator=gen).to(add_dtype)
+    fn = impl(MOE_EXPERTS, backend)
+    for limit in (0, 64):  # grouped, then the GEMV
+        with tuning.override(moe=tuning.MoETuning(gemv_max_tokens=limit)):
+            plain = fn(x, tw, ids, w13, s13, w2, s2, 10.0)
+            if tokens:
+                check(plain, oracle(x, tw, ids, w13, s13, w2, s2, 10.0), x, ids)
+            got = fn(x, tw, ids, w13, s13, w2, s2, 10.0, add)
+            assert got.dtype == plain.dtype and torch.equal(got, plain + add.to(plain.dtype))
+    with pytest.raises(ValueError, match="add must be a float"):
+        fn(x, tw, ids, w13, s13, w2, s2, 10.0, add[:, :-1])

@@ -168,16 +168,23 @@ class RoutedExperts(nn.Module):
                     f"{e}.w2{suffix}", w2, (local,), (slice(None), cols), w2_shape
                 )
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """``sum_k weights[t, k] * expert_{idx[t, k]}(x[t])`` over this rank's experts (and
-        intermediate rows) -> [T, D] in the math dtype; a partial sum when the model is split."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        idx: torch.Tensor,
+        add: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``sum_k weights[t, k] * expert_{idx[t, k]}(x[t]) (+ add[t])`` over this rank's experts
+        (and intermediate rows) -> [T, D] in the math dtype; a partial sum when the model is
+        split."""
         if self.expert_parallel:  # global ids -> this rank's, -1 for the other ranks' experts
             local = idx - self.local_ids.start
             idx = torch.where(
                 (local >= 0) & (local < len(self.local_ids)), local, torch.full_like(local, -1)
             )
         return ops.moe_experts(
-            x, weights, idx, self.w13, self.w13_scale, self.w2, self.w2_scale, self.limit
+            x, weights, idx, self.w13, self.w13_scale, self.w2, self.w2_scale, self.limit, add
         )
 
     def extra_repr(self) -> str:
@@ -276,13 +283,12 @@ class DSV4MoE(nn.Module):
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         shared = None
         with aux_streams(x.device) as aux:  # the branch rejoins on the way out, also on errors
-            if self.shared_experts is not None:  # beside the router and the routed experts
+            if self.shared_experts is not None:  # beside the router
                 with aux.branch(BRANCH_SHARED_EXPERT, keep_alive=(x,)):
                     shared = self.shared_experts(x)
             weights, idx = self.route(x, input_ids)
-            out = self.experts(x, weights, idx)
-        if shared is not None:
-            out = out + shared
+        # the routed experts add the shared output to their slot sum (no add kernel of its own)
+        out = self.experts(x, weights, idx, shared)
         if self.layout.sharded:
             from vllm.distributed import tensor_model_parallel_all_reduce
 

@@ -28,16 +28,8 @@ SPARSE_ATTENTION = "sparse_attention"
 KV_INSERT = "kv_insert"
 KV_GATHER = "kv_gather"
 
-ALL_OPS = (
-    RMS_NORM,
-    ROPE,
-    COMPRESSOR_POOL,
-    COMPRESSOR_STORE,
-    INDEXER_TOPK,
-    SPARSE_ATTENTION,
-    KV_INSERT,
-    KV_GATHER,
-)
+ALL_OPS = (RMS_NORM, ROPE, COMPRESSOR_POOL, COMPRESSOR_STORE, INDEXER_TOPK, SPARSE_ATTENTION)
+ALL_OPS = ALL_OPS + (KV_INSERT, KV_GATHER)
 
 
 def _impl(op: str, t: torch.Tensor):
@@ -340,10 +332,12 @@ def moe_experts(
     w2: torch.Tensor,
     w2_scale: torch.Tensor | None,
     swiglu_limit: float | None,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The routed experts of one MoE layer (routing stays in the model):
-    ``out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])`` -> [T, D] fp32 (float64
-    for float64 x).
+    ``out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) (+ add[t])`` -> [T, D] fp32
+    (float64 for float64 x). ``add`` [T, D] (the shared expert's output, any float dtype) is added
+    to the slot sum last, in the math dtype, so that the MoE needs no add of its own.
 
     x [T, D]; topk_weights [T, k] fp32; topk_ids [T, k] int, expert ids in [0, E) or -1 (a slot that
     contributes nothing, e.g. an expert held by another rank). Expert e is a clamped SwiGLU:
@@ -357,7 +351,7 @@ def moe_experts(
     first), so results do not depend on how tokens are grouped by expert.
     """
     return _impl(MOE_EXPERTS, x)(
-        x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, swiglu_limit
+        x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, swiglu_limit, add
     )
 
 

@@ -147,15 +147,17 @@ def moe_experts(
     w2: torch.Tensor,
     w2_scale: torch.Tensor | None,
     swiglu_limit: float | None,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See ``ops.api.moe_experts``. Math in fp32 (float64 for float64 x)."""
     n_exp, inter, fp4 = validate_moe_args(x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale)
+    check_addend(x, add)
     md = torch.float64 if x.dtype == torch.float64 else torch.float32
     t, d = x.shape
     k = topk_ids.shape[1]
     buf = torch.zeros(t, k, d, dtype=md, device=x.device)
     if t == 0 or k == 0:
-        return buf.sum(dim=1)
+        return buf.sum(dim=1) if add is None else add.to(md)
     flat = topk_ids.reshape(-1).to(torch.int64)
     bad = (flat < -1) | (flat >= n_exp)
     if bool(bad.any()):
@@ -176,7 +178,17 @@ def moe_experts(
         act = swiglu_clamped(h[:, :inter], h[:, inter:], swiglu_limit).to(x.dtype).to(md)
         y = expert_linear(act, w2[e], None if not fp4 else w2_scale[e], md)
         buf_flat[pairs] = y * w_flat[pairs, None]
-    return sum_slots(buf)
+    out = sum_slots(buf)
+    return out if add is None else out.add_(add.to(md))
+
+
+def check_addend(x: torch.Tensor, add: torch.Tensor | None) -> None:
+    """``moe_experts``' ``add``: None or a float [T, D] like x."""
+    if add is not None and (tuple(add.shape) != tuple(x.shape) or not add.is_floating_point()):
+        raise ValueError(
+            f"moe_experts: add must be a float [T, D] = {tuple(x.shape)} tensor, got "
+            f"{add.dtype} {tuple(add.shape)}"
+        )
 
 
 def _check_route_args(x, gate_w, bias, hash_ids, top_k) -> None:

@@ -147,6 +147,7 @@ def _gemv_down_kernel(
     w_ptr,
     s_ptr,
     out_ptr,
+    add_ptr,
     n_exp,
     stride_at,
     stride_we,
@@ -154,16 +155,20 @@ def _gemv_down_kernel(
     stride_se,
     stride_sn,
     stride_out,
+    stride_add,
     D: tl.constexpr,
     I: tl.constexpr,
     TOPK: tl.constexpr,
     TOPK_P: tl.constexpr,
     BF16_BITS: tl.constexpr,
+    HAS_ADD: tl.constexpr,
+    ADD_BF16_BITS: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """out[t, n] = sum over slots j in order of tw[t, j] * (w2[e_j] act[t * k + j])[n], fp32."""
+    """out[t, n] = sum over slots j in order of tw[t, j] * (w2[e_j] act[t * k + j])[n]
+    (+ add[t, n] last), fp32."""
     pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -200,18 +205,24 @@ def _gemv_down_kernel(
     out = tl.zeros([BN], dtype=tl.float32)
     for s in tl.static_range(TOPK):  # slot order; the other slots add exact zeros
         out += tl.sum(tl.where(slot[:, None] == s, part, 0.0), axis=0)
+    if HAS_ADD:
+        out += _load_x(add_ptr + t * stride_add + n, n < D, ADD_BF16_BITS)
     tl.store(out_ptr + t * stride_out + n, out, mask=n < D)
 
 
 def gemv_experts(
-    x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, swiglu_limit, n_exp, inter
+    x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, swiglu_limit, n_exp, inter, add=None
 ):
     """``ops.api.moe_experts`` for FP4 weights and a few tokens (validated by the caller)."""
     t, d = x.shape
     k = topk_ids.shape[1]
     out = torch.empty(t, d, dtype=torch.float32, device=x.device)
     if t == 0 or k == 0:
-        return out.zero_()
+        return out.zero_() if add is None else out.copy_(add)
+    if add is not None:
+        add = _inner_contiguous(
+            add if add.dtype in (torch.bfloat16, torch.float32) else add.float()
+        )
     x = _inner_contiguous(x)
     ids = topk_ids.reshape(-1).contiguous()
     w13, w2, s13, s2 = (_as_bytes(w) for w in (w13, w2, w13_scale, w2_scale))
@@ -253,6 +264,7 @@ def gemv_experts(
         w2,
         s2,
         out,
+        out if add is None else add,
         n_exp,
         act.stride(0),
         w2.stride(0),
@@ -260,11 +272,14 @@ def gemv_experts(
         s2.stride(0),
         s2.stride(1),
         out.stride(0),
+        0 if add is None else add.stride(0),
         D=d,
         I=inter,
         TOPK=k,
         TOPK_P=triton.next_power_of_2(k),
         BF16_BITS=is_bf16,
+        HAS_ADD=add is not None,
+        ADD_BF16_BITS=add is not None and add.dtype == torch.bfloat16,
         BN=bn,
         BK=bk,
         num_warps=warps,
