@@ -159,15 +159,16 @@ def print_tables(data: dict) -> None:
                                                k["ok_1pct"], k["fit_in_120gib"],
                                                k.get("fit_on_device"))))
     if data.get("network"):
-        print("\n== whole network decode step (graphs + streams; ms) ==")
-        print(" | ".join(("model", "ctx", "B", "layers", "step_ms", *KIND_NAMES, "rest",
+        print("\n== whole network decode step (CUDA graphs; ms) ==")
+        print(" | ".join(("model", "ctx", "B", "streams", "layers", "step_ms", *KIND_NAMES, "rest",
                           "full model ms", "tokens/s", "floor ms", "x floor",
                           "kernels/layer")))
         for r in data["network"]:
             pl = r["per_layer_ms"]
             kern = r.get("kernels_per_layer") or {}
             print(" | ".join(_fmt(v) for v in (
-                r["model"], ctx_name(r["context"]), r["batch"], len(r["layers"]), r["step_ms"],
+                r["model"], ctx_name(r["context"]), r["batch"],
+                "on" if r.get("multi_stream", True) else "off", len(r["layers"]), r["step_ms"],
                 *(pl.get(k) for k in KIND_NAMES), r["rest_ms"],
                 r["full_model_step_ms"], r["full_model_tokens_per_s"],
                 r.get("full_model_floor_ms"), r.get("x_floor"),
@@ -270,6 +271,10 @@ def main(argv=None) -> int:
     ap.add_argument("--network-only", action="store_true", help="only the --network rows")
     ap.add_argument("--network-layers", type=int, default=2)
     ap.add_argument("--network-contexts", default="128k,1m")
+    ap.add_argument("--network-batches", default="1",
+                    help="batches of the --network rows, e.g. 1,4,8 (each at every context)")
+    ap.add_argument("--network-streams", default="on", choices=("on", "off"),
+                    help="multi-stream in the --network rows (off: the side-stream branches inline)")
     ap.add_argument("--model-len", default=None,
                     help="positions the block tables and decode layouts span (vLLM's "
                          "--max-model-len: its tables cover the model length whatever the "
@@ -391,7 +396,8 @@ def main(argv=None) -> int:
 
             try:
                 run_network_rows(args, dev, report, "smoke" if args.smoke else
-                                 (args.model or "v4-flash"), args.network_contexts)
+                                 (args.model or "v4-flash"), args.network_contexts,
+                                 [int(b) for b in args.network_batches.split(",")])
             except Exception as exc:
                 traceback.print_exc()
                 report.add("errors", {"where": "network", "error": f"{type(exc).__name__}: {exc}"

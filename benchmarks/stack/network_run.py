@@ -53,7 +53,7 @@ def _graph(fn, timer: Timer, reps: int, cuda: bool) -> tuple[float, object]:
 
 
 @torch.no_grad()
-def run_network_rows(args, device: torch.device, report, model: str, contexts, batch: int = 1):
+def run_network_rows(args, device: torch.device, report, model: str, contexts, batches=(1,)):
     from benchmarks.decode_stack import model_config
     from benchmarks.stack.decode_inputs import DecodeInputs
     from benchmarks.stack.model import build_network, resident_bytes
@@ -84,11 +84,12 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
     full_counts = {}
     for r in full.compress_ratios:
         full_counts[kind_of(r).name] = full_counts.get(kind_of(r).name, 0) + 1
-    os.environ["VLLM_DSV4_HW_MULTI_STREAM"] = "1"
+    streams = getattr(args, "network_streams", "on") == "on"
+    os.environ["VLLM_DSV4_HW_MULTI_STREAM"] = "1" if streams else "0"
     aux_streams(device)
     rate = copy_bytes_per_s(device) if cuda else None
     gen = torch.Generator(device=device).manual_seed(3)
-    for context in contexts:
+    for batch, context in [(b, c) for b in batches for c in contexts]:
         caches = StackCaches(
             cfg, batch, context, device, args.kv_format, args.indexer_format, seed=args.seed
         )
@@ -149,7 +150,7 @@ def run_network_rows(args, device: torch.device, report, model: str, contexts, b
             "batch": batch,
             "layers": list(cfg.compress_ratios),
             "cuda_graphs": cuda,
-            "multi_stream": True,
+            "multi_stream": streams,
             "step_ms": step_ms,
             "per_layer_ms": per_kind,
             "rest_ms": rest_ms,
