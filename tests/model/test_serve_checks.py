@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The launch checks (``engine/serve_checks.py``) on stand-in vLLM configs: every refusal is one
-line naming the field or flag and the fix; honoured flags map to our cache formats. (Through a real
-``vllm serve`` and timed: ``tests/serve/test_dropin.py``.)"""
+line naming the field or flag and the fix; honoured flags map to our cache formats; a damaged shard
+(truncated, missing, longer than its header, a garbled header) is named with the fix. (Through a
+real ``vllm serve`` and timed: ``tests/serve/test_dropin.py``.)"""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from vllm_dsv4_hw.engine.serve_checks import (
     UnsupportedSettingError,
     check_kv_capacity,
     check_serve_settings,
+    check_shards,
     raw_hf_config,
 )
 from vllm_dsv4_hw.tools import checkpoint as ck
@@ -115,6 +117,114 @@ def test_checkpoint_problems_are_named(ckpt, tmp_path):
     msg = str(exc.value)
     assert "2 tensor(s) missing" in msg and "layers.1.attn.wq_a.scale" in msg
     assert "layers.2.ffn.experts.3.w2.weight" in msg
+
+
+SHARD = "model-00002-of-00003.safetensors"
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return f"is {len(data) // 2} bytes but its header describes {len(data)}: truncated"
+
+
+def _delete(path):
+    path.unlink()
+    return "is missing (model.safetensors.index.json puts "
+
+
+def _append(path):
+    size = path.stat().st_size
+    with path.open("ab") as f:
+        f.write(b"\0" * 100)
+    return f"is {size + 100} bytes but its header describes {size}: 100 trailing bytes"
+
+
+def _header_length(path):
+    data = bytearray(path.read_bytes())
+    data[0:8] = (int.from_bytes(data[0:8], "little") + 3).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    return "-byte header that is not valid JSON ("
+
+
+def _huge_header_length(path):
+    data = bytearray(path.read_bytes())
+    data[0:8] = (1 << 40).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    return f"header length of {1 << 40} bytes, over safetensors' limit"
+
+
+def _header_cut(path):
+    path.write_bytes(path.read_bytes()[:100])
+    return "is 100 bytes but its header alone needs "
+
+
+def _not_safetensors(path):
+    header = b'{"x": 1}'
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    return "has a header that is not a safetensors header ("
+
+
+def _stub(path):
+    path.write_bytes(b"\x07")
+    return "is 1 bytes, shorter than a safetensors header: truncated"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _truncate,
+        _delete,
+        _append,
+        _header_length,
+        _huge_header_length,
+        _header_cut,
+        _not_safetensors,
+        _stub,
+    ],
+)
+def test_a_damaged_shard_is_named_with_the_fix(ckpt, tmp_path, damage):
+    """Only the headers are read: the first process names the file, what is wrong and how to get
+    a good copy (this checkpoint was made by make-checkpoint: that command, with its settings)."""
+    bad = shutil.copytree(ckpt, tmp_path / "bad")
+    check_shards(bad)  # the intact copy passes
+    needle = damage(bad / SHARD)
+    with pytest.raises(UnsupportedSettingError) as exc:
+        check_serve_settings(_config(bad))
+    msg = str(exc.value)
+    assert msg.startswith(f"{bad / SHARD} ") and needle in msg and "\n" not in msg, msg
+    fix = f"make it again: vllm-dsv4-hw make-checkpoint {bad} --preset tiny-flash --dtype fp8"
+    assert fix in msg and "--seed 0 --force" in msg, msg
+
+
+def test_shards_without_an_index_and_of_a_downloaded_checkpoint(ckpt, tmp_path):
+    """A single-file checkpoint (no index) is checked too; a checkpoint not made here is
+    downloaded again; several missing shards are listed in one line."""
+    one = tmp_path / "single"
+    one.mkdir()
+    shutil.copy(ckpt / SHARD, one / "model.safetensors")
+    check_shards(one)
+    with (one / "model.safetensors").open("r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(UnsupportedSettingError) as exc:
+        check_shards(one)
+    msg = str(exc.value)
+    assert msg.startswith(f"{one / 'model.safetensors'} is 1000 bytes but its header"), msg
+    assert msg.endswith(
+        "download the file again (or the checkpoint, e.g. with huggingface-cli download)"
+    ), msg
+    two = shutil.copytree(ckpt, tmp_path / "two-missing")
+    (two / "checkpoint_info.json").unlink()
+    (two / "model-00001-of-00003.safetensors").unlink()
+    (two / "model-00003-of-00003.safetensors").unlink()
+    with pytest.raises(UnsupportedSettingError) as exc:
+        check_shards(two)
+    msg = str(exc.value)
+    assert msg.startswith(
+        f"{two}: 2 shard files that model.safetensors.index.json names are "
+        "missing: model-00001-of-00003.safetensors, "
+        "model-00003-of-00003.safetensors; download the file again"
+    ), msg
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,13 @@
   (random weights never emit DeepSeek V4's DSML tool syntax by themselves) comes back with the
   reasoning and the parsed tool call in the fields of vLLM's OpenAI API (``message.reasoning``,
   ``message.tool_calls``, ``finish_reason: tool_calls``).
-* Refusals: a bad ``compress_ratios``, a missing tensor, flags that need several devices or
-  formats we do not have, and a KV cache too small for one request of ``--max-model-len`` each
-  make ``vllm serve`` exit non-zero within ``EARLY_S`` seconds (20), the
-  last line of its output naming the problem (checked in the first process by
-  ``engine/serve_checks.py``). These run first in the serve suite (no other server starting),
-  after one untimed refusal that fills vLLM's cache (a machine's very first start also inspects
-  the model class in a subprocess: about 25 s on 2 cores).
+* Refusals: a bad ``compress_ratios``, a missing tensor, a truncated or missing shard, flags that
+  need several devices or formats we do not have, and a KV cache too small for one request of
+  ``--max-model-len`` each make ``vllm serve`` exit non-zero within ``EARLY_S`` seconds (30), the
+  last line of its output naming the problem, before any engine process starts (checked in the
+  first process by ``engine/serve_checks.py``). These run first in the serve suite (no other
+  server starting), after one untimed refusal that fills vLLM's cache (a machine's very first
+  start also inspects the model class in a subprocess: about 25 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_reasoning_and_tool_call_fields(recipe_server):
 
 
 # -- early refusals --------------------------------------------------------------------------------
-def _serve_fails(run_dir, ckpt, *args, unset: tuple[str, ...] = ()) -> tuple[float, str]:
+def _serve_fails(run_dir, ckpt, *args, unset: tuple[str, ...] = ()) -> tuple[float, list[str]]:
     from tests.serve.process import VllmServer, free_port
 
     # one log directory, hence one VLLM_CACHE_ROOT, for every refusal: vLLM's first start with a
@@ -136,7 +136,7 @@ def _serve_fails(run_dir, ckpt, *args, unset: tuple[str, ...] = ()) -> tuple[flo
     seconds = time.monotonic() - t0
     lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
     assert p.returncode != 0, lines[-20:]
-    return seconds, lines[-1]
+    return seconds, lines
 
 
 def _bad_ratio(tmp_path, ckpt):
@@ -153,9 +153,36 @@ def _missing_tensor(tmp_path, ckpt):
     return bad
 
 
+SHARD = "model-00002-of-00003.safetensors"
+
+
+def _truncated_shard(tmp_path, ckpt):
+    bad = shutil.copytree(ckpt, tmp_path / "truncated-shard")
+    with (bad / SHARD).open("r+b") as f:
+        f.truncate((bad / SHARD).stat().st_size // 2)
+    return bad
+
+
+def _missing_shard(tmp_path, ckpt):
+    bad = shutil.copytree(ckpt, tmp_path / "missing-shard")
+    (bad / SHARD).unlink()
+    return bad
+
+
 CASES = {
     "bad compress_ratios": (_bad_ratio, (), ("compress_ratios[2] = 8", "layer 2", "0, 4, 128")),
     "missing tensor": (_missing_tensor, (), ("layers.3.attn.compressor.wkv.weight", "missing")),
+    # the shard's path, what is wrong, and the command that makes this checkpoint again
+    "truncated shard": (
+        _truncated_shard,
+        (),
+        (f"truncated-shard/{SHARD} is ", "truncated", "vllm-dsv4-hw make-checkpoint "),
+    ),
+    "missing shard": (
+        _missing_shard,
+        (),
+        (f"missing-shard/{SHARD} is missing", "vllm-dsv4-hw make-checkpoint "),
+    ),
     "tensor parallel split": (
         None,
         ("--tensor-parallel-size", "4"),
@@ -197,8 +224,11 @@ def run_dir(tmp_path_factory, ckpt_fp8):
 def test_refused_early_in_one_line(case, tmp_path, run_dir, ckpt_fp8):
     make, args, needles = CASES[case]
     ckpt = make(tmp_path, ckpt_fp8) if make else ckpt_fp8
-    seconds, last = _serve_fails(run_dir, ckpt, *args, unset=UNSET.get(case, ()))
+    seconds, lines = _serve_fails(run_dir, ckpt, *args, unset=UNSET.get(case, ()))
+    last = lines[-1]
     assert "dsv4" in last.lower() or "DeepSeek V4" in last or "config.json" in last, last
     for needle in needles:
         assert needle in last, (needle, last)
     assert seconds <= EARLY_S, f"{case}: exited after {seconds:.1f} s ({last})"
+    engine = [ln for ln in lines if "EngineCore" in ln]
+    assert not engine, f"{case}: refused only after the engine process started: {engine[:3]}"

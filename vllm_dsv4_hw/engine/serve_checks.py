@@ -10,6 +10,9 @@ instead of inside a worker traceback:
 * config.json: ``validate_hf_config`` (``compress_ratios`` values and length, MoE choices, weight
   formats); a local checkpoint's ``model.safetensors.index.json`` must name every tensor of the
   official layout (``model/layout.py``; shapes and dtypes are checked when the weights load);
+* a local checkpoint's files (:func:`check_shards`, headers only): every shard the index names is
+  there, and each ``.safetensors`` file is as long as its header says (a truncated download, or
+  bytes no tensor covers, which safetensors refuses inside a worker after the model is built);
 * flags: parallelism (``--tensor-parallel-size`` must split the heads, groups and FP8 / FP4 blocks:
   ``parallel.check_split``; ``--enable-expert-parallel`` needs whole experts per rank; pipeline
   and data parallelism are refused),
@@ -45,6 +48,7 @@ __all__ = [
     "UnsupportedSettingError",
     "check_kv_capacity",
     "check_serve_settings",
+    "check_shards",
     "raw_hf_config",
 ]
 
@@ -173,24 +177,143 @@ def _formats(vllm_config) -> tuple[str, str]:
 _MAX_LISTED = 10
 
 
-def _check_tensor_index(model_config, raw: dict, cfg: DSV4Config) -> None:
+INDEX = "model.safetensors.index.json"
+
+
+def _weight_map(root: Path) -> dict[str, str] | None:
+    """A local checkpoint's ``model.safetensors.index.json`` weight map (tensor -> shard file), or
+    None where there is none."""
+    index = root / INDEX
+    if not index.is_file():
+        return None
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise ValueError("weight_map is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UnsupportedSettingError(f"{index}: unreadable ({exc})") from None
+    return weight_map
+
+
+def _check_tensor_index(root: Path, weight_map: dict, raw: dict, cfg: DSV4Config) -> None:
     from vllm_dsv4_hw.model.layout import stored_layout
 
-    index = Path(str(model_config.model)) / "model.safetensors.index.json"
-    if "compress_ratios" not in raw or not index.is_file():
-        return  # not a local checkpoint in the official layout: the loader checks at load
-    try:
-        names = set(json.loads(index.read_text())["weight_map"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise UnsupportedSettingError(f"{index}: unreadable ({exc})") from None
+    if "compress_ratios" not in raw:
+        return  # not in the official layout: the loader checks at load
     want = stored_layout(raw, "fp8" if cfg.weights.fp8_linears else "bf16", include_mtp=False)
-    missing = sorted(n for n in want if n not in names)
+    missing = sorted(n for n in want if n not in weight_map)
     if missing:
         more = len(missing) - _MAX_LISTED
         raise UnsupportedSettingError(
-            f"{index}: {len(missing)} tensor(s) missing from the checkpoint: "
+            f"{root / INDEX}: {len(missing)} tensor(s) missing from the checkpoint: "
             f"{', '.join(missing[:_MAX_LISTED])}" + (f" ... and {more} more" if more > 0 else "")
         )
+
+
+# safetensors' own bound on the JSON header (MAX_HEADER_SIZE): a longer one is a damaged file.
+_MAX_HEADER = 100_000_000
+_TRUNCATED = "truncated (an interrupted download or copy?)"
+
+
+def _shard_problem(path: Path) -> str | None:
+    """What is wrong with one safetensors file, from its 8-byte header length and JSON header alone
+    (the tensor data is never read), or None. safetensors refuses a file whose tensors do not end
+    exactly at its last byte, so both a shorter and a longer file are damaged."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"is {size} bytes, shorter than a safetensors header: {_TRUNCATED}"
+            n = int.from_bytes(head, "little")
+            if n > _MAX_HEADER:
+                return (
+                    f"starts with a header length of {n} bytes, over safetensors' limit of "
+                    f"{_MAX_HEADER}: its first bytes are damaged, or it is not a safetensors file"
+                )
+            if 8 + n > size:
+                return f"is {size} bytes but its header alone needs {8 + n}: {_TRUNCATED}"
+            header = json.loads(f.read(n))
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        return f"has a {n}-byte header that is not valid JSON ({exc}): the file is damaged"
+    try:
+        if not isinstance(header, dict):
+            raise TypeError("not a JSON object")
+        ends = [int(e["data_offsets"][1]) for k, e in header.items() if k != "__metadata__"]
+    except (TypeError, KeyError, IndexError, ValueError) as exc:
+        return f"has a header that is not a safetensors header ({exc}): the file is damaged"
+    need = 8 + n + max(ends, default=0)
+    if size < need:
+        return f"is {size} bytes but its header describes {need}: {_TRUNCATED}"
+    if size > need:
+        return (
+            f"is {size} bytes but its header describes {need}: {size - need} trailing bytes no "
+            f"tensor covers (a damaged or partly overwritten file?)"
+        )
+    return None
+
+
+def _refetch(root: Path) -> str:
+    """How to get a good copy: a checkpoint ``make-checkpoint`` wrote is made again (its
+    ``checkpoint_info.json`` says how), any other is downloaded again."""
+    try:
+        info = json.loads((root / "checkpoint_info.json").read_text())
+        if str(info.get("generator", "")).startswith("vllm-dsv4-hw make-checkpoint"):
+            return (
+                f"make it again: vllm-dsv4-hw make-checkpoint {root} --preset {info['preset']} "
+                f"--dtype {info['dtype']} --seed {info['seed']} --force"
+            )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return "download the file again (or the checkpoint, e.g. with huggingface-cli download)"
+
+
+def check_shards(root: Path, weight_map: dict[str, str] | None = None) -> None:
+    """Every safetensors file a local checkpoint directory is loaded from (the shards its
+    ``model.safetensors.index.json`` names, else each ``*.safetensors`` file, as vLLM's loader
+    picks them) exists and is exactly as long as its header describes; else one
+    :class:`UnsupportedSettingError` line naming the file, what is wrong and the fix."""
+    if weight_map is None:
+        weight_map = _weight_map(root)
+    if weight_map is not None:
+        counts: dict[str, int] = {}
+        for fname in weight_map.values():
+            counts[str(fname)] = counts.get(str(fname), 0) + 1
+        files = sorted(counts)
+        absent = [f for f in files if not (root / f).is_file()]
+        if len(absent) == 1:
+            (f,) = absent
+            raise UnsupportedSettingError(
+                f"{root / f} is missing ({INDEX} puts {counts[f]} tensor(s) in it); "
+                f"{_refetch(root)}"
+            )
+        if absent:
+            more = len(absent) - _MAX_LISTED
+            raise UnsupportedSettingError(
+                f"{root}: {len(absent)} shard files that {INDEX} names are missing: "
+                + ", ".join(absent[:_MAX_LISTED])
+                + (f" ... and {more} more" if more > 0 else "")
+                + f"; {_refetch(root)}"
+            )
+    else:
+        files = sorted(p.name for p in root.glob("*.safetensors"))
+    bad = [(f, why) for f in files if (why := _shard_problem(root / f)) is not None]
+    if bad:
+        (first, why), others = bad[0], [f for f, _ in bad[1:]]
+        also = f" ({len(others)} more damaged: {', '.join(others[:_MAX_LISTED])})" if others else ""
+        raise UnsupportedSettingError(f"{root / first} {why}{also}; {_refetch(root)}")
+
+
+def _check_checkpoint_files(model_config, raw: dict, cfg: DSV4Config) -> None:
+    root = Path(str(model_config.model))
+    if not root.is_dir():
+        return  # a hub name: vLLM downloads the files later
+    weight_map = _weight_map(root)
+    if weight_map is not None:
+        _check_tensor_index(root, weight_map, raw, cfg)
+    check_shards(root, weight_map)
 
 
 def check_serve_settings(vllm_config) -> ServeSettings:
@@ -201,7 +324,7 @@ def check_serve_settings(vllm_config) -> ServeSettings:
         cfg = validate_hf_config(raw, name=f"{mc.model}/config.json")
     except ConfigError as exc:
         raise UnsupportedSettingError(str(exc)) from None
-    _check_tensor_index(mc, raw, cfg)
+    _check_checkpoint_files(mc, raw, cfg)
     _check_device()
     _check_parallel(vllm_config, cfg)
     from vllm_dsv4_hw.quant.config import model_quant_config
