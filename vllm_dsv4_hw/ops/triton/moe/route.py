@@ -3,7 +3,7 @@
 
 * ``_router_scores_kernel``, grid (tokens, E / BE): BE gate rows against the token's x (fp32
   dots over D), ``sqrt(softplus(.))``, stored [T, E] fp32; the gate weight is read by many
-  programs at once;
+  programs at once, each with few dependent loads;
 * ``_router_select_kernel``, one program per token: ``s + bias``, k rounds of "largest value,
   lowest id among equals" (the contract's order and tie rule), or the token's hash row; the
   selected scores, renormalised in slot order and scaled.
@@ -22,8 +22,14 @@ from vllm_dsv4_hw.ops.triton.common.launch import cdiv, next_pow2
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.moe.grouped import _inner_contiguous, _load_x
 
-BE = 8  # gate rows per program
-BD = 512  # elements of D per step
+# Scores: gate rows per program and elements of D per step. Two rows and all of V4-Flash's D in
+# one step: 128 programs of one load each for its 256 experts (8 rows in 512-wide steps, 32
+# programs of 8 dependent steps, took 17.9 us at one token where 2 MB is 0.6 us; H100,
+# docs/tuning.md "Router"). The selection is one warp per token: its reductions are shuffles.
+BE = 2
+BD = 4096
+SCORE_WARPS = 4
+SELECT_WARPS = 1
 
 
 @triton.jit
@@ -137,6 +143,7 @@ def moe_route(x, gate_w, bias, hash_ids, top_k, norm_topk_prob, scaling):
         BE=BE,
         BD=min(BD, next_pow2(d)),
         BF16_BITS=x.dtype == torch.bfloat16,
+        num_warps=SCORE_WARPS,
         **pdl_launch(x.device),
     )
     hashed = hash_ids is not None
@@ -155,6 +162,7 @@ def moe_route(x, gate_w, bias, hash_ids, top_k, norm_topk_prob, scaling):
         HAS_BIAS=bias is not None,
         HASH=hashed,
         NORM=norm_topk_prob,
+        num_warps=SELECT_WARPS,
         **pdl_launch(x.device),
     )
     return weights, ids
