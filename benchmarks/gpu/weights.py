@@ -134,8 +134,8 @@ def _serial_split(torch, device, gen, smoke):
     """The split-K partials summed inside the launch by each tile's last split give the separate
     sum launch's bits (auto and forced splits, a grouped weight), and leave the arrival counters
     zeroed, also after launches from two streams at once."""
+    from vllm_dsv4_hw.ops.triton.common.counters import COUNTERS
     from vllm_dsv4_hw.ops.triton.linear import fp8_block_linear as fp8_op
-    from vllm_dsv4_hw.ops.triton.linear import split_k
 
     rows = []
     shapes = (
@@ -162,7 +162,7 @@ def _serial_split(torch, device, gen, smoke):
                 torch.cuda.current_stream(device).wait_stream(side)
                 torch.cuda.synchronize(device)
             same = all(torch.equal(o, two) for o in [ser] + outs)
-            clean = not any(bool(c.any()) for c in split_k._COUNTERS.values())
+            clean = not any(bool(c.any()) for c in COUNTERS.values())
             rows.append(
                 {
                     "op": "fp8_block_linear",

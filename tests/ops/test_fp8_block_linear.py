@@ -290,8 +290,8 @@ def test_triton_serial_split_k_same_bits(m, n, k, g, split, dtype, gen):
     """The split-K partials summed by each tile's last split inside the launch give the bits of
     the separate sum launch, against the oracle too, and leave the arrival counters zeroed (the
     next launch on the stream reuses them)."""
+    from vllm_dsv4_hw.ops.triton.common.counters import arrival_counters
     from vllm_dsv4_hw.ops.triton.linear import fp8_block_linear as fp8_op
-    from vllm_dsv4_hw.ops.triton.linear import split_k
 
     block = (128, 128)
     wq, sc = quantized_weight(gen, ((g,) if g else ()) + (n, k), block)
@@ -302,7 +302,7 @@ def test_triton_serial_split_k_same_bits(m, n, k, g, split, dtype, gen):
     assert torch.equal(serial.view(torch.uint8), two.view(torch.uint8))
     assert torch.equal(again.view(torch.uint8), two.view(torch.uint8))
     assert_close(serial, x, wq, sc, block)
-    assert not split_k.split_counters(x.device, 1).any()
+    assert not arrival_counters(x.device, 1).any()
 
 
 @triton_only

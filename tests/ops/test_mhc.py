@@ -113,7 +113,8 @@ def _close(got, want, dtype, what):
     assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]:.3g}"
 
 
-SHAPES = [(0, 4, 64), (1, 4, 256), (3, 4, 96), (5, 3, 64), (70, 4, 64)]
+# (1, 4, 1280): more partial rows (40) than the mixes add a step (MIX_ROWS 32) in the Triton kernel
+SHAPES = [(0, 4, 64), (1, 4, 256), (1, 4, 1280), (3, 4, 96), (5, 3, 64), (70, 4, 64)]
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 
 
@@ -177,3 +178,25 @@ def test_bad_shapes_are_named(backend, gen):
         impl(HC_PRE, backend)(h, fn, scale, base, w[:-1], 20, HC_EPS, EPS)
     with pytest.raises(ValueError, match="comb"):
         impl(HC_POST, backend)(h[:, 0], h, torch.ones(2, 4), torch.ones(2, 4, 3))
+
+
+@pytest.mark.skipif("triton" not in cpu_backends(HC_SEAM), reason="no triton backend here")
+@pytest.mark.parametrize("t,d", [(1, 1280), (3, 96), (9, 256)])
+def test_triton_mixes_same_bits_in_the_partial_launch_or_their_own(t, d, gen, monkeypatch):
+    """The mixes taken by each token's last partial program (arrival counters) or by a launch of
+    their own (no counters: a stream first met under graph capture) give the same bits, and the
+    counters are left zeroed for the next launch."""
+    from vllm_dsv4_hw.ops.triton import mhc
+    from vllm_dsv4_hw.ops.triton.common.counters import arrival_counters
+
+    h, fn, scale, base, w = _inputs(gen, t, 4, d, torch.bfloat16)
+    y = (torch.randn(t, d, generator=gen) * 3).to(torch.bfloat16)
+    post = torch.rand(t, 4, generator=gen) * 2
+    comb = torch.rand(t, 4, 4, generator=gen)
+    args = (y, h, post, comb, fn, scale, base, w, 20, HC_EPS, EPS)
+    ticket = impl(HC_SEAM, "triton")(*args)
+    assert not arrival_counters(h.device, t).any()
+    monkeypatch.setattr(mhc, "arrival_counters", lambda device, units: None)
+    own = impl(HC_SEAM, "triton")(*args)
+    for a, b, what in zip(ticket, own, ("h2", "x", "post", "comb")):
+        assert torch.equal(a, b), what

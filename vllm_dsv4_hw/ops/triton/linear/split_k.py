@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
+from vllm_dsv4_hw.ops.triton.common.counters import arrival_counters
 from vllm_dsv4_hw.ops.triton.common.launch import cdiv
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
 from vllm_dsv4_hw.ops.triton.common.quant import f32_to_bf16_bits, round_to_bf16
@@ -94,27 +95,6 @@ def splitk_sum_kernel(
 # Split-K sum in the launch). Knob ``serial=`` for benchmarks and tests.
 SERIAL_SPLIT_K = True
 SERIAL_MAX_ROWS = 16
-_COUNTER_WORDS = 4096  # tiles of one split launch (decode launches have <= 1,024)
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The zeroed int32 arrival counters of the serial split-K on this device's current stream
-    (each launch leaves them zeroed; launches on one stream run in order, so one set per stream
-    serves them all, CUDA-graph replays included: vLLM captures on the stream it also runs
-    eagerly). None, so that the launch takes the separate sum, for more tiles than a set holds
-    and on a stream first met under graph capture (a set allocated then would be the graph's
-    memory, zeroed only when that graph replays)."""
-    if tiles > _COUNTER_WORDS:
-        return None
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        buf = _COUNTERS[key] = torch.zeros(_COUNTER_WORDS, dtype=torch.int32, device=device)
-    return buf
 
 
 class SplitOutputs(NamedTuple):
@@ -145,7 +125,7 @@ class SplitOutputs(NamedTuple):
         bf16_mode = (2 if dev.type == "cpu" else 1) if a.out_dtype == torch.bfloat16 else 0
         direct_bf16 = bf16_mode if split_k == 1 else 0
         out_arg = out.view(torch.int16) if direct_bf16 == 2 else out
-        counters = split_counters(dev, tiles) if split_k > 1 and serial else None
+        counters = arrival_counters(dev, tiles) if split_k > 1 and serial else None
         red = out if split_k == 1 else torch.empty(m, g, n, dtype=a.out_dtype, device=dev)
         red_arg = red.view(torch.int16) if bf16_mode == 2 else red
         return cls(
