@@ -10,9 +10,12 @@ set -euo pipefail
 ROOT=$(pwd)
 W=/tmp/gpuserve
 if [ ! -d "$W/tree/vllm" ]; then
+    # The driver names the plugin's entry points; give it this checkout's (pyproject.toml), so
+    # that vLLM's plugin discovery loads our platform as `vllm serve` will.
+    python3 benchmarks/gpuserve_entry_points.py .gpuserve/run_on_device.sh /tmp/run_on_device.sh
     # (the driver exits 1 when it stops before serving: judge by its import stage)
     GPUSERVE_STOP_AFTER=import GPUSERVE_SKIP_PLAIN=1 OUT=/tmp/gpuserve-install \
-        bash .gpuserve/run_on_device.sh > /tmp/with_vllm_install.log 2>&1 || true
+        bash /tmp/run_on_device.sh > /tmp/with_vllm_install.log 2>&1 || true
     grep "^STAGE" /tmp/with_vllm_install.log || true
     grep -q "^STAGE import ok" /tmp/with_vllm_install.log || {
         tail -30 /tmp/with_vllm_install.log; echo "with_vllm: vLLM tree install failed"; exit 1; }
