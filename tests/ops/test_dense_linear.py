@@ -73,29 +73,6 @@ def test_triton_serial_split_k_same_bits(m, n, k, split, gen):
 
 
 @triton_only
-@pytest.mark.parametrize("n,k", [(200, 300), (64, 4096), (1030, 1536)])
-@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_triton_gemv_rows_match_oracle_and_each_other(n, k, out_dtype, gen):
-    """Up to ``GEMV_MAX_ROWS`` rows take the GEMV's 16-bit mode: within the oracle's bound, with
-    its own split-K (forced) giving the same bits, and a row's bits do not depend on the rows
-    beside it."""
-    from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
-    from vllm_dsv4_hw.ops.triton.linear import dense as td
-    from vllm_dsv4_hw.ops.triton.linear import gemv
-
-    m = td.GEMV_MAX_ROWS
-    x, w = _inputs(gen, m, n, k)
-    got = td.dense_linear(x, w, out_dtype)
-    assert_close(got, x, w, out_dtype)
-    assert torch.equal(td.dense_linear(x[1:2], w, out_dtype), got[1:2])
-    w3 = w.unsqueeze(0)
-    a = Fp8LinearArgs(False, m, 1, n, k, 128, 128, x.unsqueeze(1), w3, w3, out_dtype)
-    split = gemv.launch(a, w16=True, split_k=3, block_n=64)
-    assert torch.equal(split, gemv.launch(a, w16=True, split_k=3, block_n=64, serial=False))
-    assert_close(split, x, w, out_dtype)
-
-
-@triton_only
 def test_triton_takes_decode_rows_only(gen):
     """Past MAX_ROWS rows, or with an fp32 weight, the Triton op is the reference GEMM."""
     from vllm_dsv4_hw.ops.reference import linear as rd

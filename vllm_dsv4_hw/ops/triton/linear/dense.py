@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Triton ``dense_linear`` for decode-sized calls: the FP8 GEMV (a few rows) or the FP8 GEMM's tile
-kernel (``fp8_linear``) on a 16-bit weight read as it lies (``W16``: no decode, no scales), with
-their split-K and the split sum inside the launch.
+"""Triton ``dense_linear`` for decode-sized calls: the FP8 GEMM's kernel (``fp8_linear``) on a
+16-bit weight read as it lies (``W16``: no decode, no scales), with its split-K and the split sum
+inside the launch.
 
 Why: at M = 1 cuBLAS runs these GEMMs as a split-K kernel plus a separate reduction, and the
 fp32-output form adds a cast: several times the time of their weight bytes (evidence:
@@ -20,13 +20,9 @@ from vllm_dsv4_hw.ops.reference import linear as ref
 from vllm_dsv4_hw.ops.reference.linear import Fp8LinearArgs
 from vllm_dsv4_hw.ops.registry import register_op
 from vllm_dsv4_hw.ops.triton.linear import block as fp8_linear
-from vllm_dsv4_hw.ops.triton.linear import gemv
 
 MAX_ROWS = 16
 K_BLOCK = 128  # split-K unit (the kernel's K tile)
-# Up to this many rows the FP8 GEMV's 16-bit mode (``gemv``: plain vector loads, FMAs) takes the
-# call, else the tile kernel (evidence: docs/tuning.md, Dense linear for decode).
-GEMV_MAX_ROWS = 4
 
 
 def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -50,6 +46,4 @@ def dense_linear(
     n = weight.shape[0]
     w3 = weight.unsqueeze(0)
     a = Fp8LinearArgs(False, m, 1, n, k, K_BLOCK, K_BLOCK, xc.unsqueeze(1), w3, w3, out_dtype)
-    if m <= GEMV_MAX_ROWS and not knobs and weight.stride(-1) == 1:
-        return gemv.launch(a, w16=True)
     return fp8_linear.launch(a, w16=True, **knobs)

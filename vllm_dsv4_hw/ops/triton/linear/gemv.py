@@ -136,14 +136,11 @@ def _gemv_kernel(
     SERIAL: tl.constexpr,
     SPLITS: tl.constexpr,
     RED_BF16: tl.constexpr,
-    W16: tl.constexpr = False,
     PF_BYTES: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     # M rows (RP: M's power of two), each multiplied with the tile's weight bytes converted
     # once; a row's sums are those of a one-row launch (the same ops in the same order).
-    # W16 (``dense_linear``): the weight and x are one 16-bit float dtype, x's values as they
-    # lie (no codes, no scales), the products summed over each BK step.
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_n = pid % n_nblk
@@ -154,44 +151,26 @@ def _gemv_kernel(
     k_hi = tl.minimum(K, k_lo + k_per_split)
     w_rows = w_ptr + g * swg + rows.to(tl.int64) * swn
     # the weight's first bytes of this split ask L2 before the wait (rows past N: none)
-    pdl_start_prefetching(
-        PDL, PF_BYTES, w_rows + k_lo, tl.where(r_ok, (K - k_lo) * (2 if W16 else 1), 0)
-    )
+    pdl_start_prefetching(PDL, PF_BYTES, w_rows + k_lo, tl.where(r_ok, K - k_lo, 0))
     s_rows = s_ptr + g * ssg + (rows // SBN).to(tl.int64) * ssn
     xm = tl.arange(0, RP)
     acc = tl.zeros([RP, BN], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         wq = _w_tile(w_rows, r_ok, k0, k_hi, BK)
-        if W16:
-            wf = widen(wq)
-            cols = k0 + tl.arange(0, BK)
-            for r in tl.static_range(M):
-                xr = x_ptr + r * sxm + g * sxg
-                xv = widen(tl.load(xr + cols, mask=cols < k_hi, other=0.0))
-                part = tl.sum(wf * xv[None, :], axis=1)
-                acc = tl.where(xm[:, None] == r, acc + part[None, :], acc)
+        if EMU:
+            wf = e4m3_bits_to_f32(wq)
         else:
-            if EMU:
-                wf = e4m3_bits_to_f32(wq)
-            else:
-                wf = wq.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            kb = tl.minimum(k0 // 128 + tl.arange(0, BK // 128), KB - 1)  # past K: w 0, any scale
-            wf = tl.reshape(wf, (BN, BK // 128, 128))
-            sw = ue8m0_to_f32(tl.load(s_rows[:, None] + kb[None, :], mask=r_ok[:, None], other=127))
-            for r in tl.static_range(M):
-                q, sx = _x_codes(
-                    x_ptr + r * sxm + g * sxg,
-                    xs_ptr + r * sxsm + g * sxsg,
-                    k0,
-                    K,
-                    KB,
-                    EMU,
-                    CODES,
-                    BK,
-                )
-                blk = tl.sum(wf * q[None, :, :], axis=2)
-                part = tl.sum(blk * sw * sx[None, :], axis=1)
-                acc = tl.where(xm[:, None] == r, acc + part[None, :], acc)
+            wf = wq.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        kb = tl.minimum(k0 // 128 + tl.arange(0, BK // 128), KB - 1)  # past K: w = 0, any scale
+        wf = tl.reshape(wf, (BN, BK // 128, 128))
+        sw = ue8m0_to_f32(tl.load(s_rows[:, None] + kb[None, :], mask=r_ok[:, None], other=127))
+        for r in tl.static_range(M):
+            q, sx = _x_codes(
+                x_ptr + r * sxm + g * sxg, xs_ptr + r * sxsm + g * sxsg, k0, K, KB, EMU, CODES, BK
+            )
+            blk = tl.sum(wf * q[None, :, :], axis=2)
+            part = tl.sum(blk * sw * sx[None, :], axis=1)
+            acc = tl.where(xm[:, None] == r, acc + part[None, :], acc)
     rel = g * sog + xm[:, None].to(tl.int64) * som + rows[None, :]
     sk.store_tile(
         out_ptr,
@@ -249,12 +228,10 @@ def launch(
     num_stages: int | None = None,
     serial: bool | None = None,
     prefetch: int | None = None,
-    w16: bool = False,
 ) -> torch.Tensor:
     """One GEMV of checked arguments (``takes(a)``); ``x_scales`` [M, G, ceil(K/128)]: ``a.x``
-    holds e4m3 codes with these scales (a producer's quantization), read as they lie. ``w16``:
-    ``a.w`` is x's 16-bit float dtype (``dense_linear``; ``a.s`` not read). The keywords
-    between them are launch knobs for benchmarks and tests."""
+    holds e4m3 codes with these scales (a producer's quantization), read as they lie. The
+    keywords after it are launch knobs for benchmarks and tests."""
     m, g, n, k = a.m, a.g, a.n, a.k
     dev = a.x.device
     shape = (m, g, n) if a.grouped else (m, n)
@@ -284,7 +261,7 @@ def launch(
         xs = xv  # not read
     wb = a.w if a.w.stride(-1) == 1 else a.w.contiguous()
     sc = a.s.contiguous()
-    w8 = wb if w16 else wb.view(torch.uint8)
+    w8 = wb.view(torch.uint8)
     _gemv_kernel[(tiles, splits)](
         xv,
         xs,
@@ -320,7 +297,6 @@ def launch(
         SERIAL=o.serial,
         SPLITS=o.splits,
         RED_BF16=o.bf16_mode,
-        W16=w16,
         num_warps=num_warps or TILE["num_warps"],
         num_stages=num_stages or TILE["num_stages"],
         **pdl_launch(dev),
