@@ -261,6 +261,11 @@ def _refetch(root: Path) -> str:
     try:
         info = json.loads((root / "checkpoint_info.json").read_text())
         if str(info.get("generator", "")).startswith("vllm-dsv4-hw make-checkpoint"):
+            if isinstance(info.get("remake_args"), str):  # with --layers / --device where needed
+                return (
+                    f"make it again: vllm-dsv4-hw make-checkpoint {root} {info['remake_args']} "
+                    f"--force"
+                )
             return (
                 f"make it again: vllm-dsv4-hw make-checkpoint {root} --preset {info['preset']} "
                 f"--dtype {info['dtype']} --seed {info['seed']} --force"

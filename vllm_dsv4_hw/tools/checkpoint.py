@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A DeepSeek V4 checkpoint the project makes itself: official layout, tiny sizes, random weights.
+"""A DeepSeek V4 checkpoint the project makes itself: official layout, random weights.
 
-``make_checkpoint(out_dir, preset, dtype, seed)`` writes a directory that loads like the official
-``DeepSeek-V4-Flash`` / ``-Pro`` checkpoints:
+``make_checkpoint(out_dir, preset, dtype, seed, layers=N)`` writes a directory that loads like the
+official ``DeepSeek-V4-Flash`` / ``-Pro`` checkpoints, at tiny sizes (``tiny-flash`` / ``tiny-pro``)
+or at the real dimensions (``v4-flash`` / ``v4-pro``: the model's first N layers in its own order,
+hash-routed first, then the MTP block; about 3.2 / 12.5 GiB per layer in fp8):
 
 * ``config.json`` with the official field names (``compress_ratios`` with the trailing MTP 0,
   ``num_hash_layers``, ``rope_scaling`` (YaRN), ``index_*``, ``o_groups``, ``hc_*``,
@@ -19,8 +21,12 @@
 * a byte-level BPE tokenizer trained offline (``tokenizer_gen``), with a chat template and BOS/EOS;
 * ``generation_config.json`` and ``checkpoint_info.json`` (how it was made).
 
-The weights are random but deterministic in ``seed`` (each tensor draws from its own generator keyed
-by the seed and its name), scaled so that activations stay O(1) and the logits vary with the context.
+The weights are random but deterministic in ``seed`` and the device they are drawn on (each tensor
+draws from its own generator keyed by the seed and its name; a tensor of more than
+``CHUNK_ELEMENTS`` elements, only at the real dimensions, draws each block of rows from its own),
+scaled so that activations stay O(1) and the logits vary with the context (fan-in scaled linears,
+norms near 1: the same scheme at every size). Tensors are generated on a thread pool (one per core,
+or on a CUDA device) and written in place into their shards (``checkpoint_writer``).
 Quantized tensors are generated once in fp32 and rounded to their FP8 / FP4 grid; the bf16
 checkpoint stores those very values (exactly representable in bf16), so the ``fp8`` and ``bf16``
 checkpoints of one seed describe the same network: dequantizing one gives the other bit for bit.
@@ -36,22 +42,18 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from vllm_dsv4_hw.quant.formats import (
-    dequantize_fp4_experts,
-    dequantize_fp8_block,
-    quantize_fp4_experts,
-    quantize_fp8_block,
-)
+from vllm_dsv4_hw.numerics import FP8_WEIGHT_BLOCK
 from vllm_dsv4_hw.tools import tokenizer_gen
 from vllm_dsv4_hw.tools.checkpoint_layout import (  # noqa: F401  (the generator's public names)
+    ALL_PRESETS,
     DEFAULT_SHARD_BYTES,
     DTYPES,
     FORMAT_VERSION,
@@ -59,95 +61,38 @@ from vllm_dsv4_hw.tools.checkpoint_layout import (  # noqa: F401  (the generator
     HEAD_LOGIT_STD,
     PRESETS,
     QUANTIZATION_CONFIG,
+    REAL_PRESETS,
+    REAL_SHARD_BYTES,
     SPECIAL_HEAD_SCALE,
     CheckpointError,
     TensorSpec,
+    check_layers,
     hf_config,
     hf_dict_of,
     layer_specs,
     stored_layout,
     tensor_specs,
 )
+from vllm_dsv4_hw.tools.checkpoint_weights import (  # noqa: F401  (public names)
+    CHUNK_ELEMENTS,
+    checkpoint_tensors,
+    encode_rows,
+    encode_tensor,
+    master_rows,
+    master_tensor,
+    master_weights,
+    random_tensors,
+    row_chunks,
+)
+from vllm_dsv4_hw.tools.checkpoint_writer import (
+    CheckpointPlan,
+    WorkItem,
+    plan_checkpoint,
+    store,
+    write_shards,
+)
 
 logger = logging.getLogger(__name__)
-
-
-# -- weights ----------------------------------------------------------------------------------------
-def _generator(seed: int, name: str, device="cpu") -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(
-        (seed * 0x9E3779B1 + zlib.crc32(name.encode())) % (1 << 63)
-    )
-
-
-def _init_tensor(spec: TensorSpec, seed: int, special_ids: list[int], device="cpu") -> torch.Tensor:
-    """The fp32 (or int64) master values of one tensor, deterministic in (seed, name, device)."""
-    g = _generator(seed, spec.name, device)
-    how = spec.init[0]
-    kw = {"generator": g, "device": device}
-    if how == "normal":
-        return torch.randn(spec.shape, **kw) * spec.init[1]
-    if how == "around_one":
-        return (1.0 + torch.randn(spec.shape, **kw) * spec.init[1]).clamp(0.5, 1.5)
-    if how == "uniform":
-        lo, hi = spec.init[1], spec.init[2]
-        return lo + (hi - lo) * torch.rand(spec.shape, **kw)
-    if how == "head":
-        w = torch.randn(spec.shape, **kw) * spec.init[1]
-        ids = [i for i in special_ids if i < spec.shape[0]]
-        w[ids] *= SPECIAL_HEAD_SCALE
-        return w
-    if how == "tid2eid":
-        # Each token goes to k distinct experts.
-        n_experts = spec.init[1]
-        rows, k = spec.shape
-        return torch.rand(rows, n_experts, **kw).argsort(dim=1)[:, :k].to(torch.int64)
-    raise AssertionError(f"unknown init {spec.init!r} for {spec.name}")
-
-
-def random_tensors(
-    specs: list[TensorSpec], dtype: str, seed: int, device="cpu"
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(official name, stored tensor) of ``specs`` generated and encoded on ``device`` (e.g. the
-    layers of a real-size model for a benchmark, loaded through the product's loader)."""
-    for spec in specs:
-        yield from encode_tensor(spec, _init_tensor(spec, seed, [], device), dtype).items()
-
-
-def master_weights(
-    cfg: dict, seed: int, include_mtp: bool = True
-) -> Iterator[tuple[TensorSpec, torch.Tensor]]:
-    """(spec, fp32 master values) for every logical tensor, before any quantization."""
-    special = tokenizer_gen.special_token_ids(cfg["vocab_size"])
-    for spec in tensor_specs(cfg, include_mtp):
-        yield spec, _init_tensor(spec, seed, special)
-
-
-def encode_tensor(spec: TensorSpec, master: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
-    """The on-disk tensors of one logical tensor in checkpoint ``dtype``."""
-    if spec.kind in ("fp8", "fp4"):
-        fp8 = spec.kind == "fp8"
-        q, s = (quantize_fp8_block if fp8 else quantize_fp4_experts)(master)
-        if dtype == "fp8":
-            return {spec.name + ".weight": q, spec.name + ".scale": s}
-        # bf16 checkpoint: the very values the quantized one encodes (exact in bf16).
-        deq = (dequantize_fp8_block if fp8 else dequantize_fp4_experts)(q, s)
-        w = deq.to(torch.bfloat16)
-        if not torch.equal(w.float(), deq):
-            raise AssertionError(f"{spec.name}: dequantized weight is not exact in bf16")
-        return {spec.name + ".weight": w}
-    if spec.kind == "bf16":
-        return {spec.name: master.to(torch.bfloat16)}
-    if spec.kind == "f32":
-        return {spec.name: master.float().contiguous()}
-    return {spec.name: master.to(torch.int64)}
-
-
-def checkpoint_tensors(
-    cfg: dict, dtype: str, seed: int, include_mtp: bool = True
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(official name, on-disk tensor) of a checkpoint, in order."""
-    for spec, master in master_weights(cfg, seed, include_mtp):
-        yield from encode_tensor(spec, master, dtype).items()
 
 
 # -- writing ----------------------------------------------------------------------------------------
@@ -163,6 +108,7 @@ class CheckpointSummary:
     size_bytes: int  # bytes of all files written
     files: list[str]
     seconds: float
+    layers: int = 0  # main layers (num_hidden_layers)
 
     def as_dict(self) -> dict:
         return {
@@ -170,6 +116,7 @@ class CheckpointSummary:
             "preset": self.preset,
             "dtype": self.dtype,
             "seed": self.seed,
+            "layers": self.layers,
             "num_params": self.num_params,
             "num_params_main": self.num_params_main,
             "num_tensors": self.num_tensors,
@@ -187,6 +134,18 @@ def _check_seed(seed) -> int:
     return seed
 
 
+def _check_device(device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise CheckpointError(f"--device {device}: not a device (use cpu or cuda)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise CheckpointError(f"--device {device}: weights are generated on cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError(f"--device {device}: torch sees no CUDA device here")
+    return dev
+
+
 def _prepare_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out} exists and is not a directory")
@@ -201,38 +160,65 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
         raise CheckpointError(f"{parent} is not writable")
 
 
+def checkpoint_plan(
+    preset: str = "tiny-flash",
+    dtype: str = "fp8",
+    layers: int | None = None,
+    shard_bytes: int | None = None,
+) -> CheckpointPlan:
+    """What :func:`make_checkpoint` would write (config, every tensor's name, dtype, shape, shard
+    and offset), without drawing a weight: ``make-checkpoint --dry-run``."""
+    cfg = hf_config(preset, dtype, layers)
+    if shard_bytes is None:
+        shard_bytes = REAL_SHARD_BYTES if preset in REAL_PRESETS else DEFAULT_SHARD_BYTES
+    if shard_bytes <= 0:
+        raise CheckpointError(f"shard_bytes must be positive, got {shard_bytes}")
+    return plan_checkpoint(cfg, dtype, shard_bytes)
+
+
 def make_checkpoint(
     out_dir: str | os.PathLike,
     preset: str = "tiny-flash",
     dtype: str = "fp8",
     seed: int = 0,
     *,
+    layers: int | None = None,
     overwrite: bool = False,
-    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    shard_bytes: int | None = None,
     progress: Callable[[str], None] | None = None,
+    device: str | torch.device = "cpu",
+    workers: int | None = None,
 ) -> CheckpointSummary:
     """Write a checkpoint directory (see the module docstring); returns what was written.
+
+    ``layers``: the model's first ``layers`` layers (required for the real presets; a tiny preset
+    defaults to all of its own). ``shard_bytes``: default 8 MiB (tiny) / 4 GiB (real). ``device``:
+    where the weights are drawn and encoded (cpu, or cuda: other random values). ``workers``:
+    generating threads (default: one per core on cpu, 4 on cuda).
 
     The directory is built next to ``out_dir`` and renamed into place at the end, so an
     interrupted run never leaves a directory that looks complete.
     """
     t0 = time.monotonic()
     say = progress or logger.info
-    cfg = hf_config(preset, dtype)
+    plan = checkpoint_plan(preset, dtype, layers, shard_bytes)
     seed = _check_seed(seed)
-    if shard_bytes <= 0:
-        raise CheckpointError(f"shard_bytes must be positive, got {shard_bytes}")
+    dev = _check_device(device)
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if dev.type == "cpu" else 4
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise CheckpointError(f"workers must be a positive integer, got {workers!r}")
     out = Path(out_dir).expanduser().absolute()
     _prepare_out(out, overwrite)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    # The tensors are small: one thread is fastest, and immune to OpenMP stalls on a busy machine.
+    # One intra-op thread per generating thread: no OpenMP stalls on a busy machine.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        summary = _write(tmp, cfg, preset, dtype, seed, shard_bytes, say)
+        summary = _write(tmp, plan, preset, seed, dev, workers, say)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -250,20 +236,67 @@ def make_checkpoint(
     return summary
 
 
+_BUFFERS = threading.local()
+
+
+def _buffer(numel: int, device: torch.device) -> torch.Tensor | None:
+    """This thread's reused fp32 draw buffer (cpu only)."""
+    if device.type != "cpu":
+        return None
+    buf = getattr(_BUFFERS, "buf", None)
+    if buf is None or buf.numel() < numel:
+        buf = _BUFFERS.buf = torch.empty(numel, dtype=torch.float32)
+    return buf
+
+
+def _work_items(plan: CheckpointPlan, seed: int, device: torch.device) -> Iterator[WorkItem]:
+    """One item per tensor (per block of rows of the largest): draw, encode, write."""
+    special = tokenizer_gen.special_token_ids(plan.cfg["vocab_size"])
+    for spec in plan.specs:
+        in_block = spec.name.startswith(("layers.", "mtp."))
+        label = ".".join(spec.name.split(".")[:2]) if in_block else None
+        for i, rows in enumerate(row_chunks(spec)):
+
+            def run(fds, spec=spec, i=i, rows=rows) -> int:
+                numel = (rows[1] - rows[0]) * (spec.numel // max(spec.shape[0], 1))
+                buf = _buffer(numel, device) if spec.init[0] in ("normal", "head") else None
+                master = master_rows(spec, seed, special, device, i, rows, buf)
+                step = encode_rows(spec, tuple(master.shape))
+                written = 0
+                for b0 in range(0, master.shape[0], step):
+                    part = master[b0 : b0 + step]
+                    for name, t in encode_tensor(spec, part, plan.dtype).items():
+                        written += _store_rows(fds, plan.tensors[name], spec, t, rows[0] + b0)
+                return written
+
+            yield WorkItem(run, label)
+
+
+def _store_rows(fds, whole, spec: TensorSpec, t: torch.Tensor, row: int) -> int:
+    """Write ``t``, the encoded master rows from ``row`` on, into its place in ``whole``."""
+    if spec.kind == "fp8" and whole.name.endswith(".scale"):
+        row //= FP8_WEIGHT_BLOCK
+    rows_whole = whole.shape[0]
+    if t.dtype != whole.dtype or t.shape[1:] != whole.shape[1:] or row + t.shape[0] > rows_whole:
+        raise AssertionError(f"{whole.name}: encoded {t.dtype} {tuple(t.shape)} at row {row}")
+    store(fds[whole.shard], t, whole.offset + row * (whole.nbytes // rows_whole))
+    return t.numel() * t.element_size()
+
+
 def _write(
     tmp: Path,
-    cfg: dict,
+    plan: CheckpointPlan,
     preset: str,
-    dtype: str,
     seed: int,
-    shard_bytes: int,
+    device: torch.device,
+    workers: int,
     say: Callable[[str], None],
 ) -> CheckpointSummary:
-    from safetensors.torch import save_file
-
+    cfg, dtype = plan.cfg, plan.dtype
+    n = cfg["num_hidden_layers"]
     say(
-        f"{preset} ({dtype}, seed {seed}): {cfg['num_hidden_layers']} layers, ratios "
-        f"{cfg['compress_ratios']}, hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']}"
+        f"{preset} ({dtype}, seed {seed}): {n} layers + {cfg['num_nextn_predict_layers']} MTP, "
+        f"ratios {cfg['compress_ratios']}, hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']}"
     )
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     say("training the tokenizer")
@@ -277,46 +310,28 @@ def _write(
         + "\n"
     )
     files.append("generation_config.json")
-
-    # Generate and group into shards of about shard_bytes, in checkpoint order.
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    num_params = num_params_main = 0
-    last_layer = None
-    for spec, master in master_weights(cfg, seed):
-        in_layer = spec.name.startswith(("layers.", "mtp."))
-        layer = ".".join(spec.name.split(".")[:2]) if in_layer else None
-        if layer != last_layer and layer is not None:
-            say(f"generating {layer}")
-            last_layer = layer
-        num_params += spec.numel
-        if not spec.name.startswith("mtp."):
-            num_params_main += spec.numel
-        for name, t in encode_tensor(spec, master, dtype).items():
-            nbytes = t.numel() * t.element_size()
-            if shards[-1] and size + nbytes > shard_bytes:
-                shards.append({})
-                size = 0
-            shards[-1][name] = t.contiguous()
-            size += nbytes
-    n = len(shards)
-    weight_map: dict[str, str] = {}
-    total = 0
-    for i, shard in enumerate(shards, start=1):
-        fname = f"model-{i:05d}-of-{n:05d}.safetensors"
-        say(f"writing shard {i}/{n} ({len(shard)} tensors)")
-        save_file(shard, str(tmp / fname), metadata={"format": "pt"})
-        os.chmod(tmp / fname, 0o644)  # safetensors creates it 0600
-        files.append(fname)
-        for name, t in shard.items():
-            weight_map[name] = fname
-            total += t.numel() * t.element_size()
+    say(
+        f"writing {len(plan.files)} shard file(s), {plan.tensor_bytes / 2**30:.2f} GiB of "
+        f"tensors, on {device} with {workers} thread(s)"
+    )
+    write_shards(tmp, plan, _work_items(plan, seed, device), workers, say)
+    files += plan.files
+    weight_map = plan.weight_map()
     (tmp / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+        json.dumps(
+            {"metadata": {"total_size": plan.tensor_bytes}, "weight_map": weight_map}, indent=2
+        )
+        + "\n"
     )
     files.append("model.safetensors.index.json")
     from vllm_dsv4_hw import __version__
 
+    remake = f"--preset {preset}"
+    if preset in REAL_PRESETS or n != hf_config(preset, dtype)["num_hidden_layers"]:
+        remake += f" --layers {n}"
+    remake += f" --dtype {dtype} --seed {seed}" + (
+        " --device cuda" if device.type == "cuda" else ""
+    )
     info = {
         "generator": GENERATOR,
         "generator_version": __version__,
@@ -324,8 +339,11 @@ def _write(
         "preset": preset,
         "dtype": dtype,
         "seed": seed,
-        "num_params": num_params,
-        "num_params_main": num_params_main,
+        "layers": n,
+        "device": device.type,
+        "remake_args": remake,
+        "num_params": plan.num_params,
+        "num_params_main": plan.num_params_main,
         "num_tensors": len(weight_map),
         "mtp_included": True,
         "note": "random weights; the bf16 and fp8 checkpoints of one seed hold the same values",
@@ -338,12 +356,13 @@ def _write(
         preset=preset,
         dtype=dtype,
         seed=seed,
-        num_params=num_params,
-        num_params_main=num_params_main,
+        num_params=plan.num_params,
+        num_params_main=plan.num_params_main,
         num_tensors=len(weight_map),
         size_bytes=size_bytes,
         files=files,
         seconds=0.0,
+        layers=n,
     )
 
 

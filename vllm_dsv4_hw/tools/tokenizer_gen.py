@@ -7,7 +7,11 @@ decodes it back exactly. The vocabulary has exactly ``vocab_size`` entries, laid
 
 * ids 0..6: the DeepSeek-style special tokens (BOS, EOS, pad, the User / Assistant role markers,
   and ``<think>`` / ``</think>``; the last two are ordinary, visible added tokens);
-* then the 256 byte symbols and the learned merges;
+* then the 256 byte symbols and the learned merges (at most ``MAX_BPE_TOKENS`` tokens in all: the
+  built-in text yields a little more);
+* for a larger vocabulary (the real models' 129,280), unused filler tokens ``<unused_N>`` up to the
+  placeholders: plain vocabulary entries that no merge produces (text never encodes to them; they
+  decode to their name), so the vocabulary has the real size with a fast, small tokenizer;
 * the last ``N_PLACEHOLDERS`` ids: reserved special tokens ``<｜place▁holder▁no▁N｜>`` (as DeepSeek's
   own tokenizer reserves), so the layout does not depend on how many merges the text yields.
 
@@ -31,6 +35,7 @@ SPECIAL_TOKENS = (BOS, EOS, PAD, USER, ASSISTANT, THINK, END_THINK)
 VISIBLE_ADDED = (THINK, END_THINK)  # added tokens that decode as text
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 N_PLACEHOLDERS = 8
+MAX_BPE_TOKENS = 2048  # special tokens + bytes + merges (the built-in text yields 2310)
 
 # System messages first, then the turns; an assistant turn ends with EOS; the generation prompt
 # is the Assistant marker. (DeepSeek's role markers; "thinking" mode is left to the caller.)
@@ -160,11 +165,15 @@ The old clock in the tower strikes every hour, and the pigeons fly up each time 
 
 
 def _bpe_vocab_target(vocab_size: int) -> int:
-    return vocab_size - N_PLACEHOLDERS
+    return min(vocab_size - N_PLACEHOLDERS, MAX_BPE_TOKENS)
 
 
 def placeholder_token(i: int) -> str:
     return f"<｜place▁holder▁no▁{i}｜>"
+
+
+def filler_token(i: int) -> str:
+    return f"<unused_{i}>"
 
 
 def build_tokenizer(vocab_size: int):
@@ -204,6 +213,13 @@ def build_tokenizer(vocab_size: int):
             f"the built-in text yields {learned} BPE tokens, not the {target} that "
             f"vocab_size {vocab_size} needs; use a smaller vocab_size"
         )
+    n_fill = vocab_size - N_PLACEHOLDERS - target
+    if n_fill:
+        spec = json.loads(tok.to_str())
+        vocab = spec["model"]["vocab"]
+        for i in range(n_fill):
+            vocab[filler_token(i)] = target + i
+        tok = Tokenizer.from_str(json.dumps(spec))
     tok.add_special_tokens(
         [
             AddedToken(placeholder_token(i), special=True, normalized=False)
@@ -228,9 +244,10 @@ def build_tokenizer(vocab_size: int):
 
 
 def special_token_ids(vocab_size: int) -> list[int]:
-    """Ids of the special (non-text) tokens: BOS, EOS, pad, role markers, placeholders."""
+    """Ids of the special and reserved (non-text) tokens: BOS, EOS, pad, role markers, unused
+    fillers, placeholders."""
     fixed = [i for i, t in enumerate(SPECIAL_TOKENS) if t not in VISIBLE_ADDED]
-    return fixed + list(range(vocab_size - N_PLACEHOLDERS, vocab_size))
+    return fixed + list(range(_bpe_vocab_target(vocab_size), vocab_size))
 
 
 def tokenizer_config(model_max_length: int) -> dict:
