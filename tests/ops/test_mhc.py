@@ -113,8 +113,7 @@ def _close(got, want, dtype, what):
     assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]:.3g}"
 
 
-# (1, 4, 1280): more partial rows (40) than the mixes add a step (MIX_ROWS 32) in the Triton kernel
-SHAPES = [(0, 4, 64), (1, 4, 256), (1, 4, 1280), (3, 4, 96), (5, 3, 64), (70, 4, 64)]
+SHAPES = [(0, 4, 64), (1, 4, 256), (3, 4, 96), (5, 3, 64), (70, 4, 64)]
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 
 
@@ -196,6 +195,11 @@ def test_triton_mixes_same_bits_in_the_partial_launch_or_their_own(t, d, gen, mo
     args = (y, h, post, comb, fn, scale, base, w, 20, HC_EPS, EPS)
     ticket = impl(HC_SEAM, "triton")(*args)
     assert not arrival_counters(h.device, t).any()
+    # d 1280: more partial rows (40) than the mixes add a step (MIX_ROWS 32): the oracle's values
+    _close(ticket[0], _oracle_post(y, h, post, comb), torch.bfloat16, "h2")
+    want = _oracle_pre(ticket[0], fn, scale, base, w, 20)
+    for got, ref, what in zip(ticket[1:], want, ("x", "post", "comb")):
+        _close(got, ref, torch.bfloat16 if what == "x" else fn.dtype, what)
     monkeypatch.setattr(mhc, "arrival_counters", lambda device, units: None)
     own = impl(HC_SEAM, "triton")(*args)
     for a, b, what in zip(ticket, own, ("h2", "x", "post", "comb")):
