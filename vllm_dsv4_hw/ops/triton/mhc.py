@@ -94,7 +94,6 @@ def _mixes(
     post_ptr,
     comb_ptr,
     t,
-    n_split,
     iters,
     hc_eps,
     eps,
@@ -104,11 +103,13 @@ def _mixes(
     NMIX: tl.constexpr,
     MP: tl.constexpr,
     SC: tl.constexpr,
+    N_SPLIT: tl.constexpr,
 ):
-    """Token t's pre / post / comb mixes from its ``n_split`` partial rows (summed in a fixed
+    """Token t's pre / post / comb mixes from its ``N_SPLIT`` partial rows (summed in a fixed
     order: SC rows at a time, lane by lane, then across the lanes; read from L2, where other
-    programs wrote them): the weightless norm, the sigmoids, and the Sinkhorn iterations of
-    comb (an hc x hc tile in registers)."""
+    programs wrote them, in one unrolled pass so that the loads wait on L2 once): the
+    weightless norm, the sigmoids, and the Sinkhorn iterations of comb (an hc x hc tile in
+    registers)."""
     offs_c = tl.arange(0, SC)
     offs_j = tl.arange(0, HCP)
     mj = offs_j < HC
@@ -118,9 +119,9 @@ def _mixes(
     pre_v = tl.zeros([SC, HCP], dtype=tl.float32)
     post_v = tl.zeros([SC, HCP], dtype=tl.float32)
     comb_v = tl.zeros([SC, HCP, HCP], dtype=tl.float32)
-    for c0 in range(0, n_split, SC):
-        ms = (c0 + offs_c) < n_split
-        rows = part_ptr + (t * n_split + c0 + offs_c) * MP
+    for c0 in tl.static_range(0, N_SPLIT, SC):
+        ms = (c0 + offs_c) < N_SPLIT
+        rows = part_ptr + (t * N_SPLIT + c0 + offs_c) * MP
         m2s = ms[:, None] & mj[None, :]
         ssq_v += tl.load(rows + NMIX, mask=ms, other=0.0, cache_modifier=".cg")
         pre_v += tl.load(rows[:, None] + offs_j[None, :], mask=m2s, other=0.0, cache_modifier=".cg")
@@ -216,7 +217,7 @@ def _hc_mix_partial_kernel(
         )
         acc += tl.sum(fk * zk[None, :], axis=1)
     acc = tl.where(offs_m == NMIX, ssq, acc)
-    n_split = tl.num_programs(1)
+    n_split: tl.constexpr = (D + BD - 1) // BD  # the grid's second axis
     tl.store(part_ptr + (t * n_split + s) * MP + offs_m, acc)
     if LAST_MIXES:  # the token's last program to finish takes its mixes (counters left zeroed)
         tl.debug_barrier()
@@ -224,7 +225,7 @@ def _hc_mix_partial_kernel(
         if done == n_split - 1:
             _mixes(
                 part_ptr, scale_ptr, base_ptr, pre_out_ptr, post_out_ptr, comb_out_ptr, t,
-                n_split, iters, hc_eps, eps, HC, HCP, D, NMIX, MP, SC,
+                iters, hc_eps, eps, HC, HCP, D, NMIX, MP, SC, n_split,
             )  # fmt: skip
             tl.store(cnt_ptr + t, 0)
 
@@ -237,7 +238,6 @@ def _hc_mixes_kernel(
     pre_ptr,
     post_ptr,
     comb_ptr,
-    n_split,
     iters,
     hc_eps,
     eps,
@@ -247,14 +247,15 @@ def _hc_mixes_kernel(
     NMIX: tl.constexpr,
     MP: tl.constexpr,
     SC: tl.constexpr,
+    N_SPLIT: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """The mixes as a launch of their own (where no arrival counters can be had)."""
     pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     _mixes(
-        part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, t, n_split, iters, hc_eps,
-        eps, HC, HCP, D, NMIX, MP, SC,
+        part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, t, iters, hc_eps, eps, HC,
+        HCP, D, NMIX, MP, SC, N_SPLIT,
     )  # fmt: skip
 
 
@@ -389,7 +390,7 @@ def _seam(y, h, post, comb, fn, scale, base, norm_w, iters, hc_eps, eps):
     )
     if counters is None:
         _hc_mixes_kernel[(t,)](
-            part, scale, base, pre2, post2, comb2, n_split, iters, hc_eps, eps, **dims,
+            part, scale, base, pre2, post2, comb2, iters, hc_eps, eps, **dims, N_SPLIT=n_split,
             num_warps=1, **pdl_launch(h.device),
         )  # fmt: skip
     _hc_input_kernel[(t,)](
