@@ -93,6 +93,37 @@ def _decode_modes(torch, device, gen, smoke):
     return rows
 
 
+def _expert_decode_modes(torch, e, d, i, k, device, gen):
+    """The routed-expert GEMV's e2m1 decodes (the integer one and the packed PTX one where the
+    device declares inline PTX) give the same bits, on weights of every byte value."""
+    from vllm_dsv4_hw.ops.triton.common.ptx_codecs import CVT_INT, CVT_PTX, e4m3_modes
+    from vllm_dsv4_hw.ops.triton.moe.gemv import gemv_experts
+
+    def codes(*shape):
+        return torch.randint(0, 256, shape, dtype=torch.uint8, device=device, generator=gen)
+
+    def scales(*shape):
+        return torch.randint(118, 128, shape, dtype=torch.uint8, device=device, generator=gen)
+
+    w13, w2 = codes(e, 2 * i, d // 2), codes(e, d, i // 2)
+    s13, s2 = scales(e, 2 * i, d // 32), scales(e, d, i // 32)
+    modes = [m for m in (CVT_INT, CVT_PTX) if m in e4m3_modes(device)]
+    rows = []
+    for t in (1, 4, 8):
+        x = torch.randn(t, d, device=device, generator=gen).to(torch.bfloat16)
+        tw, ids = _routing(torch, t, e, k, device, gen)
+        outs = [gemv_experts(x, tw, ids, w13, s13, w2, s2, 10.0, e, i, cvt=m) for m in modes]
+        rows.append(
+            {
+                "op": "moe_experts",
+                "case": f"GEMV T={t} every byte: e2m1 decodes {modes} give the same bits",
+                "ok": all(torch.equal(o, outs[0]) for o in outs)
+                and bool(torch.isfinite(outs[0]).all()),
+            }
+        )
+    return rows
+
+
 def _experts(torch, e, d, i, device, gen):
     from vllm_dsv4_hw.quant.formats import quantize_fp4_experts
 
@@ -296,6 +327,7 @@ def check(device, smoke=False):
     rows += _gemv(torch, device, gen, smoke)
     rows += _dense(torch, device, gen, smoke)
     e, d, i, k = (8, 256, 128, 2) if smoke else EXPERTS["v4-flash"]
+    rows += _expert_decode_modes(torch, e, d, i, k, device, gen)
     w13, s13, w2, s2 = _experts(torch, e, d, i, device, gen)
     for t in (1, 3) if smoke else (1, 4, 8, 64, 300):
         x = torch.randn(t, d, device=device, generator=gen).to(torch.bfloat16)

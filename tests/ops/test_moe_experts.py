@@ -360,12 +360,12 @@ from vllm_dsv4_hw.ops.triton.moe import gemv
 INTS = ("n_exp", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_at")
 UP = dict({k: "i32" for k in INTS + ("topk", "stride_xt")}, x_ptr="*bf16", ids_ptr="*i64",
           w_ptr="*u8", s_ptr="*u8", act_ptr="*bf16", limit="fp32")
-UP_C = dict(D=4096, I=2048, HAS_LIMIT=True, BF16_BITS=True, ACT_BF16=True, BN=8, BK=512)
+UP_C = dict(D=4096, I=2048, HAS_LIMIT=True, BF16_BITS=True, ACT_BF16=True, BN=8, BK=512, CVT=0)
 DOWN = dict({k: "i32" for k in INTS + ("stride_out", "stride_add")}, a_ptr="*bf16",
             ids_ptr="*i64", tw_ptr="*fp32", w_ptr="*u8", s_ptr="*u8", out_ptr="*fp32",
             add_ptr="*bf16")
 DOWN_C = dict(D=4096, I=2048, TOPK=6, TOPK_P=8, BF16_BITS=True, HAS_ADD=True, ADD_BF16_BITS=True,
-              BN=8, BK=256)
+              BN=8, BK=256, CVT=0)
 out = {}
 for t in (GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32), GPUTarget("cuda", 120, 32),
           GPUTarget("hip", "gfx942", 64), GPUTarget("hip", "gfx950", 64)):

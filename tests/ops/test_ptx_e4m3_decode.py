@@ -134,6 +134,26 @@ def test_every_e2m1_pair_byte_decodes_exactly(scale_byte):
     assert got_o == want([b >> 4 for b in range(256)])
 
 
+def test_every_e2m1_pair_byte_decodes_to_its_bare_fp32_value():
+    """``e2m1_pairs_to_f32``'s assembly (the routed-expert GEMV's decode): every pair byte's two
+    codes as fp32 bit patterns of the format's table (0.5 and -0.0 included)."""
+    asm = ptx_codecs._E2M1_BARE_ASM.value
+    got_e, got_o = [], []
+    for i in range(0, 256, 4):
+        word = i | (i + 1) << 8 | (i + 2) << 16 | (i + 3) << 24
+        out = _exec(asm, {"$8": word}, tuple(f"${r}" for r in range(8)))
+        got_e += out[:4]
+        got_o += out[4:]
+
+    def want(nibbles):
+        v = torch.tensor([_e2m1(c) for c in nibbles], dtype=torch.float32)
+        v = torch.where(torch.tensor([c == 8 for c in nibbles]), -0.0, v)
+        return (v.view(torch.int32).long() & MASK32).tolist()
+
+    assert got_e == want([b & 0xF for b in range(256)])
+    assert got_o == want([b >> 4 for b in range(256)])
+
+
 def test_asm_uses_only_the_emulated_instructions():
     for asm, fma in (
         (ptx_codecs._ASM_BF16, "fma.rn.bf16x2"),
@@ -143,6 +163,8 @@ def test_asm_uses_only_the_emulated_instructions():
         assert ops == {"and.b32", "prmt.b32", "shl.b32", "mov.b32", fma}, ops
     ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", ptx_codecs._E2M1_ASM.value, re.M))
     assert ops == {"and.b32", "prmt.b32", "mul.lo.u32", "mov.b32", "fma.rn.bf16x2"}, ops
+    ops = set(re.findall(r"^\s*([a-z]+\.[a-z0-9.]+)\s", ptx_codecs._E2M1_BARE_ASM.value, re.M))
+    assert ops == {"and.b32", "prmt.b32", "mul.lo.u32", "mov.b32", "fma.rn.bf16x2", "shl.b32"}
 
 
 def test_which_devices_take_the_packed_decode():

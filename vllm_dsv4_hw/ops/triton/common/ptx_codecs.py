@@ -112,20 +112,42 @@ def e4m3_bits_to_16bit(codes, DT: tl.constexpr):
 _E2M1_HALF = """and.b32 m, {t}, {nib};
 mul.lo.u32 m, m, {mul};
 and.b32 m, m, 0x81c081c0;
-fma.rn.bf16x2 m, m, k, z;
-fma.rn.bf16x2 {out}, m, {sc}, z;
 """
-_E2M1_ASM = tl.constexpr(
-    "{\n.reg .b32 t0, t1, m, k, z;\nprmt.b32 t0, $4, 0, 0x4140;\n"
-    "prmt.b32 t1, $4, 0, 0x4342;\nmov.b32 k, 0x7e807e80;\n"
-    "mov.b32 z, 0x80008000;\n"
-    + "".join(
-        _E2M1_HALF.format(t=t, nib=nib, mul=mul, out=out, sc=sc)
-        for t, sc, outs in (("t0", "$5", ("$0", "$2")), ("t1", "$6", ("$1", "$3")))
-        for (nib, mul), out in zip((("0x000f000f", "0x1040"), ("0x00f000f0", "0x104")), outs)
+# the bare values (times 2^126: exact) as two fp32 (a bf16 lane is an fp32's high half)
+_E2M1_TO_F32 = "fma.rn.bf16x2 m, m, k, z;\nshl.b32 {out}, m, 16;\nand.b32 {out2}, m, 0xffff0000;\n"
+_E2M1_SCALE = "fma.rn.bf16x2 m, m, k, z;\nfma.rn.bf16x2 {out}, m, {sc}, z;\n"
+
+
+def _e2m1_asm(scaled: bool) -> str:
+    """$4 ($8 bare): four pair bytes. Scaled: $5 / $6 the scales of pairs 0, 1 / 2, 3 (bf16
+    lanes), $0 / $1 the even dims of pairs 0, 1 / 2, 3 (bf16 lanes), $2 / $3 the odd. Bare:
+    $0..$3 the even dims of pairs 0..3 as fp32, $4..$7 the odd."""
+    src = "$4" if scaled else "$8"
+    if scaled:
+        outs = (("t0", "$5", (("$0", ""), ("$2", ""))), ("t1", "$6", (("$1", ""), ("$3", ""))))
+    else:
+        outs = (("t0", "", (("$0", "$1"), ("$4", "$5"))), ("t1", "", (("$2", "$3"), ("$6", "$7"))))
+    return (
+        f"{{\n.reg .b32 t0, t1, m, k, z;\nprmt.b32 t0, {src}, 0, 0x4140;\n"
+        f"prmt.b32 t1, {src}, 0, 0x4342;\nmov.b32 k, 0x7e807e80;\n"
+        "mov.b32 z, 0x80008000;\n"
+        + "".join(
+            (_E2M1_HALF + (_E2M1_SCALE if scaled else _E2M1_TO_F32)).format(
+                t=t, nib=nib, mul=mul, out=out, out2=out2, sc=sc
+            )
+            for t, sc, pairs in outs
+            for (nib, mul), (out, out2) in zip(
+                (("0x000f000f", "0x1040"), ("0x00f000f0", "0x104")), pairs
+            )
+        )
+        + "}"
     )
-    + "}"
-)
+
+
+_E2M1_ASM = tl.constexpr(_e2m1_asm(scaled=True))
+# The bare values as fp32 (no scale): where the caller multiplies each 32-element group's dot by
+# its scale in fp32 (the routed-expert GEMV, exact over the whole ue8m0 range).
+_E2M1_BARE_ASM = tl.constexpr(_e2m1_asm(scaled=False))
 
 
 @triton.jit
@@ -174,3 +196,17 @@ def e2m1_pairs_to_e4m3(codes, PTX: tl.constexpr):
     even = ((b & 0x08) << 4) | ((b & 0x07) << 2)
     odd = (b & 0x80) | ((b >> 2) & 0x1C)
     return even.to(tl.uint8), odd.to(tl.uint8)
+
+
+@triton.jit
+def e2m1_pairs_to_f32(codes):
+    """MXFP4 pair bytes (uint8, low nibble = even dim; per-thread runs of 4 along the last axis)
+    -> the (even, odd) bare e2m1 values as fp32, exact (signed zeros kept)."""
+    return tl.inline_asm_elementwise(
+        _E2M1_BARE_ASM,
+        "=r,=r,=r,=r,=r,=r,=r,=r,r",
+        [codes],
+        dtype=(tl.float32, tl.float32),
+        is_pure=True,
+        pack=4,
+    )

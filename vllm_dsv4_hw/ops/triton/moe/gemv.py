@@ -29,6 +29,13 @@ import triton.language as tl
 
 from vllm_dsv4_hw.ops.triton.common.launch import cdiv
 from vllm_dsv4_hw.ops.triton.common.pdl import pdl_launch, pdl_start
+from vllm_dsv4_hw.ops.triton.common.ptx_codecs import (
+    C_CVT_PTX,
+    CVT_INT,
+    CVT_PTX,
+    e2m1_pairs_to_f32,
+    e4m3_mode,
+)
 from vllm_dsv4_hw.ops.triton.common.quant import f32_to_bf16_bits, ue8m0_to_f32
 from vllm_dsv4_hw.ops.triton.moe.grouped import _as_bytes, _inner_contiguous, _load_x, _silu
 
@@ -51,11 +58,22 @@ def _e2m1_pair(b):
 
 
 @triton.jit
-def _fp4_tile_dot(xe, xo, b, sb, BK: tl.constexpr):
+def _e2m1_values(b, CVT: tl.constexpr):
+    """Pair bytes (uint8) -> the fp32 values of their low and high codes: the packed PTX decode
+    (``ptx_codecs``, 26 instructions per 8 codes) where the device declares inline PTX, else
+    ``_e2m1_pair`` (about 5 integer instructions per code). The same values."""
+    if CVT == C_CVT_PTX:
+        return e2m1_pairs_to_f32(b)
+    else:
+        return _e2m1_pair(b.to(tl.int32))
+
+
+@triton.jit
+def _fp4_tile_dot(xe, xo, b, sb, BK: tl.constexpr, CVT: tl.constexpr):
     """One K step of FP4 rows: ``b`` [..., BK / 2] bytes against the even / odd x elements
     (broadcastable), ``sb`` [..., BK / 32] ue8m0 bytes -> [..., BK / 32] fp32: each 32-element
     group's exact dot times its scale."""
-    lo, hi = _e2m1_pair(b)
+    lo, hi = _e2m1_values(b, CVT)
     prod = lo * xe + hi * xo
     shape: tl.constexpr = prod.shape
     if len(shape) == 2:
@@ -89,6 +107,7 @@ def _gemv_gate_up_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     PDL: tl.constexpr = False,
+    CVT: tl.constexpr = 0,
 ):
     """act[pair, n] = swiglu(h[n], h[I + n]) with h = w13[e] x[pair // topk] (0 for a dropped
     slot)."""
@@ -114,13 +133,13 @@ def _gemv_gate_up_kernel(
         kv = (k0 // 2 + j) < D // 2
         b = tl.load(
             w_rows[:, None] + k0 // 2 + j[None, :], mask=rmask[:, None] & kv[None, :], other=0
-        ).to(tl.int32)
+        )
         sb = tl.load(
             s_rows[:, None] + k0 // 32 + g[None, :],
             mask=rmask[:, None] & ((k0 // 32 + g) < D // 32)[None, :],
             other=127,
         )
-        acc += _fp4_tile_dot(xe[None, :], xo[None, :], b, sb, BK)
+        acc += _fp4_tile_dot(xe[None, :], xo[None, :], b, sb, BK, CVT)
     h = tl.reshape(tl.sum(acc, axis=1), (2, BN))
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, h, 0.0), axis=0)  # exact: the other half adds zeros
@@ -166,6 +185,7 @@ def _gemv_down_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     PDL: tl.constexpr = False,
+    CVT: tl.constexpr = 0,
 ):
     """out[t, n] = sum over slots j in order of tw[t, j] * (w2[e_j] act[t * k + j])[n]
     (+ add[t, n] last), fp32."""
@@ -193,13 +213,13 @@ def _gemv_down_kernel(
             w_rows[:, :, None] + k0 // 2 + j[None, None, :],
             mask=rmask[:, :, None] & kv[None, None, :],
             other=0,
-        ).to(tl.int32)
+        )
         sb = tl.load(
             s_rows[:, :, None] + k0 // 32 + g[None, None, :],
             mask=rmask[:, :, None] & ((k0 // 32 + g) < I // 32)[None, None, :],
             other=127,
         )
-        acc += _fp4_tile_dot(xe[:, None, :], xo[:, None, :], b, sb, BK)
+        acc += _fp4_tile_dot(xe[:, None, :], xo[:, None, :], b, sb, BK, CVT)
     tw = tl.load(tw_ptr + pair, mask=live, other=0.0)
     part = tl.where(rmask, tl.sum(acc, axis=2) * tw[:, None], 0.0)
     out = tl.zeros([BN], dtype=tl.float32)
@@ -211,9 +231,22 @@ def _gemv_down_kernel(
 
 
 def gemv_experts(
-    x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, swiglu_limit, n_exp, inter, add=None
+    x,
+    topk_weights,
+    topk_ids,
+    w13,
+    w13_scale,
+    w2,
+    w2_scale,
+    swiglu_limit,
+    n_exp,
+    inter,
+    add=None,
+    cvt=None,
 ):
-    """``ops.api.moe_experts`` for FP4 weights and a few tokens (validated by the caller)."""
+    """``ops.api.moe_experts`` for FP4 weights and a few tokens (validated by the caller).
+    ``cvt``: the e2m1 decode (``ptx_codecs``; default the device's fastest, the GPU checks
+    compare the others with it)."""
     t, d = x.shape
     k = topk_ids.shape[1]
     out = torch.empty(t, d, dtype=torch.float32, device=x.device)
@@ -227,6 +260,8 @@ def gemv_experts(
     ids = topk_ids.reshape(-1).contiguous()
     w13, w2, s13, s2 = (_as_bytes(w) for w in (w13, w2, w13_scale, w2_scale))
     is_bf16 = x.dtype == torch.bfloat16
+    if cvt is None:
+        cvt = CVT_PTX if e4m3_mode(x.device) == CVT_PTX else CVT_INT
     act = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     has_limit = swiglu_limit is not None and swiglu_limit > 0
     bn, bk, warps = TILES["gate_up"]
@@ -252,6 +287,7 @@ def gemv_experts(
         ACT_BF16=is_bf16,
         BN=bn,
         BK=bk,
+        CVT=cvt,
         num_warps=warps,
         **pdl_launch(x.device),
     )
@@ -282,6 +318,7 @@ def gemv_experts(
         ADD_BF16_BITS=add is not None and add.dtype == torch.bfloat16,
         BN=bn,
         BK=bk,
+        CVT=cvt,
         num_warps=warps,
         **pdl_launch(x.device),
     )
